@@ -1,0 +1,153 @@
+"""What every ``k3layout`` subcommand shares: model and deployment options, refusal exits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+from rich.console import Console
+
+from ..deployment import ENGINES, Deployment
+from ..dtypes import KV_CACHE_DTYPES
+from ..errors import Refusal
+from ..model import PRESETS, HybridModel, load_config, preset
+
+EXIT_REFUSED = 2
+
+
+def console() -> Console:
+    """stdout console; wide enough for the tables when stdout is not a terminal."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 132)
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """``--model`` (a preset or a config.json path) and ``--draft-layers``."""
+    parser.add_argument(
+        "--model",
+        default="kimi-k3",
+        help=f"a preset ({', '.join(PRESETS)}) or the path of a Hugging Face config.json",
+    )
+    parser.add_argument(
+        "--draft-layers",
+        type=int,
+        default=None,
+        help="draft MLA layers appended to a config.json model (K3's DSpark: 5)",
+    )
+
+
+def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = True) -> None:
+    """The deployment's fields as options."""
+    if engine:
+        parser.add_argument("--engine", choices=ENGINES, default="vllm")
+    parser.add_argument("--attn-tp", type=int, default=1, help="attention tensor parallel size")
+    parser.add_argument("--attn-dp", type=int, default=1, help="attention data-parallel replicas")
+    parser.add_argument("--kv-dtype", choices=KV_CACHE_DTYPES, default="fp8")
+    parser.add_argument("--spec-tokens", type=int, default=0, help="speculative tokens per step")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    parser.add_argument("--dcp", type=int, default=1, help="decode context parallel size")
+    parser.add_argument("--dcp-interleave", type=int, default=1)
+    parser.add_argument("--block-tokens", type=int, default=None, help="requested block (vllm)")
+    parser.add_argument(
+        "--max-padding",
+        type=float,
+        default=None,
+        help="padding limit per group (parent; default 0.25, none with draft layers)",
+    )
+    parser.add_argument("--replayssm", action="store_true", help="ATOM ReplaySSM records")
+
+
+def model_from_args(args: argparse.Namespace) -> HybridModel:
+    """The model ``--model`` names: a preset, else a config path."""
+    name: str = args.model
+    if name in PRESETS and not Path(name).exists():
+        model = preset(name)
+        if args.draft_layers is not None:
+            raise Refusal(
+                "invalid_argument",
+                f"--draft-layers applies to a config.json model, not preset {name!r}",
+                facts={"model": name},
+                hint="use --model kimi-k3-dspark for K3 with its draft",
+            )
+        return model
+    if not Path(name).exists():
+        raise Refusal(
+            "unknown_model",
+            f"model {name!r}: neither a preset nor an existing config path",
+            facts={"model": name, "presets": tuple(PRESETS)},
+            hint=f"use one of {', '.join(PRESETS)} or a path to a config.json",
+        )
+    return load_config(name, num_draft_layers=args.draft_layers)
+
+
+def deployment_from_args(args: argparse.Namespace, **override: object) -> Deployment:
+    """Build the deployment the options describe (validated; bad values are refused)."""
+    fields: dict[str, object] = {
+        "engine": getattr(args, "engine", "vllm"),
+        "attn_tp": args.attn_tp,
+        "attn_dp": args.attn_dp,
+        "kv_dtype": args.kv_dtype,
+        "spec_tokens": args.spec_tokens,
+        "pp": args.pp,
+        "dcp": args.dcp,
+        "dcp_interleave": args.dcp_interleave,
+        "block_tokens": args.block_tokens,
+        "max_padding": args.max_padding,
+        "replayssm": args.replayssm,
+    }
+    return validated(Deployment, {**fields, **override})
+
+
+def validated(kind: type[Deployment], fields: dict[str, object]) -> Deployment:
+    """``kind(**fields)`` with pydantic's errors turned into an ``invalid_argument`` refusal."""
+    try:
+        return kind.model_validate(fields)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
+            for e in error.errors()
+        )
+        first = error.errors()[0]["loc"]
+        raise Refusal(
+            "invalid_argument",
+            f"deployment: {problems}",
+            facts={"field": ".".join(str(p) for p in first)},
+        ) from None
+
+
+def refused(refusal: Refusal, as_json: bool) -> int:
+    """Report a refusal: the message on stderr, with ``--json`` also the refusal on stdout."""
+    print(f"refused [{refusal.code}]: {refusal}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"refused": refusal.to_dict()}, indent=2))
+    return EXIT_REFUSED
+
+
+def run_refusing(action: Callable[[], int], as_json: bool) -> int:
+    """Run a subcommand; a refusal becomes exit code 2."""
+    try:
+        return action()
+    except Refusal as refusal:
+        return refused(refusal, as_json)
+
+
+def format_layers(layers: Sequence[int]) -> str:
+    """Module layer ids, compressed: ``0-2`` for runs, ``3..91/4`` for strided runs."""
+    parts: list[str] = []
+    i = 0
+    while i < len(layers):
+        j = i + 1
+        step = layers[j] - layers[i] if j < len(layers) else 0
+        while j + 1 < len(layers) and layers[j + 1] - layers[j] == step:
+            j += 1
+        if j - i >= 2 and step > 0:
+            span = f"{layers[i]}-{layers[j]}" if step == 1 else f"{layers[i]}..{layers[j]}/{step}"
+            parts.append(span)
+            i = j + 1
+        else:
+            parts.append(str(layers[i]))
+            i += 1
+    return ", ".join(parts)

@@ -1,0 +1,150 @@
+"""``k3layout plan``: one plan as a table, or ``--json`` as its report."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from ..layouts import ParentPlan, VllmPlan, plan
+from ..layouts.report import report
+from .common import (
+    add_deployment_options,
+    add_model_options,
+    console,
+    deployment_from_args,
+    format_layers,
+    model_from_args,
+    run_refusing,
+)
+
+GIB = 1 << 30
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``plan`` to the command line."""
+    parser = subparsers.add_parser("plan", help="plan one deployment and print the layout")
+    add_model_options(parser)
+    add_deployment_options(parser)
+    parser.add_argument(
+        "--kv-memory-gib",
+        type=float,
+        default=None,
+        help="KV memory per rank: also print blocks / parents and token capacity",
+    )
+    parser.add_argument("--max-live", type=int, default=1, help="live requests (parent capacity)")
+    parser.add_argument("--json", action="store_true", help="print the plan report as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan and print; exit 2 on a refusal."""
+
+    def action() -> int:
+        result = plan(model_from_args(args), deployment_from_args(args))
+        if args.json:
+            print(report(result).model_dump_json(indent=2))
+            return 0
+        budget = None if args.kv_memory_gib is None else int(args.kv_memory_gib * GIB)
+        show(result, budget, args.max_live)
+        return 0
+
+    return run_refusing(action, args.json)
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def show(result: VllmPlan | ParentPlan, budget_bytes: int | None, max_live: int) -> None:
+    """Print a plan as tables: sizes, layout, groups, stages."""
+    out = console()
+    d = result.deployment
+    title = (
+        f"{result.model.name} | engine {result.engine} | attn_tp {d.attn_tp} x dp {d.attn_dp} | "
+        f"pp {d.pp} | dcp {d.dcp} | {d.kv_dtype} | spec {d.spec_tokens}"
+    )
+    out.print(title, style="bold")
+    summary = Table(show_header=False)
+    summary.add_column("quantity")
+    summary.add_column("value", justify="right")
+    sizes = result.sizes
+    summary.add_row("MLA bytes / token / layer", _n(sizes.attention.bytes_per_token))
+    summary.add_row("MLA page (128 tokens)", _n(sizes.attention.page_bytes()))
+    if sizes.kda is not None:
+        summary.add_row("KDA conv state (q|k|v)", f"{_n(sizes.kda.conv_bytes)}  "
+                        f"{sizes.kda.conv_shape('channel_major')}")
+        summary.add_row("KDA recurrent state", f"{_n(sizes.kda.recurrent_bytes)}  "
+                        f"{sizes.kda.recurrent_shape}")
+        summary.add_row("KDA state S(tp, s) / layer", _n(sizes.kda_state_bytes))
+    if isinstance(result, VllmPlan):
+        summary.add_row("block tokens", _n(result.block_tokens))
+        summary.add_row("page bytes (per layer)", _n(result.page_bytes))
+        summary.add_row("planes (group_size)", _n(result.num_planes))
+        summary.add_row("block bytes", _n(result.block_bytes))
+        summary.add_row("KDA page padding bytes", _n(result.kda_page_padding_bytes))
+        summary.add_row(
+            "spans: attention / KDA tokens",
+            f"{_n(result.attention_span_tokens)} / {_n(result.kda_span_tokens)}",
+        )
+    else:
+        summary.add_row("planes", _n(result.num_planes))
+        summary.add_row(
+            "packing p_m / p_l", f"{result.packing.mla_pages} / {result.packing.state_pages}"
+        )
+        summary.add_row("plane bytes", _n(result.packing.plane_bytes))
+        summary.add_row("parent bytes", _n(result.parent_bytes))
+        limit = "none" if result.max_padding is None else f"{result.max_padding:g}"
+        summary.add_row("padding limit", limit)
+        rule = result.rule_1152
+        if rule is not None:
+            verdict = "chosen" if rule.chosen else f"passed over: {rule.reason}"
+            summary.add_row(
+                "#1152 rule", f"{rule.mla_pages}/{rule.state_pages}, {verdict}"
+            )
+    summary.add_row("bytes / token", f"{result.bytes_per_token:,.1f}")
+    if budget_bytes is not None:
+        if isinstance(result, VllmPlan):
+            blocks = result.num_blocks(budget_bytes)
+            summary.add_row("blocks in budget", _n(blocks))
+            summary.add_row("attention tokens", _n(blocks * result.attention_span_tokens))
+        else:
+            parents = result.parents_for_budget(budget_bytes)
+            summary.add_row("parents in budget (+1 null)", _n(parents))
+            summary.add_row(
+                f"token capacity (max_live {max_live})",
+                _n(result.token_capacity(parents, max_live)),
+            )
+    out.print(summary)
+
+    groups = Table(title="groups", title_justify="left")
+    for column in ("group", "kind", "layers", "module layers"):
+        groups.add_column(column)
+    if isinstance(result, ParentPlan):
+        for column in ("pages / parent", "padding", "utilization"):
+            groups.add_column(column, justify="right")
+    for group in result.groups:
+        row = [group.name, group.kind, str(len(group.layers)), format_layers(group.layers)]
+        if isinstance(result, ParentPlan):
+            row += [
+                str(result.packing_by_group[group.name]),
+                f"{result.padding_fraction[group.name]:.3f}",
+                f"{result.utilization[group.name]:.3f}",
+            ]
+        groups.add_row(*row)
+    out.print(groups)
+
+    if len(result.stages) > 1:
+        stages = Table(title="pipeline stages", title_justify="left")
+        for column in ("stage", "module layers", "planes", "bytes / block or parent"):
+            stages.add_column(column)
+        for stage in result.stages:
+            unit = (
+                result.stage_block_bytes(stage.index)
+                if isinstance(result, VllmPlan)
+                else result.stage_parent_bytes(stage.index)
+            )
+            stages.add_row(
+                str(stage.index), format_layers(stage.layers), str(stage.num_planes), _n(unit)
+            )
+        out.print(stages)

@@ -1,0 +1,90 @@
+"""``k3layout sweep``: attention TP x dtype for both engines side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import cast
+
+from rich.table import Table
+
+from ..deployment import ENGINES
+from ..dtypes import KV_CACHE_DTYPES, KvCacheDtype
+from ..errors import Refusal
+from ..sweep import SweepCell, default_attn_tps, sweep
+from .common import (
+    add_deployment_options,
+    add_model_options,
+    console,
+    deployment_from_args,
+    model_from_args,
+    run_refusing,
+)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``sweep`` to the command line."""
+    parser = subparsers.add_parser("sweep", help="attention TP x dtype grid for both engines")
+    add_model_options(parser)
+    add_deployment_options(parser, engine=False)
+    parser.add_argument("--tps", default=None, help="comma-separated attention TPs")
+    parser.add_argument("--dtypes", default="fp8,bf16", help="comma-separated cache dtypes")
+    parser.add_argument("--json", action="store_true", help="print the cells as JSON")
+    parser.set_defaults(run=run)
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise Refusal(
+            "invalid_argument",
+            f"{option}={text!r} must be comma-separated integers",
+            facts={"option": option},
+        ) from None
+
+
+def _dtypes(text: str) -> tuple[KvCacheDtype, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [name for name in names if name not in KV_CACHE_DTYPES]
+    if unknown:
+        raise Refusal(
+            "invalid_argument",
+            f"--dtypes: {unknown} are not cache dtypes (allowed: {', '.join(KV_CACHE_DTYPES)})",
+            facts={"option": "--dtypes"},
+        )
+    return cast(tuple[KvCacheDtype, ...], names)
+
+
+def _cell_text(cell: SweepCell) -> str:
+    if cell.refusal is not None:
+        return f"[red]refused: {cell.refusal}[/red]"
+    return f"{cell.packing} | pad {cell.padding:.3f} | {cell.bytes_per_token:,.0f} B/tok"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Sweep and print; exit 0 (refused points are cells, not failures)."""
+
+    def action() -> int:
+        model = model_from_args(args)
+        tps = default_attn_tps(model) if args.tps is None else _ints(args.tps, "--tps")
+        dtypes = _dtypes(args.dtypes)
+        cells = sweep(model, tps, dtypes, ENGINES, deployment_from_args(args))
+        if args.json:
+            print(json.dumps([cell.model_dump(mode="json") for cell in cells], indent=2))
+            return 0
+        table = Table(title=f"{model.name}: attention TP x dtype", title_justify="left")
+        table.add_column("attn_tp", justify="right")
+        for dtype in dtypes:
+            for engine in ENGINES:
+                table.add_column(f"{engine} {dtype}")
+        by_key = {(c.engine, c.kv_dtype, c.attn_tp): c for c in cells}
+        for tp in tps:
+            row = [str(tp)]
+            for dtype in dtypes:
+                row += [_cell_text(by_key[(engine, dtype, tp)]) for engine in ENGINES]
+            table.add_row(*row)
+        console().print(table)
+        return 0
+
+    return run_refusing(action, args.json)

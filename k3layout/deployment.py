@@ -1,0 +1,61 @@
+"""A deployment: how one model is spread over ranks and which cache an engine builds for it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypeAlias
+
+from pydantic import Field, PositiveInt, model_validator
+
+from ._frozen import Frozen
+from .constants import REPLAYSSM_DEFAULT_CACHE_LEN
+from .dtypes import KvCacheDtype
+
+EngineFlavour: TypeAlias = Literal["vllm", "parent"]
+"""``vllm``: vLLM's hybrid allocator (one page per layer per block, planes shared by groups).
+``parent``: tokenspeed / ATOM native parent blocks (several pages per plane, searched packing)."""
+
+ENGINES: tuple[EngineFlavour, ...] = ("vllm", "parent")
+
+
+class Deployment(Frozen):
+    """Parallelism and cache settings of one deployment (all sizes are per rank).
+
+    - ``attn_tp`` x ``attn_dp``: attention tensor parallel size and attention data-parallel
+      replicas per pipeline stage (attention-DP runs ``attn_tp = world / attn_dp``).
+    - ``pp``: pipeline stages; ``pp_partition`` overrides vLLM's split (layers per stage, as
+      ``VLLM_PP_LAYER_PARTITION`` does). Draft layers live on the last stage.
+    - ``dcp`` / ``dcp_interleave``: decode context parallel over the attention TP group.
+    - ``kv_dtype``: attention cache dtype; ``spec_tokens``: speculative tokens per step (the KDA
+      conv state keeps ``K - 1 + spec_tokens`` rows).
+    - ``block_tokens``: requested attention block (``vllm``; raised to fit the KDA state).
+    - ``max_padding``: per-group padding limit of the ``parent`` engine; ``None`` is the
+      engine's own default (0.25, no limit once draft layers join, as tokenspeed does).
+    - ``replayssm``: ATOM ReplaySSM records beside each KDA state slot.
+    """
+
+    engine: EngineFlavour = "vllm"
+    attn_tp: PositiveInt = 1
+    attn_dp: PositiveInt = 1
+    pp: PositiveInt = 1
+    pp_partition: tuple[PositiveInt, ...] | None = None
+    dcp: PositiveInt = 1
+    dcp_interleave: PositiveInt = 1
+    kv_dtype: KvCacheDtype = "fp8"
+    spec_tokens: Annotated[int, Field(ge=0, le=64)] = 0
+    block_tokens: PositiveInt | None = None
+    max_padding: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
+    replayssm: bool = False
+    replayssm_cache_len: PositiveInt = REPLAYSSM_DEFAULT_CACHE_LEN
+
+    @model_validator(mode="after")
+    def _partition_matches_pp(self) -> Deployment:
+        if self.pp_partition is not None and len(self.pp_partition) != self.pp:
+            raise ValueError(
+                f"pp_partition: {len(self.pp_partition)} stage sizes given for pp={self.pp}"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the whole deployment: ``attn_tp * attn_dp * pp``."""
+        return self.attn_tp * self.attn_dp * self.pp

@@ -1,0 +1,89 @@
+"""The one refusal type: a configuration the planner cannot serve, with the facts of why.
+
+Every rule the planner enforces raises :class:`Refusal`. It is a ``ValueError`` so that
+``except ValueError`` at an engine's startup catches it together with pydantic's
+``ValidationError`` (raised when a :class:`~k3layout.Model` or
+:class:`~k3layout.Deployment` is built from bad field values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal, TypeAlias
+
+RefusalCode: TypeAlias = Literal[
+    # model x deployment
+    "heads_not_divisible",
+    "mixed_layer_specs",
+    "dcp_not_dividing_tp",
+    "dcp_interleave",
+    "dcp_unsupported",
+    "pp_too_deep",
+    "pp_partition",
+    # engine layouts
+    "padding_limit",
+    "no_exact_stride",
+    "packing_search_exhausted",
+    "budget_too_small",
+    # inputs
+    "invalid_config",
+    "unknown_model",
+    "invalid_argument",
+    "uneven_split",
+    "dtype_unsupported",
+]
+"""Stable machine-readable refusal codes. New codes may be added; existing ones never change."""
+
+Fact: TypeAlias = int | float | str | bool | None | tuple[int, ...] | tuple[str, ...]
+
+
+class Refusal(ValueError):
+    """A configuration the planner cannot serve.
+
+    ``code`` is stable and machine-readable, ``facts`` holds the values on both sides of the
+    rule that failed, ``hint`` says what would work. ``str(refusal)`` reads
+    ``"<thing>: <rule> (<a>=<x>, <b>=<y>); <what would work>"``.
+
+    >>> r = Refusal("heads_not_divisible", "KDA num_heads=96 must be divisible by attn_tp=5",
+    ...             facts={"num_heads": 96, "attn_tp": 5}, hint="attn_tp=4 or attn_tp=6 would")
+    >>> r.code, str(r)
+    ('heads_not_divisible', 'KDA num_heads=96 must be divisible by attn_tp=5; attn_tp=4 or attn_tp=6 would')
+    """
+
+    code: RefusalCode
+    message: str
+    facts: Mapping[str, Fact]
+    hint: str | None
+
+    def __init__(
+        self,
+        code: RefusalCode,
+        message: str,
+        *,
+        facts: Mapping[str, Fact] | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.code = code
+        self.message = message
+        self.facts = dict(facts or {})
+        self.hint = hint
+        super().__init__(f"{message}; {hint}" if hint else message)
+
+    def to_dict(self) -> dict[str, object]:
+        """The refusal as JSON-ready data: ``code``, ``message``, ``hint`` and ``facts``."""
+        return {
+            "code": self.code,
+            "message": str(self),
+            "hint": self.hint,
+            "facts": {k: list(v) if isinstance(v, tuple) else v for k, v in self.facts.items()},
+        }
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only arguments need an explicit reduce to survive pickling (multiprocessing).
+        return (_rebuild, (self.code, self.message, dict(self.facts), self.hint))
+
+
+def _rebuild(
+    code: RefusalCode, message: str, facts: Mapping[str, Fact], hint: str | None
+) -> Refusal:
+    return Refusal(code, message, facts=facts, hint=hint)

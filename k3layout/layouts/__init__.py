@@ -1,0 +1,29 @@
+"""Engine layouts: the vLLM hybrid allocator and parent-block packing, one pipeline for both."""
+
+from .groups import Group, GroupKind, PlaneMember, Stage
+from .packing import Packing, PackingFrame, RuleCheck
+from .parent import Binding, GroupPages, LayerBinding, ParentPlan
+from .pipeline import Plan, load_plan, plan, plan_parent, plan_vllm, with_engine
+from .vllm import VllmPlan, block_tokens_for
+
+__all__ = [
+    "Binding",
+    "Group",
+    "GroupKind",
+    "GroupPages",
+    "LayerBinding",
+    "Packing",
+    "PackingFrame",
+    "ParentPlan",
+    "Plan",
+    "PlaneMember",
+    "RuleCheck",
+    "Stage",
+    "VllmPlan",
+    "block_tokens_for",
+    "load_plan",
+    "plan",
+    "plan_parent",
+    "plan_vllm",
+    "with_engine",
+]

@@ -1,0 +1,129 @@
+"""KV-cache groups, planes and pipeline stages: the vocabulary both engine layouts share.
+
+A *group* is a list of layers that share one block table. A *plane* is one allocation of
+per-layer pages: plane ``j`` holds the layer at position ``j`` of every group, so layers of
+different groups alias the same bytes (a KDA layer's state rides inside an attention layer's
+pages). A *stage* is a pipeline stage's contiguous range of module layers, with the groups
+projected onto it (same names and order on every stage, possibly empty).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypeAlias
+
+from pydantic import Field, NonNegativeInt
+
+from .._frozen import Frozen
+from ..deployment import Deployment
+from ..model import HybridModel
+from ..placements import pp_stage_bounds
+
+GroupKind: TypeAlias = Literal["attention", "kda"]
+
+
+class Group(Frozen):
+    """One KV-cache group: ``layers`` are module layer ids in the group's own order."""
+
+    name: Annotated[str, Field(min_length=1)]
+    kind: GroupKind
+    layers: tuple[NonNegativeInt, ...]
+
+    def project(self, stage_layers: frozenset[int]) -> Group:
+        """The same group restricted to the layers a stage holds (order kept)."""
+        return Group(
+            name=self.name,
+            kind=self.kind,
+            layers=tuple(layer for layer in self.layers if layer in stage_layers),
+        )
+
+
+class PlaneMember(Frozen):
+    """A layer that uses a plane, and the group it belongs to."""
+
+    group: str
+    kind: GroupKind
+    layer: NonNegativeInt
+
+
+def num_planes(groups: tuple[Group, ...]) -> int:
+    """Planes needed so that every group's layer ``j`` has plane ``j``: the longest group."""
+    return max((len(group.layers) for group in groups), default=0)
+
+
+def plane_members(groups: tuple[Group, ...]) -> tuple[tuple[PlaneMember, ...], ...]:
+    """For every plane ``j``, the layer at position ``j`` of each group that has one."""
+    return tuple(
+        tuple(
+            PlaneMember(group=group.name, kind=group.kind, layer=group.layers[j])
+            for group in groups
+            if j < len(group.layers)
+        )
+        for j in range(num_planes(groups))
+    )
+
+
+class Stage(Frozen):
+    """One pipeline stage: its module layers and the plan's groups projected onto them."""
+
+    index: NonNegativeInt
+    layers: tuple[NonNegativeInt, ...]
+    groups: tuple[Group, ...]
+
+    @property
+    def num_planes(self) -> int:
+        """Planes this stage allocates (its longest projected group)."""
+        return num_planes(self.groups)
+
+    @property
+    def planes(self) -> tuple[tuple[PlaneMember, ...], ...]:
+        """Which layers share each of this stage's planes."""
+        return plane_members(self.groups)
+
+    def group(self, name: str) -> Group:
+        """This stage's projection of the group called ``name``."""
+        return next(group for group in self.groups if group.name == name)
+
+
+def project_stages(
+    model: HybridModel, deployment: Deployment, groups: tuple[Group, ...]
+) -> tuple[Stage, ...]:
+    """Split the model's module layers over ``deployment.pp`` stages (vLLM's split; draft
+    layers on the last stage) and project ``groups`` onto each."""
+    bounds = pp_stage_bounds(model.num_layers, deployment.pp, deployment.pp_partition)
+    stages: list[Stage] = []
+    for index, (start, end) in enumerate(bounds):
+        layers = tuple(range(start, end))
+        if index == len(bounds) - 1:
+            layers += model.draft_layer_ids
+        held = frozenset(layers)
+        stages.append(
+            Stage(index=index, layers=layers, groups=tuple(g.project(held) for g in groups))
+        )
+    return tuple(stages)
+
+
+def split_strided(layers: tuple[int, ...], num_groups: int) -> tuple[tuple[int, ...], ...]:
+    """vLLM's split: group ``i`` is ``layers[i::num_groups]`` (keeps PP stages balanced)."""
+    return tuple(layers[i::num_groups] for i in range(num_groups))
+
+
+def split_contiguous(layers: tuple[int, ...], num_groups: int) -> tuple[tuple[int, ...], ...]:
+    """tokenspeed's split: ``num_groups`` runs in order, the first ``n % g`` one layer longer."""
+    size, extra = divmod(len(layers), num_groups)
+    runs: list[tuple[int, ...]] = []
+    start = 0
+    for i in range(num_groups):
+        end = start + size + (1 if i < extra else 0)
+        runs.append(layers[start:end])
+        start = end
+    return tuple(runs)
+
+
+def group_names(kind: GroupKind, count: int) -> tuple[str, ...]:
+    """tokenspeed's names: ``full_attention`` (``full_attention_i`` when several) and
+    ``linear_attention_0 ..``."""
+    if kind == "attention":
+        return ("full_attention",) if count == 1 else tuple(
+            f"full_attention_{i}" for i in range(count)
+        )
+    return tuple(f"linear_attention_{i}" for i in range(count))

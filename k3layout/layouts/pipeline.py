@@ -1,0 +1,108 @@
+"""The planning pipeline, written once: check -> sizes -> groups -> stages -> pack.
+
+An engine flavour supplies its seams (its own refusals, its grouping rule, its packing) and
+never restates the order. Every step is a pure function over frozen values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Generic, TypeAlias, TypeVar
+
+from pydantic import Field, TypeAdapter
+
+from ..deployment import Deployment, EngineFlavour
+from ..errors import Refusal
+from ..model import HybridModel
+from ..sizes import RankSizes, rank_sizes
+from .groups import Group, Stage, project_stages
+from .parent import ParentPlan, check_parent, group_parent, pack_parent
+from .vllm import VllmPlan, group_vllm, pack_vllm
+
+Plan: TypeAlias = Annotated[VllmPlan | ParentPlan, Field(discriminator="engine")]
+"""A plan of either engine, tagged by ``engine``."""
+
+PLAN_ADAPTER: TypeAdapter[VllmPlan | ParentPlan] = TypeAdapter(Plan)
+
+
+PlanT = TypeVar("PlanT", VllmPlan, ParentPlan)
+
+
+@dataclass(frozen=True)
+class EngineSeams(Generic[PlanT]):
+    """What an engine flavour adds to the pipeline: its refusals, grouping rule and packing."""
+
+    check: Callable[[HybridModel, Deployment], None]
+    group: Callable[[HybridModel], tuple[Group, ...]]
+    pack: Callable[
+        [HybridModel, Deployment, RankSizes, tuple[Group, ...], tuple[Stage, ...]], PlanT
+    ]
+
+
+def _no_check(model: HybridModel, deployment: Deployment) -> None:
+    return None
+
+
+VLLM_SEAMS = EngineSeams[VllmPlan](check=_no_check, group=group_vllm, pack=pack_vllm)
+PARENT_SEAMS = EngineSeams[ParentPlan](check=check_parent, group=group_parent, pack=pack_parent)
+
+
+def check_parallelism(model: HybridModel, deployment: Deployment) -> None:
+    """Refusals common to both engines: DCP must divide attention TP."""
+    if deployment.attn_tp % deployment.dcp:
+        good = [d for d in range(1, deployment.attn_tp + 1) if deployment.attn_tp % d == 0]
+        raise Refusal(
+            "dcp_not_dividing_tp",
+            f"dcp={deployment.dcp} must divide attn_tp={deployment.attn_tp} "
+            "(DCP ranks are drawn from the attention TP group)",
+            facts={"dcp": deployment.dcp, "attn_tp": deployment.attn_tp},
+            hint=f"use dcp in {good}",
+        )
+
+
+def plan(model: HybridModel, deployment: Deployment) -> VllmPlan | ParentPlan:
+    """Plan ``model``'s KV cache under ``deployment`` for ``deployment.engine``.
+
+    Returns a frozen, JSON-serialisable plan, or raises :class:`~k3layout.Refusal`.
+
+    >>> from k3layout import Deployment, plan, preset
+    >>> p = plan(preset("kimi-k3-dspark"), Deployment(attn_tp=8, spec_tokens=2))
+    >>> p.block_tokens, p.page_bytes, p.num_planes, p.block_bytes
+    (1536, 884736, 29, 25657344)
+    """
+    if deployment.engine == "parent":
+        return _run(model, deployment, PARENT_SEAMS)
+    return _run(model, deployment, VLLM_SEAMS)
+
+
+def _run(model: HybridModel, deployment: Deployment, seams: EngineSeams[PlanT]) -> PlanT:
+    check_parallelism(model, deployment)
+    seams.check(model, deployment)
+    sizes = rank_sizes(model, deployment)
+    groups = seams.group(model)
+    stages = project_stages(model, deployment, groups)
+    return seams.pack(model, deployment, sizes, groups, stages)
+
+
+def plan_vllm(model: HybridModel, deployment: Deployment) -> VllmPlan:
+    """:func:`plan` with ``engine="vllm"`` whatever the deployment names."""
+    return _run(model, with_engine(deployment, "vllm"), VLLM_SEAMS)
+
+
+def plan_parent(model: HybridModel, deployment: Deployment) -> ParentPlan:
+    """:func:`plan` with ``engine="parent"`` whatever the deployment names."""
+    return _run(model, with_engine(deployment, "parent"), PARENT_SEAMS)
+
+
+def with_engine(deployment: Deployment, engine: EngineFlavour) -> Deployment:
+    """The same deployment for another engine (built anew, so it is validated)."""
+    if deployment.engine == engine:
+        return deployment
+    fields = {name: getattr(deployment, name) for name in Deployment.model_fields}
+    return Deployment.model_validate({**fields, "engine": engine})
+
+
+def load_plan(data: str | bytes) -> VllmPlan | ParentPlan:
+    """A plan back from its JSON (``plan.model_dump_json()``)."""
+    return PLAN_ADAPTER.validate_json(data)

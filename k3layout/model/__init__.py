@@ -1,0 +1,21 @@
+"""The model: a hybrid decoder's layers in module order, presets and the config loader."""
+
+from .hf_config import load_config, model_from_config
+from .layers import KDALayer, Layer, MLALayer
+from .presets import PRESETS, kimi_k3, kimi_k3_dspark, kimi_layer_pattern, kimi_linear_48b, preset
+from .spec import HybridModel
+
+__all__ = [
+    "PRESETS",
+    "HybridModel",
+    "KDALayer",
+    "Layer",
+    "MLALayer",
+    "kimi_k3",
+    "kimi_k3_dspark",
+    "kimi_layer_pattern",
+    "kimi_linear_48b",
+    "load_config",
+    "model_from_config",
+    "preset",
+]

@@ -1,0 +1,75 @@
+"""Built-in models, written from their published ``config.json`` values.
+
+``tests/test_model_loading.py`` checks each preset against the Hugging Face config fixtures, so
+the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from ..errors import Refusal
+from .layers import KDALayer, Layer, MLALayer
+from .spec import HybridModel
+
+DSPARK_DRAFT_LAYERS: Final = 5
+"""Dense MLA layers of K3's DSpark speculative draft (module layers 93..97)."""
+
+
+def kimi_layer_pattern(num_layers: int, mla: MLALayer, kda: KDALayer) -> tuple[Layer, ...]:
+    """Kimi's 3:1 hybrid pattern: MLA at every 4th layer (0-based 3, 7, ...) and at the last."""
+    return tuple(
+        mla if (i % 4 == 3 or i == num_layers - 1) else kda for i in range(num_layers)
+    )
+
+
+def kimi_k3() -> HybridModel:
+    """Kimi-K3: 93 layers, 24 MLA (96 heads, NoPE, q_lora 1536) and 69 KDA (96 x 128)."""
+    mla = MLALayer(num_heads=96, q_lora_rank=1536)
+    kda = KDALayer(num_heads=96, head_dim=128, conv_kernel=4)
+    return HybridModel(
+        name="kimi-k3", model_type="kimi_k3", layers=kimi_layer_pattern(93, mla, kda)
+    )
+
+
+def kimi_k3_dspark() -> HybridModel:
+    """Kimi-K3 with its DSpark draft: 5 dense MLA layers with the target's 576-element latent."""
+    target = kimi_k3()
+    draft = next(layer for layer in target.layers if isinstance(layer, MLALayer))
+    return HybridModel(
+        name="kimi-k3-dspark",
+        model_type=target.model_type,
+        layers=target.layers,
+        draft_layers=(draft,) * DSPARK_DRAFT_LAYERS,
+    )
+
+
+def kimi_linear_48b() -> HybridModel:
+    """Kimi-Linear-48B-A3B: 27 layers, 7 MLA (32 heads, no q_lora) and 20 KDA (32 x 128)."""
+    mla = MLALayer(num_heads=32, q_lora_rank=None)
+    kda = KDALayer(num_heads=32, head_dim=128, conv_kernel=4)
+    return HybridModel(
+        name="kimi-linear-48b", model_type="kimi_linear", layers=kimi_layer_pattern(27, mla, kda)
+    )
+
+
+PRESETS: Final[dict[str, Callable[[], HybridModel]]] = {
+    "kimi-k3": kimi_k3,
+    "kimi-k3-dspark": kimi_k3_dspark,
+    "kimi-linear-48b": kimi_linear_48b,
+}
+
+
+def preset(name: str) -> HybridModel:
+    """The built-in model called ``name``; refuses (``unknown_model``) naming the known ones."""
+    try:
+        build = PRESETS[name]
+    except KeyError:
+        raise Refusal(
+            "unknown_model",
+            f"model {name!r}: not a built-in preset",
+            facts={"model": name, "presets": tuple(PRESETS)},
+            hint=f"use one of {', '.join(PRESETS)} or a path to a config.json",
+        ) from None
+    return build()

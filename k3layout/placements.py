@@ -1,0 +1,168 @@
+"""The split algebra: how one extent (heads, channels, tokens, layers) lands on ranks.
+
+A handful of frozen placement values, each with one pure rule, in the manner of DTensor's
+``Shard`` / ``Replicate``: TP shards heads, MLA latents are replicated, DCP interleaves tokens,
+PP gives each stage a contiguous range of module layers.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypeAlias
+
+from pydantic import Field, PositiveInt
+
+from ._frozen import Frozen
+from .errors import Refusal
+
+
+class Shard(Frozen):
+    """Split an extent evenly: rank ``r`` of ``n`` holds ``[r*E/n, (r+1)*E/n)``.
+
+    KDA heads (E = 96) over attention TP 8::
+
+        rank    0        1         ...  7
+        range   [0, 12)  [12, 24)  ...  [84, 96)
+
+    An extent that ``n`` does not divide is refused (``uneven_split``): engines never pad heads.
+    """
+
+    kind: Literal["shard"] = "shard"
+
+    def local_size_and_offset(self, extent: int, num_ranks: int, rank: int) -> tuple[int, int]:
+        """``(size, offset)`` of ``rank``'s share of ``extent``."""
+        _check_rank(num_ranks, rank)
+        if extent % num_ranks:
+            raise Refusal(
+                "uneven_split",
+                f"extent {extent} cannot be sharded evenly over {num_ranks} ranks",
+                facts={"extent": extent, "num_ranks": num_ranks},
+                hint=f"use a rank count that divides {extent}",
+            )
+        size = extent // num_ranks
+        return size, rank * size
+
+
+class Replicate(Frozen):
+    """Every rank holds the whole extent (MLA latents on TP ranks, the ReplaySSM cursor)."""
+
+    kind: Literal["replicate"] = "replicate"
+
+    def local_size_and_offset(self, extent: int, num_ranks: int, rank: int) -> tuple[int, int]:
+        """``(extent, 0)`` on every rank."""
+        _check_rank(num_ranks, rank)
+        return extent, 0
+
+
+class TokenRun(Frozen):
+    """Consecutive tokens ``[start, start + length)`` that sit at ``local_start ..`` on a rank."""
+
+    start: Annotated[int, Field(ge=0)]
+    local_start: Annotated[int, Field(ge=0)]
+    length: PositiveInt
+
+
+class Interleave(Frozen):
+    """Decode context parallel: tokens dealt to ``num_ranks`` ranks ``interleave`` at a time.
+
+    Token ``o`` of a virtual block goes to rank ``(o // I) % n`` at local position
+    ``(o // (n*I)) * I + o % I``. With n = 4, I = 2::
+
+        token  0 1 2 3 4 5 6 7 8 9 ...
+        rank   0 0 1 1 2 2 3 3 0 0 ...
+        local  0 1 0 1 0 1 0 1 2 3 ...
+    """
+
+    kind: Literal["interleave"] = "interleave"
+    num_ranks: PositiveInt
+    interleave: PositiveInt = 1
+
+    def rank_of(self, token: int) -> int:
+        """The rank that owns ``token``."""
+        return (token // self.interleave) % self.num_ranks
+
+    def local_position(self, token: int) -> int:
+        """Where ``token`` sits among its rank's tokens."""
+        span = self.num_ranks * self.interleave
+        return (token // span) * self.interleave + token % self.interleave
+
+    def global_token(self, rank: int, local: int) -> int:
+        """The inverse: the token at ``local`` on ``rank``."""
+        _check_rank(self.num_ranks, rank)
+        span = self.num_ranks * self.interleave
+        return (local // self.interleave) * span + rank * self.interleave + local % self.interleave
+
+    def local_count(self, num_tokens: int, rank: int) -> int:
+        """How many of tokens ``[0, num_tokens)`` ``rank`` holds."""
+        _check_rank(self.num_ranks, rank)
+        span = self.num_ranks * self.interleave
+        full, rest = divmod(num_tokens, span)
+        return full * self.interleave + min(max(rest - rank * self.interleave, 0), self.interleave)
+
+    def runs(self, start: int, stop: int, rank: int) -> tuple[TokenRun, ...]:
+        """``rank``'s tokens in ``[start, stop)`` as runs of consecutive tokens (not one per
+        token): each run is at most ``interleave`` long and contiguous on both sides."""
+        _check_rank(self.num_ranks, rank)
+        runs: list[TokenRun] = []
+        span = self.num_ranks * self.interleave
+        first_span = start // span
+        for base in range(first_span * span, stop, span):
+            lo = max(start, base + rank * self.interleave)
+            hi = min(stop, base + (rank + 1) * self.interleave)
+            if lo < hi:
+                runs.append(TokenRun(start=lo, local_start=self.local_position(lo), length=hi - lo))
+        return tuple(runs)
+
+
+Placement: TypeAlias = Annotated[Shard | Replicate | Interleave, Field(discriminator="kind")]
+
+
+def pp_stage_bounds(
+    num_layers: int, pp: int, partition: tuple[int, ...] | None = None
+) -> tuple[tuple[int, int], ...]:
+    """``[start, end)`` module layers of each pipeline stage, split as vLLM splits them.
+
+    Even split; the remainder goes one layer each to the stages before the last, counting
+    back from the second-to-last (vLLM ``get_pp_indices``). K3 (93 layers) over 8 stages::
+
+        stage   0     1      2      3      4      5      6      7
+        layers  0-10  11-21  22-33  34-45  46-57  58-69  70-81  82-92
+
+    ``partition`` (layers per stage) overrides the split, as ``VLLM_PP_LAYER_PARTITION`` does.
+    """
+    if pp > num_layers:
+        raise Refusal(
+            "pp_too_deep",
+            f"pp={pp} stages for num_layers={num_layers}: a stage would hold no layer",
+            facts={"pp": pp, "num_layers": num_layers},
+            hint=f"use pp <= {num_layers}",
+        )
+    if partition is None:
+        sizes = [num_layers // pp] * pp
+        for i in range(2, num_layers % pp + 2):
+            sizes[-i] += 1
+    else:
+        if len(partition) != pp or sum(partition) != num_layers or min(partition) < 1:
+            raise Refusal(
+                "pp_partition",
+                f"pp_partition={list(partition)} must give each of pp={pp} stages at least one "
+                f"layer and sum to num_layers={num_layers}",
+                facts={"pp_partition": tuple(partition), "pp": pp, "num_layers": num_layers},
+                hint="leave pp_partition unset for vLLM's even split",
+            )
+        sizes = list(partition)
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    for size in sizes:
+        bounds.append((start, start + size))
+        start += size
+    return tuple(bounds)
+
+
+def _check_rank(num_ranks: int, rank: int) -> None:
+    if num_ranks < 1 or not 0 <= rank < num_ranks:
+        raise Refusal(
+            "invalid_argument",
+            f"rank={rank} is not a rank of num_ranks={num_ranks}",
+            facts={"rank": rank, "num_ranks": num_ranks},
+            hint=f"use 0 <= rank < {max(num_ranks, 1)}",
+        )

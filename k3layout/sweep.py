@@ -1,0 +1,111 @@
+"""Sweeps: plan a grid of attention TP x cache dtype for both engines, refusals included."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from functools import reduce
+
+from ._frozen import Frozen
+from .deployment import ENGINES, Deployment, EngineFlavour
+from .dtypes import KvCacheDtype
+from .errors import Refusal, RefusalCode
+from .layouts import ParentPlan, VllmPlan, plan
+from .model import HybridModel
+
+
+class SweepCell(Frozen):
+    """One (engine, attn_tp, kv_dtype) point: its headline numbers or its refusal code."""
+
+    engine: EngineFlavour
+    attn_tp: int
+    kv_dtype: KvCacheDtype
+    refusal: RefusalCode | None = None
+    message: str | None = None
+    packing: str | None = None
+    padding: float | None = None
+    bytes_per_token: float | None = None
+    unit_bytes: int | None = None
+
+    @property
+    def plannable(self) -> bool:
+        """Whether the point planned."""
+        return self.refusal is None
+
+
+def default_attn_tps(model: HybridModel, limit: int = 64) -> tuple[int, ...]:
+    """Every attention TP up to ``limit`` that divides the heads, plus the powers of two
+    (some of which do not divide, and show their refusal)."""
+    heads = reduce(math.gcd, (layer.num_heads for layer in model.module_layers))
+    dividing = {tp for tp in range(1, limit + 1) if heads % tp == 0}
+    powers = {1 << k for k in range(limit.bit_length()) if 1 << k <= limit}
+    return tuple(sorted(dividing | powers))
+
+
+def sweep_cell(model: HybridModel, deployment: Deployment) -> SweepCell:
+    """Plan one point; a refusal becomes a cell carrying its code."""
+    base = {"engine": deployment.engine, "attn_tp": deployment.attn_tp,
+            "kv_dtype": deployment.kv_dtype}
+    try:
+        result = plan(model, deployment)
+    except Refusal as refusal:
+        return SweepCell.model_validate({**base, "refusal": refusal.code, "message": str(refusal)})
+    if isinstance(result, VllmPlan):
+        padding = (
+            result.kda_page_padding_bytes / result.sizes.kda_state_bytes
+            if result.sizes.kda is not None
+            else 0.0
+        )
+        return SweepCell.model_validate(
+            {
+                **base,
+                "packing": f"block {result.block_tokens}",
+                "padding": padding,
+                "bytes_per_token": result.bytes_per_token,
+                "unit_bytes": result.block_bytes,
+            }
+        )
+    return _parent_cell(base, result)
+
+
+def _parent_cell(base: dict[str, object], result: ParentPlan) -> SweepCell:
+    return SweepCell.model_validate(
+        {
+            **base,
+            "packing": f"{result.packing.mla_pages}/{result.packing.state_pages}",
+            "padding": max(result.padding_fraction.values()),
+            "bytes_per_token": result.bytes_per_token,
+            "unit_bytes": result.parent_bytes,
+        }
+    )
+
+
+def sweep(
+    model: HybridModel,
+    attn_tps: Iterable[int],
+    kv_dtypes: Iterable[KvCacheDtype] = ("fp8", "bf16"),
+    engines: Iterable[EngineFlavour] = ENGINES,
+    base: Deployment | None = None,
+) -> tuple[SweepCell, ...]:
+    """Plan every (engine, kv_dtype, attn_tp) point; ``base`` supplies the other fields.
+
+    The padding of a ``vllm`` cell is the KDA page padding over ``S``; of a ``parent`` cell the
+    largest group padding.
+    """
+    fields = {} if base is None else {n: getattr(base, n) for n in Deployment.model_fields}
+    cells: list[SweepCell] = []
+    for engine in engines:
+        for kv_dtype in kv_dtypes:
+            for attn_tp in attn_tps:
+                if attn_tp < 1:
+                    raise Refusal(
+                        "invalid_argument",
+                        f"attn_tp={attn_tp} must be >= 1",
+                        facts={"attn_tp": attn_tp},
+                    )
+                deployment = Deployment.model_validate(
+                    {**fields, "engine": engine, "kv_dtype": kv_dtype, "attn_tp": attn_tp,
+                     "dcp": 1 if engine == "parent" else fields.get("dcp", 1)}
+                )
+                cells.append(sweep_cell(model, deployment))
+    return tuple(cells)
