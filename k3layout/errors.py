@@ -25,6 +25,22 @@ RefusalCode: TypeAlias = Literal[
     "no_exact_stride",
     "packing_search_exhausted",
     "budget_too_small",
+    # offload (LMCache MP ride)
+    "engine_mismatch",
+    "model_not_ridable",
+    "mamba_cache_mode",
+    "prefix_caching_off",
+    "load_failure_policy",
+    "chunk_off_grid",
+    "aliasing",
+    "layer_names",
+    # prefill-to-decode transfer
+    "tp_not_multiple",
+    "head_group_mismatch",
+    "chunked_dcp_stateful",
+    "model_mismatch",
+    # torch adapter
+    "tensor_mismatch",
     # inputs
     "invalid_config",
     "unknown_model",
