@@ -22,7 +22,6 @@ RefusalCode: TypeAlias = Literal[
     "pp_partition",
     # engine layouts
     "padding_limit",
-    "no_exact_stride",
     "packing_search_exhausted",
     "budget_too_small",
     # offload (LMCache MP ride)
@@ -50,7 +49,7 @@ RefusalCode: TypeAlias = Literal[
 ]
 """Stable machine-readable refusal codes. New codes may be added; existing ones never change."""
 
-Fact: TypeAlias = int | float | str | bool | None | tuple[int, ...] | tuple[str, ...]
+Fact: TypeAlias = int | float | str | bool | tuple[int, ...] | tuple[str, ...] | None
 
 
 class Refusal(ValueError):
@@ -62,8 +61,11 @@ class Refusal(ValueError):
 
     >>> r = Refusal("heads_not_divisible", "KDA num_heads=96 must be divisible by attn_tp=5",
     ...             facts={"num_heads": 96, "attn_tp": 5}, hint="attn_tp=4 or attn_tp=6 would")
-    >>> r.code, str(r)
-    ('heads_not_divisible', 'KDA num_heads=96 must be divisible by attn_tp=5; attn_tp=4 or attn_tp=6 would')
+    >>> r.code
+    'heads_not_divisible'
+    >>> str(r)
+    'KDA num_heads=96 must be divisible by attn_tp=5; attn_tp=4 or attn_tp=6 would'
+
     """
 
     code: RefusalCode

@@ -44,8 +44,11 @@ def default_attn_tps(model: HybridModel, limit: int = 64) -> tuple[int, ...]:
 
 def sweep_cell(model: HybridModel, deployment: Deployment) -> SweepCell:
     """Plan one point; a refusal becomes a cell carrying its code."""
-    base = {"engine": deployment.engine, "attn_tp": deployment.attn_tp,
-            "kv_dtype": deployment.kv_dtype}
+    base: dict[str, object] = {
+        "engine": deployment.engine,
+        "attn_tp": deployment.attn_tp,
+        "kv_dtype": deployment.kv_dtype,
+    }
     try:
         result = plan(model, deployment)
     except Refusal as refusal:
@@ -104,8 +107,13 @@ def sweep(
                         facts={"attn_tp": attn_tp},
                     )
                 deployment = Deployment.model_validate(
-                    {**fields, "engine": engine, "kv_dtype": kv_dtype, "attn_tp": attn_tp,
-                     "dcp": 1 if engine == "parent" else fields.get("dcp", 1)}
+                    {
+                        **fields,
+                        "engine": engine,
+                        "kv_dtype": kv_dtype,
+                        "attn_tp": attn_tp,
+                        "dcp": 1 if engine == "parent" else fields.get("dcp", 1),
+                    }
                 )
                 cells.append(sweep_cell(model, deployment))
     return tuple(cells)

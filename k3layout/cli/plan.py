@@ -56,73 +56,72 @@ def _n(value: int) -> str:
     return f"{value:,}"
 
 
-def show(result: VllmPlan | ParentPlan, budget_bytes: int | None, max_live: int) -> None:
-    """Print a plan as tables: sizes, layout, groups, stages."""
-    out = console()
-    d = result.deployment
-    title = (
-        f"{result.model.name} | engine {result.engine} | attn_tp {d.attn_tp} x dp {d.attn_dp} | "
-        f"pp {d.pp} | dcp {d.dcp} | {d.kv_dtype} | spec {d.spec_tokens}"
-    )
-    out.print(title, style="bold")
-    summary = Table(show_header=False)
-    summary.add_column("quantity")
-    summary.add_column("value", justify="right")
+def _size_rows(result: VllmPlan | ParentPlan) -> list[tuple[str, str]]:
     sizes = result.sizes
-    summary.add_row("MLA bytes / token / layer", _n(sizes.attention.bytes_per_token))
-    summary.add_row("MLA page (128 tokens)", _n(sizes.attention.page_bytes()))
+    rows = [
+        ("MLA bytes / token / layer", _n(sizes.attention.bytes_per_token)),
+        ("MLA page (128 tokens)", _n(sizes.attention.page_bytes())),
+    ]
     if sizes.kda is not None:
-        summary.add_row("KDA conv state (q|k|v)", f"{_n(sizes.kda.conv_bytes)}  "
-                        f"{sizes.kda.conv_shape('channel_major')}")
-        summary.add_row("KDA recurrent state", f"{_n(sizes.kda.recurrent_bytes)}  "
-                        f"{sizes.kda.recurrent_shape}")
-        summary.add_row("KDA state S(tp, s) / layer", _n(sizes.kda_state_bytes))
-    if isinstance(result, VllmPlan):
-        summary.add_row("block tokens", _n(result.block_tokens))
-        summary.add_row("page bytes (per layer)", _n(result.page_bytes))
-        summary.add_row("planes (group_size)", _n(result.num_planes))
-        summary.add_row("block bytes", _n(result.block_bytes))
-        summary.add_row("KDA page padding bytes", _n(result.kda_page_padding_bytes))
-        summary.add_row(
-            "spans: attention / KDA tokens",
-            f"{_n(result.attention_span_tokens)} / {_n(result.kda_span_tokens)}",
-        )
-    else:
-        summary.add_row("planes", _n(result.num_planes))
-        summary.add_row(
-            "packing p_m / p_l", f"{result.packing.mla_pages} / {result.packing.state_pages}"
-        )
-        summary.add_row("plane bytes", _n(result.packing.plane_bytes))
-        summary.add_row("parent bytes", _n(result.parent_bytes))
-        limit = "none" if result.max_padding is None else f"{result.max_padding:g}"
-        summary.add_row("padding limit", limit)
-        rule = result.rule_1152
-        if rule is not None:
-            verdict = "chosen" if rule.chosen else f"passed over: {rule.reason}"
-            summary.add_row(
-                "#1152 rule", f"{rule.mla_pages}/{rule.state_pages}, {verdict}"
-            )
-    summary.add_row("bytes / token", f"{result.bytes_per_token:,.1f}")
-    if budget_bytes is not None:
-        if isinstance(result, VllmPlan):
-            blocks = result.num_blocks(budget_bytes)
-            summary.add_row("blocks in budget", _n(blocks))
-            summary.add_row("attention tokens", _n(blocks * result.attention_span_tokens))
-        else:
-            parents = result.parents_for_budget(budget_bytes)
-            summary.add_row("parents in budget (+1 null)", _n(parents))
-            summary.add_row(
-                f"token capacity (max_live {max_live})",
-                _n(result.token_capacity(parents, max_live)),
-            )
-    out.print(summary)
+        kda = sizes.kda
+        rows += [
+            ("KDA conv state (q|k|v)", f"{_n(kda.conv_bytes)}  {kda.conv_shape('channel_major')}"),
+            ("KDA recurrent state", f"{_n(kda.recurrent_bytes)}  {kda.recurrent_shape}"),
+            ("KDA state S(tp, s) / layer", _n(kda.state_bytes)),
+        ]
+    return rows
 
-    groups = Table(title="groups", title_justify="left")
+
+def _layout_rows(result: VllmPlan | ParentPlan) -> list[tuple[str, str]]:
+    if isinstance(result, VllmPlan):
+        return [
+            ("block tokens", _n(result.block_tokens)),
+            ("page bytes (per layer)", _n(result.page_bytes)),
+            ("planes (group_size)", _n(result.num_planes)),
+            ("block bytes", _n(result.block_bytes)),
+            ("KDA page padding bytes", _n(result.kda_page_padding_bytes)),
+            (
+                "spans: attention / KDA tokens",
+                f"{_n(result.attention_span_tokens)} / {_n(result.kda_span_tokens)}",
+            ),
+        ]
+    rows = [
+        ("planes", _n(result.num_planes)),
+        ("packing p_m / p_l", f"{result.packing.mla_pages} / {result.packing.state_pages}"),
+        ("plane bytes", _n(result.packing.plane_bytes)),
+        ("parent bytes", _n(result.parent_bytes)),
+        ("padding limit", "none" if result.max_padding is None else f"{result.max_padding:g}"),
+    ]
+    rule = result.rule_1152
+    if rule is not None:
+        verdict = "chosen" if rule.chosen else f"passed over: {rule.reason}"
+        rows.append(("#1152 rule", f"{rule.mla_pages}/{rule.state_pages}, {verdict}"))
+    return rows
+
+
+def _capacity_rows(
+    result: VllmPlan | ParentPlan, budget_bytes: int, max_live: int
+) -> list[tuple[str, str]]:
+    if isinstance(result, VllmPlan):
+        blocks = result.num_blocks(budget_bytes)
+        return [
+            ("blocks in budget", _n(blocks)),
+            ("attention tokens", _n(blocks * result.attention_span_tokens)),
+        ]
+    parents = result.parents_for_budget(budget_bytes)
+    return [
+        ("parents in budget (+1 null)", _n(parents)),
+        (f"token capacity (max_live {max_live})", _n(result.token_capacity(parents, max_live))),
+    ]
+
+
+def _groups_table(result: VllmPlan | ParentPlan) -> Table:
+    table = Table(title="groups", title_justify="left")
     for column in ("group", "kind", "layers", "module layers"):
-        groups.add_column(column)
+        table.add_column(column)
     if isinstance(result, ParentPlan):
         for column in ("pages / parent", "padding", "utilization"):
-            groups.add_column(column, justify="right")
+            table.add_column(column, justify="right")
     for group in result.groups:
         row = [group.name, group.kind, str(len(group.layers)), format_layers(group.layers)]
         if isinstance(result, ParentPlan):
@@ -131,20 +130,45 @@ def show(result: VllmPlan | ParentPlan, budget_bytes: int | None, max_live: int)
                 f"{result.padding_fraction[group.name]:.3f}",
                 f"{result.utilization[group.name]:.3f}",
             ]
-        groups.add_row(*row)
-    out.print(groups)
+        table.add_row(*row)
+    return table
 
+
+def _stages_table(result: VllmPlan | ParentPlan) -> Table:
+    table = Table(title="pipeline stages", title_justify="left")
+    for column in ("stage", "module layers", "planes", "bytes / block or parent"):
+        table.add_column(column)
+    for stage in result.stages:
+        unit = (
+            result.stage_block_bytes(stage.index)
+            if isinstance(result, VllmPlan)
+            else result.stage_parent_bytes(stage.index)
+        )
+        table.add_row(
+            str(stage.index), format_layers(stage.layers), str(stage.num_planes), _n(unit)
+        )
+    return table
+
+
+def show(result: VllmPlan | ParentPlan, budget_bytes: int | None, max_live: int) -> None:
+    """Print a plan as tables: sizes and layout, groups, and stages (with PP)."""
+    out = console()
+    d = result.deployment
+    out.print(
+        f"{result.model.name} | engine {result.engine} | attn_tp {d.attn_tp} x dp {d.attn_dp} | "
+        f"pp {d.pp} | dcp {d.dcp} | {d.kv_dtype} | spec {d.spec_tokens}",
+        style="bold",
+    )
+    summary = Table(show_header=False)
+    summary.add_column("quantity")
+    summary.add_column("value", justify="right")
+    rows = _size_rows(result) + _layout_rows(result)
+    rows.append(("bytes / token", f"{result.bytes_per_token:,.1f}"))
+    if budget_bytes is not None:
+        rows += _capacity_rows(result, budget_bytes, max_live)
+    for quantity, value in rows:
+        summary.add_row(quantity, value)
+    out.print(summary)
+    out.print(_groups_table(result))
     if len(result.stages) > 1:
-        stages = Table(title="pipeline stages", title_justify="left")
-        for column in ("stage", "module layers", "planes", "bytes / block or parent"):
-            stages.add_column(column)
-        for stage in result.stages:
-            unit = (
-                result.stage_block_bytes(stage.index)
-                if isinstance(result, VllmPlan)
-                else result.stage_parent_bytes(stage.index)
-            )
-            stages.add_row(
-                str(stage.index), format_layers(stage.layers), str(stage.num_planes), _n(unit)
-            )
-        out.print(stages)
+        out.print(_stages_table(result))

@@ -123,7 +123,9 @@ def group_names(kind: GroupKind, count: int) -> tuple[str, ...]:
     """tokenspeed's names: ``full_attention`` (``full_attention_i`` when several) and
     ``linear_attention_0 ..``."""
     if kind == "attention":
-        return ("full_attention",) if count == 1 else tuple(
-            f"full_attention_{i}" for i in range(count)
+        return (
+            ("full_attention",)
+            if count == 1
+            else tuple(f"full_attention_{i}" for i in range(count))
         )
     return tuple(f"linear_attention_{i}" for i in range(count))

@@ -110,8 +110,7 @@ def rule_1152(frame: PackingFrame, chosen: Packing) -> RuleCheck | None:
         )
     elif not is_chosen:
         reason = (
-            f"packing {chosen.mla_pages}/{chosen.state_pages} has the same parent with less "
-            "padding"
+            f"packing {chosen.mla_pages}/{chosen.state_pages} has the same parent with less padding"
         )
     return RuleCheck(
         mla_pages=mla_pages,
@@ -157,7 +156,7 @@ def search_packing(frame: PackingFrame) -> Packing:
     """The smallest parent whose plane is exactly ``p_m`` pages and whose groups all pad within
     the limit; for each ``p_m`` the most state pages that fit (least padding at equal parent).
 
-    Refuses ``padding_limit`` when no packing can meet the limit, ``no_exact_stride`` or
+    Refuses ``padding_limit`` when no packing can meet the limit and
     ``packing_search_exhausted`` when the search ends without one.
     """
     limit = frame.max_padding
@@ -192,18 +191,19 @@ def search_packing(frame: PackingFrame) -> Packing:
             return Packing(mla_pages=mla_pages, state_pages=state_pages, plane_bytes=plane)
         if best_near_miss is None or worst < best_near_miss[1]:
             best_near_miss = (worst_group, worst)
-    if best_near_miss is None:
-        raise Refusal(
-            "no_exact_stride",
-            f"no plane of up to {bound} pages of {frame.mla_page_bytes} B is 256-byte aligned "
-            f"and holds a {frame.state_bytes} B state",
-            facts={"mla_page_bytes": frame.mla_page_bytes, "state_bytes": frame.state_bytes},
-            hint="engine=vllm pads pages instead of packing them",
-        )
+    best = (
+        "none had an exact stride"
+        if best_near_miss is None
+        else (f"best: {best_near_miss[0]} at {best_near_miss[1]:.6f}")
+    )
     raise Refusal(
         "packing_search_exhausted",
         f"no packing of up to {bound} MLA pages per plane keeps every group within "
-        f"max_padding={limit:g} (best: {best_near_miss[0]} at {best_near_miss[1]:.3f})",
-        facts={"bound": bound, "max_padding": limit, "best_padding": best_near_miss[1]},
+        f"max_padding={limit} ({best})",
+        facts={
+            "bound": bound,
+            "max_padding": limit,
+            "best_padding": None if best_near_miss is None else best_near_miss[1],
+        },
         hint="raise max_padding or use engine=vllm",
     )

@@ -307,7 +307,9 @@ def group_parent(model: HybridModel) -> tuple[Group, ...]:
     if kda:
         splits = split_contiguous(kda, math.ceil(len(kda) / len(attention)))
         names = group_names("kda", len(splits))
-        groups.extend(Group(name=n, kind="kda", layers=s) for n, s in zip(names, splits))
+        groups.extend(
+            Group(name=n, kind="kda", layers=s) for n, s in zip(names, splits, strict=True)
+        )
     return tuple(groups)
 
 

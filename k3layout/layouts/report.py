@@ -20,7 +20,7 @@ from .packing import RuleCheck
 from .parent import ParentPlan
 from .vllm import VllmPlan
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 
 
 class SizesReport(Frozen):

@@ -91,9 +91,7 @@ class VllmPlan(Frozen):
     @property
     def dcp_placement(self) -> Interleave:
         """Which DCP rank holds each token of an attention block."""
-        return Interleave(
-            num_ranks=self.deployment.dcp, interleave=self.deployment.dcp_interleave
-        )
+        return Interleave(num_ranks=self.deployment.dcp, interleave=self.deployment.dcp_interleave)
 
     def stage_block_bytes(self, stage: int) -> int:
         """Bytes one block costs on a rank of pipeline stage ``stage``."""
@@ -143,7 +141,9 @@ def group_vllm(model: HybridModel) -> tuple[Group, ...]:
     for kind, ids in buckets.items():
         splits = split_strided(ids, math.ceil(len(ids) / group_size))
         names = group_names(kind, len(splits))
-        groups.extend(Group(name=n, kind=kind, layers=s) for n, s in zip(names, splits))
+        groups.extend(
+            Group(name=n, kind=kind, layers=s) for n, s in zip(names, splits, strict=True)
+        )
     return tuple(groups)
 
 

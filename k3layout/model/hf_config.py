@@ -15,7 +15,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from ..constants import DSA_INDEX_BYTES_PER_TOKEN
 from ..dtypes import HF_TORCH_DTYPES
@@ -51,22 +59,34 @@ class _TextConfig(_Lenient):
     torch_dtype: str | None = None
     linear_attn_config: _LinearAttnConfig | None = None
 
-    @model_validator(mode="after")
-    def _consistent(self) -> _TextConfig:
-        if self.torch_dtype is not None and self.torch_dtype not in HF_TORCH_DTYPES:
+    @field_validator("torch_dtype")
+    @classmethod
+    def _known_dtype(cls, value: str | None) -> str | None:
+        if value is not None and value not in HF_TORCH_DTYPES:
             raise ValueError(
-                f"torch_dtype={self.torch_dtype!r} is not a known dtype "
-                f"(allowed: {', '.join(sorted(HF_TORCH_DTYPES))})"
+                f"{value!r} is not a known dtype (allowed: {', '.join(sorted(HF_TORCH_DTYPES))})"
             )
-        kv_heads = self.num_key_value_heads
-        if kv_heads is not None and self.num_attention_heads % kv_heads:
+        return value
+
+    @field_validator("num_key_value_heads")
+    @classmethod
+    def _heads_divide(cls, value: int | None, info: ValidationInfo) -> int | None:
+        heads = info.data.get("num_attention_heads")
+        if value is not None and isinstance(heads, int) and heads % value:
             raise ValueError(
-                f"num_attention_heads={self.num_attention_heads} must be divisible by "
-                f"num_key_value_heads={kv_heads}"
+                f"num_attention_heads={heads} must be divisible by num_key_value_heads={value}"
             )
-        if self.linear_attn_config is not None:
-            _check_layer_lists(self.linear_attn_config, self.num_hidden_layers)
-        return self
+        return value
+
+    @field_validator("linear_attn_config")
+    @classmethod
+    def _layer_lists(
+        cls, value: _LinearAttnConfig | None, info: ValidationInfo
+    ) -> _LinearAttnConfig | None:
+        num_layers = info.data.get("num_hidden_layers")
+        if value is not None and isinstance(num_layers, int):
+            _check_layer_lists(value, num_layers)
+        return value
 
 
 class _Nested(_Lenient):
@@ -74,9 +94,9 @@ class _Nested(_Lenient):
 
 
 def _check_layer_lists(linear: _LinearAttnConfig, num_layers: int) -> None:
-    lists = {"linear_attn_config.kda_layers": linear.kda_layers}
+    lists = {"kda_layers": linear.kda_layers}
     if linear.full_attn_layers is not None:
-        lists["linear_attn_config.full_attn_layers"] = linear.full_attn_layers
+        lists["full_attn_layers"] = linear.full_attn_layers
     for field, layers in lists.items():
         outside = sorted({n for n in layers if not 1 <= n <= num_layers})
         if outside:
@@ -91,17 +111,14 @@ def _check_layer_lists(linear: _LinearAttnConfig, num_layers: int) -> None:
         return
     overlap = sorted(set(linear.kda_layers) & set(linear.full_attn_layers))
     if overlap:
-        raise ValueError(
-            "linear_attn_config.kda_layers and linear_attn_config.full_attn_layers overlap "
-            f"at layers {overlap}"
-        )
+        raise ValueError(f"kda_layers and full_attn_layers overlap at layers {overlap}")
     missing = sorted(
         set(range(1, num_layers + 1)) - set(linear.kda_layers) - set(linear.full_attn_layers)
     )
     if missing:
         raise ValueError(
-            f"linear_attn_config: layers {missing} are in neither kda_layers nor "
-            f"full_attn_layers (together they must cover 1..{num_layers})"
+            f"layers {missing} are in neither kda_layers nor full_attn_layers "
+            f"(together they must cover 1..{num_layers})"
         )
 
 
@@ -113,8 +130,7 @@ def _refuse(error: ValidationError, source: str) -> Refusal:
     first = error.errors()[0]
     field = _field_path(first["loc"])
     problems = "; ".join(
-        f"{_field_path(e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
-        for e in error.errors()
+        f"{_field_path(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in error.errors()
     )
     return Refusal(
         "invalid_config",

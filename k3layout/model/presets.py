@@ -19,9 +19,7 @@ DSPARK_DRAFT_LAYERS: Final = 5
 
 def kimi_layer_pattern(num_layers: int, mla: MLALayer, kda: KDALayer) -> tuple[Layer, ...]:
     """Kimi's 3:1 hybrid pattern: MLA at every 4th layer (0-based 3, 7, ...) and at the last."""
-    return tuple(
-        mla if (i % 4 == 3 or i == num_layers - 1) else kda for i in range(num_layers)
-    )
+    return tuple(mla if (i % 4 == 3 or i == num_layers - 1) else kda for i in range(num_layers))
 
 
 def kimi_k3() -> HybridModel:

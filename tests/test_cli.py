@@ -1,0 +1,109 @@
+"""The command line in a subprocess: tables, JSON, refusal exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def k3layout(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "k3layout", *args], capture_output=True, text=True, check=False
+    )
+
+
+def test_plan_prints_a_table_with_the_golden_numbers() -> None:
+    run = k3layout("plan", "--model", "kimi-k3-dspark", "--attn-tp", "8", "--spec-tokens", "2")
+    assert run.returncode == 0, run.stderr
+    for text in ("1,536", "884,736", "25,657,344", "linear_attention_2", "full_attention"):
+        assert text in run.stdout
+
+
+def test_plan_json_holds_the_documented_fields_for_vllm() -> None:
+    run = k3layout(
+        "plan", "--model", "kimi-k3-dspark", "--attn-tp", "8", "--spec-tokens", "2", "--json"
+    )
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    assert data["engine"] == "vllm"
+    assert data["kda_state_bytes"] == 832_512
+    assert (data["block_tokens"], data["page_bytes"], data["block_bytes"]) == (
+        1536,
+        884_736,
+        25_657_344,
+    )
+    assert data["planes"] == 29
+    assert [(g["name"], g["kind"], len(g["layers"])) for g in data["groups"]] == [
+        ("linear_attention_0", "kda", 23),
+        ("linear_attention_1", "kda", 23),
+        ("linear_attention_2", "kda", 23),
+        ("full_attention", "attention", 29),
+    ]
+
+
+def test_plan_json_holds_the_documented_fields_for_parent() -> None:
+    run = k3layout("plan", "--engine", "parent", "--attn-tp", "32", "--kv-dtype", "bf16", "--json")
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    assert data["engine"] == "parent"
+    assert data["mla_page_bytes"] == 147_456
+    assert data["parent_bytes"] == 24 * 3 * 147_456
+    assert data["packing"] == {
+        "full_attention": 3,
+        "linear_attention_0": 2,
+        "linear_attention_1": 2,
+        "linear_attention_2": 2,
+    }
+    assert round(data["padding_fraction"]["linear_attention_0"], 3) == 0.134
+    assert data["rule_1152"]["chosen"] is False
+
+
+def test_plan_reads_a_config_path() -> None:
+    run = k3layout("plan", "--model", str(FIXTURES / "kimi-linear-48b-a3b.config.json"), "--json")
+    assert run.returncode == 0, run.stderr
+    assert [len(g["layers"]) for g in json.loads(run.stdout)["groups"]] == [7, 7, 6, 7]
+
+
+def test_a_refusal_exits_2_with_the_message_on_stderr() -> None:
+    run = k3layout("plan", "--attn-tp", "5")
+    assert run.returncode == 2
+    assert "KDA num_heads=96 must be divisible by attn_tp=5" in run.stderr
+    assert run.stdout == ""
+
+
+def test_a_refusal_with_json_also_prints_it_on_stdout() -> None:
+    run = k3layout("plan", "--attn-tp", "5", "--json")
+    assert run.returncode == 2
+    refused = json.loads(run.stdout)["refused"]
+    assert refused["code"] == "heads_not_divisible"
+    assert "attn_tp=5" in refused["message"]
+
+
+def test_bad_option_values_are_refusals_naming_the_option() -> None:
+    run = k3layout("plan", "--attn-tp", "0", "--json")
+    assert run.returncode == 2
+    assert json.loads(run.stdout)["refused"]["code"] == "invalid_argument"
+    assert "--attn-tp" in run.stderr
+    run = k3layout("plan", "--model", "kimi-k4")
+    assert run.returncode == 2 and "unknown_model" in run.stderr
+
+
+def test_sweep_shows_both_engines_and_the_refused_points() -> None:
+    run = k3layout("sweep", "--tps", "5,8,32", "--json")
+    assert run.returncode == 0, run.stderr
+    cells = {(c["engine"], c["kv_dtype"], c["attn_tp"]): c for c in json.loads(run.stdout)}
+    assert len(cells) == 2 * 2 * 3
+    assert cells[("parent", "bf16", 32)]["packing"] == "3/2"
+    assert cells[("parent", "fp8", 8)]["packing"] == "12/1"
+    assert cells[("vllm", "fp8", 8)]["packing"] == "block 1536"
+    assert {cells[(e, d, 5)]["refusal"] for e in ("vllm", "parent") for d in ("fp8", "bf16")} == {
+        "heads_not_divisible"
+    }
+    table = k3layout("sweep", "--tps", "5,8")
+    assert table.returncode == 0
+    assert "vllm fp8" in table.stdout and "parent bf16" in table.stdout
+    assert "heads_not_divisible" in table.stdout

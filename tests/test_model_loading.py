@@ -1,0 +1,200 @@
+"""Models: the presets agree with the Hugging Face configs; malformed configs name the field."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from k3layout import HybridModel, KDALayer, MLALayer, Refusal, load_config, model_from_config
+from k3layout import preset as get_preset
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def config(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / name).read_text())
+    return data
+
+
+@pytest.mark.parametrize(
+    ("fixture", "preset"),
+    [("kimi-k3.config.json", "kimi-k3"), ("kimi-linear-48b-a3b.config.json", "kimi-linear-48b")],
+)
+def test_presets_equal_their_hugging_face_configs(fixture: str, preset: str) -> None:
+    loaded = load_config(FIXTURES / fixture, name=preset)
+    assert loaded == get_preset(preset)
+
+
+def test_k3_layers_are_24_mla_every_fourth_and_the_last(k3: HybridModel) -> None:
+    assert k3.num_layers == 93
+    assert k3.attention_layer_ids == (*range(3, 92, 4), 92)
+    assert len(k3.attention_layer_ids) == 24 and len(k3.kda_layer_ids) == 69
+    assert k3.model_type == "kimi_k3"
+
+
+def test_kimi_linear_has_7_mla_and_20_kda(kimi_linear: HybridModel) -> None:
+    assert kimi_linear.attention_layer_ids == (3, 7, 11, 15, 19, 23, 26)
+    assert len(kimi_linear.kda_layer_ids) == 20
+
+
+def test_dspark_adds_five_mla_layers_after_the_target(k3_dspark: HybridModel) -> None:
+    assert k3_dspark.draft_layer_ids == (93, 94, 95, 96, 97)
+    assert k3_dspark.attention_layer_ids[-5:] == (93, 94, 95, 96, 97)
+    assert all(layer.latent_dim == 576 for layer in k3_dspark.draft_layers)
+
+
+def test_config_draft_layers_join_a_loaded_model() -> None:
+    model = load_config(FIXTURES / "kimi-k3.config.json", name="kimi-k3-dspark", num_draft_layers=5)
+    assert model == get_preset("kimi-k3-dspark")
+
+
+def test_text_config_nesting_and_flat_configs_load_alike() -> None:
+    nested = config("kimi-k3.config.json")
+    flat = {**nested["text_config"], "model_type": "kimi_k3"}
+    assert model_from_config(flat, name="k") == model_from_config(nested, name="k")
+
+
+def test_a_config_without_linear_attention_is_pure_mla_with_dsa_and_mtp() -> None:
+    deepseek = {
+        "model_type": "deepseek_v32",
+        "num_hidden_layers": 4,
+        "num_attention_heads": 128,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "q_lora_rank": 1536,
+        "index_head_dim": 128,
+        "num_nextn_predict_layers": 1,
+    }
+    model = model_from_config(deepseek)
+    assert not model.kda_layer_ids
+    assert model.attention_layer_ids == (0, 1, 2, 3, 4)
+    assert all(layer.index_bytes_per_token == 132 for layer in model.mla_layers)
+
+
+def _broken(mutate: Any) -> dict[str, Any]:
+    data = copy.deepcopy(config("kimi-k3.config.json"))
+    mutate(data["text_config"])
+    return data
+
+
+CASES = [
+    (
+        "overlapping lists",
+        lambda t: t["linear_attn_config"]["kda_layers"].append(4),
+        "text_config.linear_attn_config",
+        "overlap at layers [4]",
+    ),
+    (
+        "missing layer",
+        lambda t: t["linear_attn_config"]["kda_layers"].remove(1),
+        "text_config.linear_attn_config",
+        "layers [1] are in neither",
+    ),
+    (
+        "0-based list",
+        lambda t: t["linear_attn_config"]["kda_layers"].append(0),
+        "text_config.linear_attn_config",
+        "kda_layers: layers [0] are outside 1..num_hidden_layers=93",
+    ),
+    (
+        "non-positive heads",
+        lambda t: t["linear_attn_config"].update(num_heads=0),
+        "text_config.linear_attn_config.num_heads",
+        "greater than 0",
+    ),
+    (
+        "negative latent",
+        lambda t: t.update(kv_lora_rank=-512),
+        "text_config.kv_lora_rank",
+        "greater than 0",
+    ),
+    (
+        "heads not divisible",
+        lambda t: t.update(num_key_value_heads=7),
+        "text_config.num_key_value_heads",
+        "num_attention_heads=96 must be divisible by num_key_value_heads=7",
+    ),
+    (
+        "unknown dtype",
+        lambda t: t.update(torch_dtype="float7"),
+        "text_config.torch_dtype",
+        "float7",
+    ),
+    (
+        "missing field",
+        lambda t: t.pop("qk_rope_head_dim"),
+        "text_config.qk_rope_head_dim",
+        "Field required",
+    ),
+    (
+        "string dims",
+        lambda t: t["linear_attn_config"].update(head_dim="wide"),
+        "text_config.linear_attn_config.head_dim",
+        "integer",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "mutate", "field", "words"), CASES, ids=[c[0] for c in CASES])
+def test_malformed_configs_are_refused_naming_the_field(
+    case: str, mutate: Any, field: str, words: str
+) -> None:
+    with pytest.raises(Refusal) as refused:
+        model_from_config(_broken(mutate))
+    assert refused.value.code == "invalid_config"
+    assert str(refused.value.facts["field"]).startswith(field.split(".", maxsplit=1)[0])
+    assert field in str(refused.value)
+    assert words in str(refused.value)
+
+
+def test_unreadable_and_non_object_files_are_refused(tmp_path: Path) -> None:
+    for text in ("{not json", "[1, 2]"):
+        path = tmp_path / "config.json"
+        path.write_text(text)
+        with pytest.raises(Refusal) as refused:
+            load_config(tmp_path)
+        assert refused.value.code == "invalid_config"
+    with pytest.raises(Refusal) as refused:
+        load_config(tmp_path / "missing.json")
+    assert refused.value.code == "invalid_config"
+
+
+def test_an_all_kda_config_is_refused() -> None:
+    def all_kda(t: dict[str, Any]) -> None:
+        t["linear_attn_config"]["kda_layers"] = list(range(1, 94))
+        t["linear_attn_config"].pop("full_attn_layers")
+
+    with pytest.raises(Refusal) as refused:
+        model_from_config(_broken(all_kda))
+    assert refused.value.code == "invalid_config"
+
+
+def test_unknown_preset_names_the_presets() -> None:
+    with pytest.raises(Refusal) as refused:
+        get_preset("kimi-k4")
+    assert refused.value.code == "unknown_model"
+    assert "kimi-k3" in refused.value.facts["presets"]  # type: ignore[operator]
+
+
+def test_models_are_frozen_and_validated() -> None:
+    mla = MLALayer(num_heads=8)
+    with pytest.raises(ValidationError):
+        MLALayer(num_heads=0)
+    with pytest.raises(ValidationError):
+        KDALayer(num_heads=8, head_dim=64, conv_kernel=1)
+    with pytest.raises(ValidationError, match="at least one MLA layer"):
+        HybridModel(name="x", model_type="x", layers=(KDALayer(num_heads=8, head_dim=64),))
+    with pytest.raises(ValidationError):
+        mla.num_heads = 4  # type: ignore[misc]
+
+
+def test_a_model_round_trips_through_json(k3_dspark: HybridModel) -> None:
+    assert HybridModel.model_validate_json(k3_dspark.model_dump_json()) == k3_dspark
+    assert hash(HybridModel.model_validate_json(k3_dspark.model_dump_json())) == hash(k3_dspark)

@@ -1,0 +1,143 @@
+"""Sweeps over the whole configuration space: a plan whose invariants hold, or a refusal."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from k3layout import (
+    Deployment,
+    HybridModel,
+    ParentPlan,
+    Refusal,
+    VllmPlan,
+    load_plan,
+    plan,
+    preset,
+)
+from k3layout.layouts.report import REPORT_ADAPTER, report
+from k3layout.testing import (
+    deployments,
+    hybrid_models,
+    plan_invariant_violations,
+    plannable_inputs,
+    refused_inputs,
+)
+
+K3_HEADS = 96
+ALL_TPS = st.integers(1, 128)  # every TP dividing 96 and many that do not
+
+
+@settings(max_examples=300)
+@given(
+    model=st.sampled_from(("kimi-k3", "kimi-k3-dspark")).map(preset),
+    engine=st.sampled_from(("vllm", "parent")),
+    attn_tp=ALL_TPS,
+    kv_dtype=st.sampled_from(("fp8", "bf16")),
+    spec_tokens=st.integers(0, 7),
+)
+def test_k3_plans_or_refuses_with_a_code_for_every_tp_dtype_and_spec_depth(
+    model: HybridModel, engine: str, attn_tp: int, kv_dtype: str, spec_tokens: int
+) -> None:
+    deployment = Deployment.model_validate(
+        {"engine": engine, "attn_tp": attn_tp, "kv_dtype": kv_dtype, "spec_tokens": spec_tokens}
+    )
+    try:
+        result = plan(model, deployment)
+    except Refusal as refusal:
+        assert K3_HEADS % attn_tp != 0
+        assert refusal.code == "heads_not_divisible"
+        return
+    assert K3_HEADS % attn_tp == 0, "an attention TP that does not divide the heads planned"
+    assert plan_invariant_violations(result) == []
+
+
+@given(plannable_inputs())
+def test_every_plannable_input_gives_a_consistent_plan_or_a_packing_refusal(
+    inputs: tuple[HybridModel, Deployment],
+) -> None:
+    model, deployment = inputs
+    try:
+        result = plan(model, deployment)
+    except Refusal as refusal:
+        # valid parallelism can still be refused by the parent packing's padding limit
+        assert deployment.engine == "parent"
+        assert refusal.code in {"padding_limit", "packing_search_exhausted"}
+        return
+    assert plan_invariant_violations(result) == []
+
+
+@given(plannable_inputs())
+def test_plans_round_trip_through_json_and_are_deterministic(
+    inputs: tuple[HybridModel, Deployment],
+) -> None:
+    model, deployment = inputs
+    try:
+        first = plan(model, deployment)
+    except Refusal:
+        return
+    again = plan(model, deployment)
+    assert again == first and hash(again) == hash(first)
+    assert load_plan(first.model_dump_json()) == first
+    data = report(first)
+    assert REPORT_ADAPTER.validate_json(data.model_dump_json()) == data
+
+
+@given(refused_inputs())
+def test_near_misses_are_refused_with_their_code(
+    inputs: tuple[HybridModel, Deployment, str],
+) -> None:
+    model, deployment, code = inputs
+    with pytest.raises(Refusal) as refused:
+        plan(model, deployment)
+    assert refused.value.code == code
+    assert refused.value.facts
+
+
+@given(
+    model=hybrid_models(),
+    data=st.data(),
+)
+def test_no_input_escapes_as_anything_but_a_refusal(
+    model: HybridModel, data: st.DataObject
+) -> None:
+    deployment = data.draw(deployments(model, plannable=False))
+    try:
+        result = plan(model, deployment)
+    except Refusal:
+        return
+    assert plan_invariant_violations(result) == []
+
+
+@given(plannable_inputs(engine="parent"), st.integers(0, 2_000_000), st.integers(1, 8))
+def test_parent_capacity_inverts_parents_for(
+    inputs: tuple[HybridModel, Deployment], tokens: int, max_live: int
+) -> None:
+    model, deployment = inputs
+    try:
+        result = plan(model, deployment)
+    except Refusal:
+        return
+    assert isinstance(result, ParentPlan)
+    needed = result.parents_for(tokens, max_live)
+    capacity = result.token_capacity(needed, max_live)
+    assert capacity >= tokens
+    assert (
+        result.parents_for(capacity, max_live)
+        <= needed
+        < result.parents_for(capacity + 1, max_live)
+    )
+
+
+@given(plannable_inputs(engine="vllm"), st.integers(0, 1 << 40))
+def test_vllm_blocks_fill_but_never_exceed_the_budget(
+    inputs: tuple[HybridModel, Deployment], budget: int
+) -> None:
+    model, deployment = inputs
+    result = plan(model, deployment)
+    assert isinstance(result, VllmPlan)
+    for stage in result.stages:
+        blocks = result.num_blocks(budget, stage.index)
+        cost = result.stage_block_bytes(stage.index)
+        assert blocks * cost <= budget < (blocks + 1) * cost
