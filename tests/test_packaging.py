@@ -6,6 +6,7 @@ import inspect
 import subprocess
 import sys
 from importlib import resources
+from pathlib import Path
 
 import k3layout
 
@@ -29,3 +30,23 @@ def test_every_exported_name_exists_and_is_documented() -> None:
 
 def test_py_typed_ships() -> None:
     assert resources.files("k3layout").joinpath("py.typed").is_file()
+
+
+def test_ci_runs_the_readme_test_command_verbatim() -> None:
+    root = Path(__file__).parent.parent
+    readme = (root / "README.md").read_text()
+    blocks = [b.split("```", 1)[0].strip() for b in readme.split("```sh\n")[1:]]
+    setup_and_test = blocks[1]
+    assert "pip install torch==2.13.0" in setup_and_test  # the CPU build, before the extras
+    assert setup_and_test in (root / ".ci" / "run").read_text()
+
+
+def test_the_readme_main_job_plans() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    main_job = readme.split("```sh\n")[1].split("```", 1)[0].strip()
+    args = main_job.split(".venv/bin/k3layout ", 1)[1].split()
+    run = subprocess.run(
+        [sys.executable, "-m", "k3layout", *args], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert "25,657,344" in run.stdout
