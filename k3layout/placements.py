@@ -78,22 +78,26 @@ class Interleave(Frozen):
 
     def rank_of(self, token: int) -> int:
         """The rank that owns ``token``."""
+        _check_token("token", token)
         return (token // self.interleave) % self.num_ranks
 
     def local_position(self, token: int) -> int:
         """Where ``token`` sits among its rank's tokens."""
+        _check_token("token", token)
         span = self.num_ranks * self.interleave
         return (token // span) * self.interleave + token % self.interleave
 
     def global_token(self, rank: int, local: int) -> int:
         """The inverse: the token at ``local`` on ``rank``."""
         _check_rank(self.num_ranks, rank)
+        _check_token("local", local)
         span = self.num_ranks * self.interleave
         return (local // self.interleave) * span + rank * self.interleave + local % self.interleave
 
     def local_count(self, num_tokens: int, rank: int) -> int:
         """How many of tokens ``[0, num_tokens)`` ``rank`` holds."""
         _check_rank(self.num_ranks, rank)
+        _check_token("num_tokens", num_tokens)
         span = self.num_ranks * self.interleave
         full, rest = divmod(num_tokens, span)
         return full * self.interleave + min(max(rest - rank * self.interleave, 0), self.interleave)
@@ -102,6 +106,8 @@ class Interleave(Frozen):
         """``rank``'s tokens in ``[start, stop)`` as runs of consecutive tokens (not one per
         token): each run is at most ``interleave`` long and contiguous on both sides."""
         _check_rank(self.num_ranks, rank)
+        _check_token("start", start)
+        _check_token("stop", stop)
         runs: list[TokenRun] = []
         span = self.num_ranks * self.interleave
         first_span = start // span
@@ -156,6 +162,16 @@ def pp_stage_bounds(
         bounds.append((start, start + size))
         start += size
     return tuple(bounds)
+
+
+def _check_token(name: str, value: int) -> None:
+    if value < 0:
+        raise Refusal(
+            "invalid_argument",
+            f"{name}={value} must be >= 0",
+            facts={name: value},
+            hint="token positions count from 0",
+        )
 
 
 def _check_rank(num_ranks: int, rank: int) -> None:

@@ -9,6 +9,7 @@ import pytest
 from k3layout import (
     Deployment,
     HybridModel,
+    Interleave,
     KDALayer,
     MLALayer,
     Refusal,
@@ -137,6 +138,9 @@ def test_negative_budgets_and_loads_are_refused(k3: HybridModel) -> None:
         lambda: parent.parents_for(10, max_live=0),
         lambda: parent.parents_for_budget(-1),
         lambda: parent.bind(-1),
+        lambda: parent.bind(1, stage=1),
+        lambda: vllm.num_blocks(10, stage=3),
+        lambda: parent.parents_for(10, stage=-1),
     ):
         with pytest.raises(Refusal) as refused:
             call()
@@ -151,6 +155,20 @@ def test_shard_refuses_an_uneven_split() -> None:
     with pytest.raises(Refusal) as refused:
         Shard().local_size_and_offset(96, 8, 8)
     assert refused.value.code == "invalid_argument"
+
+
+def test_negative_token_positions_are_refused() -> None:
+    placement = Interleave(num_ranks=4, interleave=2)
+    for call in (
+        lambda: placement.rank_of(-1),
+        lambda: placement.local_position(-3),
+        lambda: placement.global_token(0, -1),
+        lambda: placement.local_count(-1, 0),
+        lambda: placement.runs(-4, 10, 1),
+    ):
+        with pytest.raises(Refusal) as refused:
+            call()
+        assert refused.value.code == "invalid_argument"
 
 
 def test_a_refusal_survives_pickling_and_serialises() -> None:

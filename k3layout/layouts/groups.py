@@ -15,6 +15,7 @@ from pydantic import Field, NonNegativeInt
 
 from .._frozen import Frozen
 from ..deployment import Deployment
+from ..errors import Refusal
 from ..model import HybridModel
 from ..placements import pp_stage_bounds
 
@@ -82,6 +83,18 @@ class Stage(Frozen):
     def group(self, name: str) -> Group:
         """This stage's projection of the group called ``name``."""
         return next(group for group in self.groups if group.name == name)
+
+
+def stage_at(stages: tuple[Stage, ...], index: int) -> Stage:
+    """``stages[index]``, refusing (``invalid_argument``) an index that is not a stage."""
+    if not 0 <= index < len(stages):
+        raise Refusal(
+            "invalid_argument",
+            f"stage={index} is not a pipeline stage (pp={len(stages)})",
+            facts={"stage": index, "pp": len(stages)},
+            hint=f"use 0 <= stage < {len(stages)}",
+        )
+    return stages[index]
 
 
 def project_stages(

@@ -21,7 +21,7 @@ from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
 from ..sizes import RankSizes
-from .groups import Group, GroupKind, Stage, group_names, split_contiguous
+from .groups import Group, GroupKind, Stage, group_names, split_contiguous, stage_at
 from .packing import Packing, PackingFrame, RuleCheck, rule_1152, search_packing
 
 
@@ -154,10 +154,10 @@ class ParentPlan(Frozen):
 
     def stage_parent_bytes(self, stage: int) -> int:
         """Bytes of one parent on a rank of pipeline stage ``stage``."""
-        return self.stages[stage].num_planes * self.packing.plane_bytes
+        return stage_at(self.stages, stage).num_planes * self.packing.plane_bytes
 
     def _frame_groups(self, stage: int | None) -> tuple[Group, ...]:
-        groups = self.groups if stage is None else self.stages[stage].groups
+        groups = self.groups if stage is None else stage_at(self.stages, stage).groups
         return tuple(group for group in groups if group.layers)
 
     def pages_needed(
@@ -245,7 +245,7 @@ class ParentPlan(Frozen):
                 f"num_parents={num_parents} must be >= 0",
                 facts={"num_parents": num_parents},
             )
-        held = self.stages[stage]
+        held = stage_at(self.stages, stage)
         plane = self.packing.plane_bytes
         plane_span = (num_parents + 1) * plane
         layers: list[LayerBinding] = []

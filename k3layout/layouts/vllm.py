@@ -33,6 +33,7 @@ from .groups import (
     num_planes,
     plane_members,
     split_strided,
+    stage_at,
 )
 
 
@@ -95,7 +96,7 @@ class VllmPlan(Frozen):
 
     def stage_block_bytes(self, stage: int) -> int:
         """Bytes one block costs on a rank of pipeline stage ``stage``."""
-        return self.stages[stage].num_planes * self.page_bytes
+        return stage_at(self.stages, stage).num_planes * self.page_bytes
 
     def num_blocks(self, budget_bytes: int, stage: int | None = None) -> int:
         """Blocks a rank allocates from ``budget_bytes`` (``budget // (page * group_size)``);
