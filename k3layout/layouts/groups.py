@@ -63,26 +63,39 @@ def plane_members(groups: tuple[Group, ...]) -> tuple[tuple[PlaneMember, ...], .
     )
 
 
-class Stage(Frozen):
-    """One pipeline stage: its module layers and the plan's groups projected onto them."""
+class GroupedLayout(Frozen):
+    """Groups of layers on shared planes: plane ``j`` holds layer ``j`` of every group."""
 
-    index: NonNegativeInt
-    layers: tuple[NonNegativeInt, ...]
     groups: tuple[Group, ...]
 
     @property
     def num_planes(self) -> int:
-        """Planes this stage allocates (its longest projected group)."""
+        """Planes allocated: the longest group (``group_size`` in vLLM's words)."""
         return num_planes(self.groups)
 
     @property
     def planes(self) -> tuple[tuple[PlaneMember, ...], ...]:
-        """Which layers share each of this stage's planes."""
+        """For every plane ``j``, layer ``j`` of each group (the layers aliasing it)."""
         return plane_members(self.groups)
 
     def group(self, name: str) -> Group:
-        """This stage's projection of the group called ``name``."""
-        return next(group for group in self.groups if group.name == name)
+        """The group called ``name`` (refuses a name that is not a group)."""
+        for group in self.groups:
+            if group.name == name:
+                return group
+        raise Refusal(
+            "invalid_argument",
+            f"group {name!r} is not a group of this layout",
+            facts={"group": name, "groups": tuple(g.name for g in self.groups)},
+            hint=f"use one of {', '.join(g.name for g in self.groups)}",
+        )
+
+
+class Stage(GroupedLayout):
+    """One pipeline stage: its module layers and the plan's groups projected onto them."""
+
+    index: NonNegativeInt
+    layers: tuple[NonNegativeInt, ...]
 
 
 def stage_at(stages: tuple[Stage, ...], index: int) -> Stage:

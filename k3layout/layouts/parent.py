@@ -21,7 +21,15 @@ from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
 from ..sizes import RankSizes
-from .groups import Group, GroupKind, Stage, group_names, split_contiguous, stage_at
+from .groups import (
+    Group,
+    GroupedLayout,
+    GroupKind,
+    Stage,
+    group_names,
+    split_contiguous,
+    stage_at,
+)
 from .packing import Packing, PackingFrame, RuleCheck, rule_1152, search_packing
 
 
@@ -66,19 +74,20 @@ class Binding(Frozen):
         return (self.num_parents + 1) * self.num_planes * self.plane_bytes
 
 
-class ParentPlan(Frozen):
+class ParentPlan(GroupedLayout):
     """The parent-block layout of one model under one deployment.
 
-    ``groups``, ``packing`` and the padding describe the whole model (the packing is solved once
-    so that every stage agrees); each of ``stages`` holds its projected groups and allocates one
-    plane per position of its longest group (``stage_parent_bytes``).
+    ``groups``, ``num_planes`` (one per MLA layer plus one per draft layer: no state group is
+    longer than the attention group), ``packing`` and the padding describe the whole model
+    (the packing is solved once so that every stage agrees); each of ``stages`` holds its
+    projected groups and allocates one plane per position of its longest group
+    (``stage_parent_bytes``).
     """
 
     engine: Literal["parent"] = "parent"
     model: HybridModel
     deployment: Deployment
     sizes: RankSizes
-    groups: tuple[Group, ...]
     stages: tuple[Stage, ...]
     packing: Packing
     max_padding: float | None
@@ -93,11 +102,6 @@ class ParentPlan(Frozen):
     def mla_page_bytes(self) -> int:
         """One 128-token MLA page: 73,728 B fp8 / 147,456 B bf16 for K3."""
         return self.sizes.attention.page_bytes(PARENT_PAGE_TOKENS)
-
-    @property
-    def num_planes(self) -> int:
-        """One plane per MLA layer plus one per draft layer."""
-        return len(self.full_attention.layers)
 
     @property
     def full_attention(self) -> Group:

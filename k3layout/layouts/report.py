@@ -57,58 +57,57 @@ class SizesReport(Frozen):
         )
 
 
-class VllmStageReport(Frozen):
-    """One pipeline stage of a ``vllm`` plan."""
+class StageReport(Frozen):
+    """One pipeline stage: its module layers, projected groups and plane count."""
 
     index: int
     layers: tuple[int, ...]
     groups: tuple[Group, ...]
     planes: int
+
+
+class VllmStageReport(StageReport):
+    """One pipeline stage of a ``vllm`` plan, with the bytes one block costs on it."""
+
     block_bytes: int
 
 
-class ParentStageReport(Frozen):
-    """One pipeline stage of a ``parent`` plan."""
+class ParentStageReport(StageReport):
+    """One pipeline stage of a ``parent`` plan, with the bytes of one of its parents."""
 
-    index: int
-    layers: tuple[int, ...]
-    groups: tuple[Group, ...]
-    planes: int
     parent_bytes: int
 
 
-class VllmReport(Frozen):
-    """``k3layout plan --engine vllm --json``."""
+class PlanReport(Frozen):
+    """What a report of either engine holds."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    engine: Literal["vllm"] = "vllm"
     model: str
     deployment: Deployment
     kda_state_bytes: int
     sizes: SizesReport
     groups: tuple[Group, ...]
     planes: int
+    bytes_per_token: float
+
+
+class VllmReport(PlanReport):
+    """``k3layout plan --engine vllm --json``."""
+
+    engine: Literal["vllm"] = "vllm"
     block_tokens: int
     page_bytes: int
     block_bytes: int
     kda_page_padding_bytes: int
     attention_span_tokens: int
     kda_span_tokens: int
-    bytes_per_token: float
     stages: tuple[VllmStageReport, ...]
 
 
-class ParentReport(Frozen):
+class ParentReport(PlanReport):
     """``k3layout plan --engine parent --json``."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
     engine: Literal["parent"] = "parent"
-    model: str
-    deployment: Deployment
-    kda_state_bytes: int
-    sizes: SizesReport
-    groups: tuple[Group, ...]
-    planes: int
     mla_page_bytes: int
     plane_bytes: int
     parent_bytes: int
@@ -117,7 +116,6 @@ class ParentReport(Frozen):
     utilization: dict[str, float]
     max_padding: float | None
     rule_1152: RuleCheck | None
-    bytes_per_token: float
     stages: tuple[ParentStageReport, ...]
 
 

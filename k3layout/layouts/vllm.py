@@ -17,30 +17,20 @@ from typing import Literal
 
 from pydantic import PositiveInt
 
-from .._frozen import Frozen
 from ..constants import MLA_KERNEL_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
 from ..placements import Interleave
 from ..sizes import RankSizes
-from .groups import (
-    Group,
-    GroupKind,
-    PlaneMember,
-    Stage,
-    group_names,
-    num_planes,
-    plane_members,
-    split_strided,
-    stage_at,
-)
+from .groups import Group, GroupedLayout, GroupKind, Stage, group_names, split_strided, stage_at
 
 
-class VllmPlan(Frozen):
+class VllmPlan(GroupedLayout):
     """The vLLM hybrid layout of one model under one deployment.
 
-    ``groups`` and the plane count describe the whole model (vLLM groups globally); each of
+    ``groups`` and ``num_planes`` (``group_size``: 29 for K3 + DSpark) describe the whole
+    model (vLLM groups globally); each of
     ``stages`` holds the groups projected onto one pipeline stage, which allocates its own
     planes (``stage_block_bytes``).
     """
@@ -51,18 +41,7 @@ class VllmPlan(Frozen):
     sizes: RankSizes
     block_tokens: PositiveInt
     page_bytes: PositiveInt
-    groups: tuple[Group, ...]
     stages: tuple[Stage, ...]
-
-    @property
-    def num_planes(self) -> int:
-        """``group_size``: shared tensors of the whole model (29 for K3 + DSpark)."""
-        return num_planes(self.groups)
-
-    @property
-    def planes(self) -> tuple[tuple[PlaneMember, ...], ...]:
-        """For every plane ``j``, layer ``j`` of each group (the layers aliasing it)."""
-        return plane_members(self.groups)
 
     @property
     def block_bytes(self) -> int:
