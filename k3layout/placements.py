@@ -16,7 +16,9 @@ from .errors import Refusal
 
 
 class Shard(Frozen):
-    """Split an extent evenly: rank ``r`` of ``n`` holds ``[r*E/n, (r+1)*E/n)``.
+    """Split dimension ``dim`` of an array evenly: rank ``r`` of ``n`` holds
+    ``[r*E/n, (r+1)*E/n)`` of its extent ``E``, every other dimension whole (DTensor's
+    ``Shard(dim)``).
 
     KDA heads (E = 96) over attention TP 8::
 
@@ -27,6 +29,7 @@ class Shard(Frozen):
     """
 
     kind: Literal["shard"] = "shard"
+    dim: Annotated[int, Field(ge=0)] = 0
 
     def local_size_and_offset(self, extent: int, num_ranks: int, rank: int) -> tuple[int, int]:
         """``(size, offset)`` of ``rank``'s share of ``extent``."""

@@ -142,6 +142,11 @@ class ReplayRecordSizes(Frozen):
     spec_tokens: NonNegativeInt
     cache_len: PositiveInt
 
+    k_dtype: Literal["bfloat16"] = "bfloat16"
+    u_dtype: Literal["bfloat16"] = "bfloat16"
+    g_dtype: Literal["float32"] = "float32"
+    cursor_dtype: Literal["int32"] = "int32"
+
     @property
     def record_len(self) -> int:
         """``L``: records kept per slot."""
@@ -155,17 +160,17 @@ class ReplayRecordSizes(Frozen):
     @property
     def k_bytes(self) -> int:
         """bf16 k records."""
-        return math.prod(self.record_shape) * DTYPE_BYTES["bfloat16"]
+        return math.prod(self.record_shape) * DTYPE_BYTES[self.k_dtype]
 
     @property
     def u_bytes(self) -> int:
         """bf16 u records."""
-        return math.prod(self.record_shape) * DTYPE_BYTES["bfloat16"]
+        return math.prod(self.record_shape) * DTYPE_BYTES[self.u_dtype]
 
     @property
     def g_bytes(self) -> int:
         """fp32 g (log decay) records."""
-        return math.prod(self.record_shape) * DTYPE_BYTES["float32"]
+        return math.prod(self.record_shape) * DTYPE_BYTES[self.g_dtype]
 
     @property
     def layer_bytes(self) -> int:
@@ -175,7 +180,7 @@ class ReplayRecordSizes(Frozen):
     @property
     def cursor_bytes(self) -> int:
         """The slot's int32 write cursor (replicated, shared by all layers)."""
-        return DTYPE_BYTES["int32"]
+        return DTYPE_BYTES[self.cursor_dtype]
 
 
 class RankSizes(Frozen):

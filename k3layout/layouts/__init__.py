@@ -1,6 +1,6 @@
 """Engine layouts: the vLLM hybrid allocator and parent-block packing, one pipeline for both."""
 
-from .groups import Group, GroupKind, PlaneMember, Stage
+from .groups import Group, GroupedLayout, GroupKind, PlaneMember, Stage, project_stages
 from .packing import Packing, PackingFrame, RuleCheck
 from .parent import Binding, GroupPages, LayerBinding, ParentPlan
 from .pipeline import Plan, load_plan, plan, plan_parent, plan_vllm, with_engine
@@ -11,6 +11,7 @@ __all__ = [
     "Group",
     "GroupKind",
     "GroupPages",
+    "GroupedLayout",
     "LayerBinding",
     "Packing",
     "PackingFrame",
@@ -25,5 +26,6 @@ __all__ = [
     "plan",
     "plan_parent",
     "plan_vllm",
+    "project_stages",
     "with_engine",
 ]

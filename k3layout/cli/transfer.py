@@ -1,0 +1,201 @@
+"""``k3layout transfer``: a prefill-to-decode transfer plan as tables, or ``--json`` as its report.
+
+    k3layout transfer --prefill pp8xtp1 --decode tp8xdcp8 [--model kimi-k3] [--replayssm]
+
+A topology is ``x``-separated axes, each a name and a size: ``pp`` (pipeline stages), ``tp``
+(attention TP), ``dcp`` (decode context parallel), ``dp`` (attention-DP replicas).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import get_args
+
+from rich.table import Table
+
+from ..deployment import ENGINES, Deployment
+from ..dtypes import KV_CACHE_DTYPES
+from ..errors import Refusal
+from ..sizes import ConvLayout
+from ..transfer import TransferReport, check_admission, plan_transfer, transfer_report
+from .common import console, model_from_args, run_refusing, validated
+
+AXES = {"pp": "pp", "tp": "attn_tp", "dcp": "dcp", "dp": "attn_dp"}
+"""Topology axis names and the :class:`~k3layout.Deployment` field each sets."""
+
+_AXIS = re.compile(r"(dcp|dp|pp|tp)(\d+)")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``transfer`` to the command line."""
+    parser = subparsers.add_parser(
+        "transfer", help="plan the prefill-to-decode transfer of one request"
+    )
+    parser.add_argument("--prefill", required=True, help="prefill topology, e.g. pp8xtp1")
+    parser.add_argument("--decode", required=True, help="decode topology, e.g. tp8xdcp8")
+    parser.add_argument(
+        "--model", default="kimi-k3", help="a preset or the path of a Hugging Face config.json"
+    )
+    parser.add_argument("--draft-layers", type=int, default=None, help="draft MLA layers")
+    parser.add_argument(
+        "--tokens",
+        "--prompt-tokens",
+        dest="prompt_tokens",
+        type=int,
+        default=4096,
+        help="prompt tokens of the request (default 4096)",
+    )
+    parser.add_argument("--engine", choices=ENGINES, default="vllm", help="both sides' engine")
+    parser.add_argument("--kv-dtype", choices=KV_CACHE_DTYPES, default="fp8")
+    parser.add_argument("--spec-tokens", type=int, default=0, help="speculative tokens per step")
+    parser.add_argument("--dcp-interleave", type=int, default=1, help="decode DCP interleave")
+    parser.add_argument(
+        "--conv-layout",
+        choices=get_args(ConvLayout),
+        default="channel_major",
+        help="KDA conv state layout on both sides",
+    )
+    parser.add_argument("--replayssm", action="store_true", help="ATOM ReplaySSM records")
+    parser.add_argument(
+        "--chunked",
+        action="store_true",
+        help="the prefill transfers in chunks: run the decode's admission check first",
+    )
+    parser.add_argument("--json", action="store_true", help="print the transfer report as JSON")
+    parser.set_defaults(run=run)
+
+
+def parse_topology(text: str, option: str) -> dict[str, int]:
+    """``"pp8xtp1"`` -> ``{"pp": 8, "attn_tp": 1}``; refuses (``invalid_argument``) anything
+    else, naming the part it cannot read."""
+    fields: dict[str, int] = {}
+    for part in text.lower().split("x"):
+        match = _AXIS.fullmatch(part.strip())
+        if match is None or AXES[match.group(1)] in fields:
+            problem = "repeats an axis" if match else "is not an axis and a size"
+            raise Refusal(
+                "invalid_argument",
+                f"{option}={text!r}: {part!r} {problem}",
+                facts={"option": option, "value": text, "part": part},
+                hint=f"write x-separated axes from {', '.join(AXES)}, e.g. pp8xtp1 or tp8xdcp8",
+            )
+        fields[AXES[match.group(1)]] = int(match.group(2))
+    return fields
+
+
+def deployments_from_args(args: argparse.Namespace) -> tuple[Deployment, Deployment]:
+    """The prefill and decode deployments the options describe."""
+    shared: dict[str, object] = {
+        "engine": args.engine,
+        "kv_dtype": args.kv_dtype,
+        "spec_tokens": args.spec_tokens,
+        "replayssm": args.replayssm,
+    }
+    prefill = validated(Deployment, {**shared, **parse_topology(args.prefill, "--prefill")})
+    decode = validated(
+        Deployment,
+        {
+            **shared,
+            "dcp_interleave": args.dcp_interleave,
+            **parse_topology(args.decode, "--decode"),
+        },
+    )
+    return prefill, decode
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan and print; exit 2 on a refusal."""
+
+    def action() -> int:
+        model = model_from_args(args)
+        prefill, decode = deployments_from_args(args)
+        if args.chunked:
+            check_admission(model, decode, chunked_transfer=True)
+        result = plan_transfer(
+            model, prefill, decode, prompt_tokens=args.prompt_tokens, conv_layout=args.conv_layout
+        )
+        report = transfer_report(result)
+        if args.json:
+            print(report.model_dump_json(indent=2))
+        else:
+            show(report, (args.prefill, prefill), (args.decode, decode))
+        return 0
+
+    return run_refusing(action, args.json)
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def show(
+    report: TransferReport,
+    prefill_side: tuple[str, Deployment],
+    decode_side: tuple[str, Deployment],
+) -> None:
+    """Print a transfer report as tables: totals, per consumer rank, per producer rank.
+    Each side is given as its topology text and its deployment."""
+    (prefill_text, prefill), (decode_text, decode) = prefill_side, decode_side
+    out = console()
+    out.print(
+        f"{report.model} | prefill {prefill_text} -> decode {decode_text} "
+        f"(dcp interleave {decode.dcp_interleave}) | {_n(report.prompt_tokens)} tokens | "
+        f"{decode.kv_dtype} | spec {decode.spec_tokens} | conv {report.conv_layout}"
+        + (" | replayssm" if decode.replayssm else ""),
+        style="bold",
+    )
+    summary = Table(show_header=False)
+    summary.add_column("quantity")
+    summary.add_column("value", justify="right")
+    summary.add_row("pairs (producer, consumer)", _n(report.pairs))
+    summary.add_row("segments", _n(report.segments))
+    summary.add_row("copies (segments expanded)", _n(report.copies))
+    summary.add_row("bytes moved", _n(report.total_bytes))
+    out.print(summary)
+
+    producers: dict[int, set[int]] = {}
+    consumers: dict[int, set[int]] = {}
+    segments_in = [0] * report.num_consumers
+    segments_out = [0] * report.num_producers
+    for pair in report.rank_pairs:
+        producers.setdefault(pair.consumer, set()).add(pair.producer)
+        consumers.setdefault(pair.producer, set()).add(pair.consumer)
+        segments_in[pair.consumer] += pair.segments
+        segments_out[pair.producer] += pair.segments
+
+    by_consumer = Table(title="bytes per consumer rank", title_justify="left")
+    for column in ("rank", "stage", "tp rank", "dcp rank", "producers", "segments"):
+        by_consumer.add_column(column)
+    for column in ("page bytes", "slot bytes", "bytes"):
+        by_consumer.add_column(column, justify="right")
+    for rank in range(report.num_consumers):
+        stage, tp_rank = divmod(rank, decode.attn_tp)
+        by_consumer.add_row(
+            str(rank),
+            str(stage),
+            str(tp_rank),
+            str(tp_rank % decode.dcp),
+            ", ".join(map(str, sorted(producers.get(rank, ())))),
+            _n(segments_in[rank]),
+            _n(report.page_bytes_per_consumer[rank]),
+            _n(report.slot_bytes_per_consumer[rank]),
+            _n(report.bytes_per_consumer[rank]),
+        )
+    out.print(by_consumer)
+
+    by_producer = Table(title="bytes per producer rank", title_justify="left")
+    for column in ("rank", "stage", "tp rank", "consumers", "segments"):
+        by_producer.add_column(column)
+    by_producer.add_column("bytes", justify="right")
+    for rank in range(report.num_producers):
+        stage, tp_rank = divmod(rank, prefill.attn_tp)
+        by_producer.add_row(
+            str(rank),
+            str(stage),
+            str(tp_rank),
+            ", ".join(map(str, sorted(consumers.get(rank, ())))),
+            _n(segments_out[rank]),
+            _n(report.bytes_per_producer[rank]),
+        )
+    out.print(by_producer)

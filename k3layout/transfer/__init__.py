@@ -1,0 +1,60 @@
+"""Prefill-to-decode transfer: which producer rank copies which bytes to which consumer rank.
+
+:func:`plan_transfer` turns a prefill deployment (PP x TP) and a decode deployment (TP x DCP)
+of one model into a :class:`TransferPlan` for one request: PAGE regions (MLA latent rows) go
+to the DCP rank that owns each token, SLOT regions (KDA state, ReplaySSM records) to each
+consumer's TP share, placed by module layer. :func:`check_pairing` and :func:`check_admission`
+are the checks an engine runs on a proposed pairing and on each request.
+"""
+
+from .admission import admission_refusal, check_admission
+from .checks import transfer_violations
+from .pairing import (
+    check_pairing,
+    dcp_rank_of,
+    head_group,
+    paired_producer,
+    pairing_refusal,
+    tp_multiple_refusal,
+)
+from .plan import (
+    MATCHED_FIELDS,
+    RankPair,
+    TransferPlan,
+    check_matching_deployments,
+    check_same_model,
+    plan_transfer,
+)
+from .regions import Region, cursor_field, kda_fields, rank_regions
+from .report import RankPairReport, TransferReport, transfer_report
+from .segments import FieldLayout, RegionField, RegionKind, Segment, token_segments
+
+__all__ = [
+    "MATCHED_FIELDS",
+    "FieldLayout",
+    "RankPair",
+    "RankPairReport",
+    "Region",
+    "RegionField",
+    "RegionKind",
+    "Segment",
+    "TransferPlan",
+    "TransferReport",
+    "admission_refusal",
+    "check_admission",
+    "check_matching_deployments",
+    "check_pairing",
+    "check_same_model",
+    "cursor_field",
+    "dcp_rank_of",
+    "head_group",
+    "kda_fields",
+    "paired_producer",
+    "pairing_refusal",
+    "plan_transfer",
+    "rank_regions",
+    "token_segments",
+    "tp_multiple_refusal",
+    "transfer_report",
+    "transfer_violations",
+]

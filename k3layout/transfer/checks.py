@@ -1,0 +1,96 @@
+"""Invariants of a transfer plan, checked from its regions: what an engine (or a property test)
+can assert before moving a byte.
+
+- every segment reads a region its producer holds and writes one its consumer holds (same field
+  and module layer), and the pair is in one head group;
+- every source copy lies inside its producer's region;
+- each consumer region is tiled exactly by its copies: every destination byte written once,
+  no two copies overlap, none is left unwritten;
+- replicated regions arrive whole: the cursor in one copy of its full size, latent rows whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..sizes import rank_sizes
+from .pairing import pairing_refusal
+from .plan import TransferPlan
+from .regions import Region
+from .segments import RegionField
+
+RegionKey = tuple[RegionField, int | None]
+
+
+def _tiling_violations(
+    consumer: int, region: Region, spans: Iterable[tuple[int, int]]
+) -> list[str]:
+    problems: list[str] = []
+    end = 0
+    for start, length in sorted(spans):
+        if start < end:
+            problems.append(
+                f"consumer {consumer} {region.key}: byte {start} written twice (overlap)"
+            )
+        elif start > end:
+            problems.append(f"consumer {consumer} {region.key}: bytes [{end}, {start}) unwritten")
+        end = max(end, start + length)
+    if end != region.size_bytes:
+        problems.append(
+            f"consumer {consumer} {region.key}: written up to byte {end} of {region.size_bytes}"
+        )
+    return problems
+
+
+def transfer_violations(result: TransferPlan) -> list[str]:
+    """Every invariant of ``result`` that does not hold, described (``[]`` when all hold)."""
+    problems: list[str] = []
+    row_bytes = rank_sizes(result.model, result.decode).attention.bytes_per_token
+    producer_regions = [
+        {r.key: r for r in result.producer_regions(rank)} for rank in range(result.num_producers)
+    ]
+    written: list[dict[RegionKey, list[tuple[int, int]]]] = [
+        {} for _ in range(result.num_consumers)
+    ]
+    for pair in result.pairs:
+        held = producer_regions[pair.producer]
+        (_, src_tp), (_, dst_tp) = (
+            result.producer_coords(pair.producer),
+            result.consumer_coords(pair.consumer),
+        )
+        refusal = pairing_refusal(src_tp, dst_tp, result.prefill.attn_tp, result.decode.attn_tp)
+        if refusal is not None:
+            problems.append(f"pair {pair.producer} -> {pair.consumer}: {refusal}")
+        for segment in pair.segments:
+            source = held.get(segment.region)
+            if source is None:
+                problems.append(f"producer {pair.producer} holds no region {segment.region}")
+            elif segment.src_end_bytes > source.size_bytes:
+                problems.append(
+                    f"producer {pair.producer} {segment.region}: reads up to byte "
+                    f"{segment.src_end_bytes} of {source.size_bytes}"
+                )
+            if segment.field == "latent" and any(
+                value % row_bytes
+                for value in (
+                    segment.length_bytes,
+                    segment.src_offset_bytes,
+                    segment.dst_offset_bytes,
+                    segment.src_stride_bytes,
+                    segment.dst_stride_bytes,
+                )
+            ):
+                problems.append(f"latent segment {segment} splits a {row_bytes} B row")
+            spans = written[pair.consumer].setdefault(segment.region, [])
+            spans.extend((dst, length) for _, dst, length in segment.copies())
+    for consumer in range(result.num_consumers):
+        regions = result.consumer_regions(consumer)
+        keys = {region.key for region in regions}
+        for key in written[consumer].keys() - keys:
+            problems.append(f"consumer {consumer} holds no region {key}")
+        for region in regions:
+            spans = written[consumer].get(region.key, [])
+            problems += _tiling_violations(consumer, region, spans)
+            if region.field == "cursor" and spans != [(0, region.size_bytes)]:
+                problems.append(f"consumer {consumer}: cursor not written whole once: {spans}")
+    return problems

@@ -1,0 +1,138 @@
+"""Who sends to whom: rank numbering, DCP ranks and the producer/consumer head-group pairing.
+
+KDA state is head-sharded, so a consumer can only be fed by the producer whose heads contain
+its own. With ``k = decode_tp / prefill_tp`` each producer TP rank ``p`` owns the head group of
+consumers ``[p*k, (p+1)*k)`` and consumer ``d`` takes its share from producer ``d // k`` at
+offset ``(d % k) * E / decode_tp`` of every head-sharded field of extent ``E``. Prefill TP 2,
+decode TP 8 (``k = 4``)::
+
+    consumer d       0  1  2  3  4  5  6  7
+    producer d // 4  0  0  0  0  1  1  1  1
+    d % 2            0  1  0  1  0  1  0  1     <- tp_rank % remote_tp_size: right only for
+                                                   replicated KV (the MLA latent)
+
+Ranks are numbered as vLLM orders them, pipeline stage outer and TP rank inner:
+``rank = stage * attn_tp + tp_rank`` within the attention-DP replica that serves the request.
+DCP groups are consecutive TP ranks (vLLM ``all_ranks.reshape(-1, dcp)``), so a TP rank's DCP
+rank is ``tp_rank % dcp``.
+"""
+
+from __future__ import annotations
+
+from ..errors import Refusal
+from ..placements import Shard
+
+
+def rank_of(stage: int, tp_rank: int, attn_tp: int) -> int:
+    """Rank number of TP rank ``tp_rank`` on pipeline stage ``stage``."""
+    return stage * attn_tp + tp_rank
+
+
+def coords_of(rank: int, attn_tp: int) -> tuple[int, int]:
+    """``(stage, tp_rank)`` of ``rank``: the inverse of :func:`rank_of`."""
+    return divmod(rank, attn_tp)
+
+
+def dcp_rank_of(tp_rank: int, dcp: int) -> int:
+    """The DCP rank of a TP rank: DCP groups are runs of ``dcp`` consecutive TP ranks."""
+    return tp_rank % dcp
+
+
+def tp_multiple_refusal(prefill_tp: int, decode_tp: int) -> Refusal | None:
+    """Why ``decode_tp`` cannot be fed from ``prefill_tp`` head-sharded ranks, or ``None``.
+
+    Each consumer's heads must sit on one producer, so ``decode_tp`` must be a multiple of
+    ``prefill_tp``. PP8 x TP2 -> TP3: a TP3 rank's 32 heads straddle both TP2 ranks.
+    """
+    if decode_tp % prefill_tp == 0:
+        return None
+    below = decode_tp // prefill_tp * prefill_tp
+    options = [m for m in (below, below + prefill_tp) if m > 0]
+    return Refusal(
+        "tp_not_multiple",
+        f"decode attn_tp={decode_tp} is not a multiple of prefill attn_tp={prefill_tp}: a "
+        "decode rank's KDA heads would straddle two prefill ranks",
+        facts={"prefill_tp": prefill_tp, "decode_tp": decode_tp},
+        hint=f"use decode attn_tp in {options} (a multiple of {prefill_tp})",
+    )
+
+
+def head_group(producer_tp_rank: int, prefill_tp: int, decode_tp: int) -> range:
+    """Consumer TP ranks fed by ``producer_tp_rank``: its :class:`~k3layout.Shard` of the
+    ``decode_tp`` consumer shares. Refuses ``tp_not_multiple``."""
+    refusal = tp_multiple_refusal(prefill_tp, decode_tp)
+    if refusal is not None:
+        raise refusal
+    size, offset = Shard().local_size_and_offset(decode_tp, prefill_tp, producer_tp_rank)
+    return range(offset, offset + size)
+
+
+def paired_producer(consumer_tp_rank: int, prefill_tp: int, decode_tp: int) -> int:
+    """The producer TP rank that feeds ``consumer_tp_rank``: ``d // (decode_tp / prefill_tp)``.
+    Refuses ``tp_not_multiple``, and a consumer rank outside ``decode_tp``."""
+    refusal = tp_multiple_refusal(prefill_tp, decode_tp)
+    if refusal is not None:
+        raise refusal
+    _check_tp_rank("consumer_tp_rank", consumer_tp_rank, decode_tp)
+    return consumer_tp_rank // (decode_tp // prefill_tp)
+
+
+def pairing_refusal(
+    producer_tp_rank: int, consumer_tp_rank: int, prefill_tp: int, decode_tp: int
+) -> Refusal | None:
+    """Why a proposed pairing cannot carry head-sharded state, or ``None`` when it can.
+
+    The check an engine runs on the pairing its connector proposes: ``tp_not_multiple``,
+    ``invalid_argument`` for a rank outside its TP group, ``head_group_mismatch`` when the
+    consumer is outside the producer's head group.
+    """
+    refusal = tp_multiple_refusal(prefill_tp, decode_tp)
+    if refusal is not None:
+        return refusal
+    for name, rank, size in (
+        ("producer_tp_rank", producer_tp_rank, prefill_tp),
+        ("consumer_tp_rank", consumer_tp_rank, decode_tp),
+    ):
+        if not 0 <= rank < size:
+            return _rank_refusal(name, rank, size)
+    group = head_group(producer_tp_rank, prefill_tp, decode_tp)
+    if consumer_tp_rank in group:
+        return None
+    right = paired_producer(consumer_tp_rank, prefill_tp, decode_tp)
+    return Refusal(
+        "head_group_mismatch",
+        f"consumer tp_rank={consumer_tp_rank} of decode attn_tp={decode_tp} is outside the head "
+        f"group of producer tp_rank={producer_tp_rank} of prefill attn_tp={prefill_tp} "
+        f"(consumers {group.start}..{group.stop - 1})",
+        facts={
+            "producer_tp_rank": producer_tp_rank,
+            "consumer_tp_rank": consumer_tp_rank,
+            "prefill_tp": prefill_tp,
+            "decode_tp": decode_tp,
+            "head_group": tuple(group),
+        },
+        hint=f"pair consumer tp_rank={consumer_tp_rank} with producer tp_rank={right}",
+    )
+
+
+def check_pairing(
+    producer_tp_rank: int, consumer_tp_rank: int, prefill_tp: int, decode_tp: int
+) -> None:
+    """Raise :func:`pairing_refusal`'s refusal, if any."""
+    refusal = pairing_refusal(producer_tp_rank, consumer_tp_rank, prefill_tp, decode_tp)
+    if refusal is not None:
+        raise refusal
+
+
+def _rank_refusal(name: str, rank: int, size: int) -> Refusal:
+    return Refusal(
+        "invalid_argument",
+        f"{name}={rank} is not a rank of attn_tp={size}",
+        facts={name: rank, "attn_tp": size},
+        hint=f"use 0 <= {name} < {size}",
+    )
+
+
+def _check_tp_rank(name: str, rank: int, size: int) -> None:
+    if not 0 <= rank < size:
+        raise _rank_refusal(name, rank, size)

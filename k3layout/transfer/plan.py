@@ -1,0 +1,352 @@
+"""The prefill-to-decode transfer plan of one request: every (producer, consumer) pair's segments.
+
+A prefill (pipeline stages x attention TP, attention-DP allowed) hands a request's cache to a
+decode (attention TP x DCP, pipeline stages allowed) of the same model. For every module layer
+a consumer rank holds, the producer is the prefill stage holding that layer, on the TP rank of
+the consumer's head group (:mod:`~k3layout.transfer.pairing`):
+
+- MLA layers (PAGE): latent rows, replicated on every TP rank; the consumer receives the rows of
+  the tokens its DCP rank owns, as strided runs (:func:`~.segments.token_segments`).
+- KDA layers (SLOT): conv and recurrent state (and ReplaySSM's k/u/g records), head-sharded;
+  the consumer receives its TP share (:meth:`~.segments.FieldLayout.segment`). The ReplaySSM
+  cursor is written whole, once, by the producer of the stage's first KDA layer.
+
+Rows are placed by module layer: a segment names the module layer on both sides, so the
+state of KDA layer 40 lands in layer 40's slot wherever the two sides cut their stages.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import get_args
+
+from pydantic import NonNegativeInt, PositiveInt
+
+from .._frozen import Frozen
+from ..deployment import Deployment
+from ..errors import Refusal
+from ..layouts import Stage, plan, project_stages
+from ..model import HybridModel
+from ..placements import Interleave
+from ..sizes import ConvLayout, rank_sizes
+from .pairing import (
+    check_pairing,
+    coords_of,
+    dcp_rank_of,
+    paired_producer,
+    rank_of,
+    tp_multiple_refusal,
+)
+from .regions import Region, cursor_field, dcp_placement, kda_fields, rank_regions
+from .segments import RegionKind, Segment, token_segments
+
+MATCHED_FIELDS: tuple[str, ...] = ("kv_dtype", "spec_tokens", "replayssm", "replayssm_cache_len")
+"""Deployment fields both sides must share: the latent row (``kv_dtype``), the conv rows and
+record length (``spec_tokens``), and whether and how long ReplaySSM records are kept."""
+
+
+class RankPair(Frozen):
+    """What producer rank ``producer`` writes to consumer rank ``consumer``."""
+
+    producer: NonNegativeInt
+    consumer: NonNegativeInt
+    segments: tuple[Segment, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes moved from producer to consumer."""
+        return sum(segment.total_bytes for segment in self.segments)
+
+    @property
+    def num_copies(self) -> int:
+        """Contiguous copies once every strided segment is expanded."""
+        return sum(segment.num_copies for segment in self.segments)
+
+    def kind_bytes(self, kind: RegionKind) -> int:
+        """Bytes moved into ``page`` or ``slot`` regions."""
+        return sum(s.total_bytes for s in self.segments if s.kind == kind)
+
+
+class TransferPlan(Frozen):
+    """Every copy that moves one ``prompt_tokens`` request from ``prefill`` to ``decode``.
+
+    Producer ranks are numbered ``stage * prefill.attn_tp + tp_rank`` and consumer ranks
+    ``stage * decode.attn_tp + tp_rank`` (within the attention-DP replica that serves the
+    request); ``pairs`` are sorted by (producer, consumer) and hold only pairs that copy.
+    """
+
+    model: HybridModel
+    prefill: Deployment
+    decode: Deployment
+    prompt_tokens: PositiveInt
+    conv_layout: ConvLayout = "channel_major"
+    pairs: tuple[RankPair, ...]
+
+    @property
+    def num_producers(self) -> int:
+        """Prefill ranks of one attention-DP replica: ``pp * attn_tp``."""
+        return self.prefill.pp * self.prefill.attn_tp
+
+    @property
+    def num_consumers(self) -> int:
+        """Decode ranks of one attention-DP replica: ``pp * attn_tp``."""
+        return self.decode.pp * self.decode.attn_tp
+
+    @cached_property
+    def producer_stages(self) -> tuple[Stage, ...]:
+        """The prefill's pipeline stages (module layers each holds; drafts on the last)."""
+        return project_stages(self.model, self.prefill, ())
+
+    @cached_property
+    def consumer_stages(self) -> tuple[Stage, ...]:
+        """The decode's pipeline stages."""
+        return project_stages(self.model, self.decode, ())
+
+    def producer_coords(self, rank: int) -> tuple[int, int]:
+        """``(stage, tp_rank)`` of producer ``rank``."""
+        _check_rank("producer", rank, self.num_producers)
+        return coords_of(rank, self.prefill.attn_tp)
+
+    def consumer_coords(self, rank: int) -> tuple[int, int]:
+        """``(stage, tp_rank)`` of consumer ``rank``."""
+        _check_rank("consumer", rank, self.num_consumers)
+        return coords_of(rank, self.decode.attn_tp)
+
+    @property
+    def dcp_placement(self) -> Interleave:
+        """Which decode DCP rank owns each token."""
+        return dcp_placement(self.decode)
+
+    def producer_regions(self, rank: int) -> tuple[Region, ...]:
+        """The regions producer ``rank`` holds for the request (all its stage's layers)."""
+        stage, tp_rank = self.producer_coords(rank)
+        return rank_regions(
+            self.model,
+            self.prefill,
+            rank_sizes(self.model, self.prefill),
+            layers=self.producer_stages[stage].layers,
+            tp_rank=tp_rank,
+            prompt_tokens=self.prompt_tokens,
+            conv_layout=self.conv_layout,
+        )
+
+    def consumer_regions(self, rank: int) -> tuple[Region, ...]:
+        """The regions consumer ``rank`` holds for the request (latent: its DCP rank's rows)."""
+        stage, tp_rank = self.consumer_coords(rank)
+        return rank_regions(
+            self.model,
+            self.decode,
+            rank_sizes(self.model, self.decode),
+            layers=self.consumer_stages[stage].layers,
+            tp_rank=tp_rank,
+            prompt_tokens=self.prompt_tokens,
+            conv_layout=self.conv_layout,
+        )
+
+    @property
+    def num_pairs(self) -> int:
+        """(producer, consumer) pairs that copy something."""
+        return len(self.pairs)
+
+    @property
+    def num_segments(self) -> int:
+        """Segments over all pairs (a strided segment counts once)."""
+        return sum(len(pair.segments) for pair in self.pairs)
+
+    @property
+    def num_copies(self) -> int:
+        """Contiguous copies over all pairs."""
+        return sum(pair.num_copies for pair in self.pairs)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes the whole transfer moves."""
+        return sum(pair.total_bytes for pair in self.pairs)
+
+    def pairs_to(self, consumer: int) -> tuple[RankPair, ...]:
+        """The pairs that write consumer rank ``consumer``."""
+        _check_rank("consumer", consumer, self.num_consumers)
+        return tuple(pair for pair in self.pairs if pair.consumer == consumer)
+
+    def pairs_from(self, producer: int) -> tuple[RankPair, ...]:
+        """The pairs producer rank ``producer`` writes."""
+        _check_rank("producer", producer, self.num_producers)
+        return tuple(pair for pair in self.pairs if pair.producer == producer)
+
+    @property
+    def bytes_per_consumer(self) -> tuple[int, ...]:
+        """Bytes each consumer rank receives, by consumer rank."""
+        totals = [0] * self.num_consumers
+        for pair in self.pairs:
+            totals[pair.consumer] += pair.total_bytes
+        return tuple(totals)
+
+    @property
+    def bytes_per_producer(self) -> tuple[int, ...]:
+        """Bytes each producer rank sends, by producer rank."""
+        totals = [0] * self.num_producers
+        for pair in self.pairs:
+            totals[pair.producer] += pair.total_bytes
+        return tuple(totals)
+
+
+def check_same_model(prefill_model: HybridModel, decode_model: HybridModel) -> None:
+    """Refuse (``model_mismatch``) two models whose caches differ: layer kinds or geometries
+    in module order, or draft layers. Names alone may differ (a preset and its config.json)."""
+    ours, theirs = prefill_model.module_layers, decode_model.module_layers
+    if ours == theirs:
+        return
+    common = min(len(ours), len(theirs))
+    differ = next((i for i in range(common) if ours[i] != theirs[i]), common)
+    raise Refusal(
+        "model_mismatch",
+        f"prefill model {prefill_model.name} ({len(ours)} module layers) and decode model "
+        f"{decode_model.name} ({len(theirs)} module layers) differ from module layer {differ}",
+        facts={
+            "prefill_model": prefill_model.name,
+            "decode_model": decode_model.name,
+            "prefill_layers": len(ours),
+            "decode_layers": len(theirs),
+            "first_difference": differ,
+        },
+        hint="serve the same checkpoint (and draft) on both sides",
+    )
+
+
+def check_matching_deployments(prefill: Deployment, decode: Deployment) -> None:
+    """Refuse (``model_mismatch``) deployments whose cache rows differ in a
+    :data:`MATCHED_FIELDS` field, naming both values."""
+    for field in MATCHED_FIELDS:
+        ours, theirs = getattr(prefill, field), getattr(decode, field)
+        if ours != theirs:
+            raise Refusal(
+                "model_mismatch",
+                f"prefill {field}={ours} and decode {field}={theirs} differ: the cache rows "
+                "they hold do not match",
+                facts={"field": field, "prefill": ours, "decode": theirs},
+                hint=f"start both sides with the same {field}",
+            )
+
+
+def _check_inputs(
+    prefill: Deployment, decode: Deployment, prompt_tokens: int, conv_layout: str
+) -> None:
+    if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
+        raise Refusal(
+            "invalid_argument",
+            f"prompt_tokens={prompt_tokens!r} must be an integer >= 1 (a transfer moves one "
+            "request)",
+            facts={
+                "prompt_tokens": prompt_tokens
+                if isinstance(prompt_tokens, int | float)
+                else repr(prompt_tokens)
+            },
+            hint="pass the request's number of prompt tokens",
+        )
+    if conv_layout not in get_args(ConvLayout):
+        raise Refusal(
+            "invalid_argument",
+            f"conv_layout={conv_layout!r} is not one of {', '.join(get_args(ConvLayout))}",
+            facts={"conv_layout": str(conv_layout), "allowed": get_args(ConvLayout)},
+            hint="use channel_major (the default) or time_major",
+        )
+    if prefill.dcp > 1:
+        raise Refusal(
+            "dcp_unsupported",
+            f"prefill dcp={prefill.dcp}: the transfer reads every latent row from each "
+            "prefill TP rank, and a DCP prefill holds only its own",
+            facts={"side": "prefill", "dcp": prefill.dcp},
+            hint="plan the prefill with dcp=1 (DCP is a decode setting)",
+        )
+
+
+def plan_transfer(
+    model: HybridModel,
+    prefill: Deployment,
+    decode: Deployment,
+    *,
+    prompt_tokens: int,
+    conv_layout: ConvLayout = "channel_major",
+    decode_model: HybridModel | None = None,
+) -> TransferPlan:
+    """Plan the transfer of one ``prompt_tokens`` request from ``prefill`` to ``decode``.
+
+    Both deployments must be plannable for ``model`` (:func:`~k3layout.plan`'s refusals) and
+    share :data:`MATCHED_FIELDS`; ``decode_model``, when the decode names its own, must have
+    the same layers (``model_mismatch``); the decode TP must be a multiple of the prefill TP
+    (``tp_not_multiple``).
+
+    >>> from k3layout import Deployment, preset
+    >>> p = plan_transfer(preset("kimi-k3"), Deployment(pp=8), Deployment(attn_tp=8, dcp=8),
+    ...                   prompt_tokens=4096)
+    >>> p.num_pairs, p.bytes_per_consumer[0] == 69 * 814_080 + 24 * 512 * 576
+    (64, True)
+    """
+    _check_inputs(prefill, decode, prompt_tokens, conv_layout)
+    if decode_model is not None:
+        check_same_model(model, decode_model)
+    check_matching_deployments(prefill, decode)
+    prefill_plan = plan(model, prefill)
+    decode_plan = plan(model, decode)
+    refusal = tp_multiple_refusal(prefill.attn_tp, decode.attn_tp)
+    if refusal is not None:
+        raise refusal
+    producer_stage = {layer: stage.index for stage in prefill_plan.stages for layer in stage.layers}
+    sizes = decode_plan.sizes
+    fields = (
+        ()
+        if sizes.kda is None
+        else kda_fields(sizes.kda, sizes.replay if decode.replayssm else None, conv_layout)
+    )
+    cursor = cursor_field(sizes.replay) if decode.replayssm and sizes.replay else None
+    row_bytes = sizes.attention.bytes_per_token
+    tokens = dcp_placement(decode)
+    tp_p, tp_d = prefill.attn_tp, decode.attn_tp
+    pairs: list[RankPair] = []
+    for stage in decode_plan.stages:
+        for tp_rank in range(tp_d):
+            source = paired_producer(tp_rank, tp_p, tp_d)
+            check_pairing(source, tp_rank, tp_p, tp_d)
+            dcp_rank = dcp_rank_of(tp_rank, decode.dcp)
+            by_stage: dict[int, list[Segment]] = {}
+            for layer in stage.layers:
+                into = by_stage.setdefault(producer_stage[layer], [])
+                if model.module_layers[layer].kind == "mla":
+                    into.extend(token_segments(layer, row_bytes, prompt_tokens, tokens, dcp_rank))
+                else:
+                    into.extend(f.segment(layer, (tp_p, source), (tp_d, tp_rank)) for f in fields)
+            first_kda = next(
+                (i for i in stage.layers if model.module_layers[i].kind == "kda"), None
+            )
+            if cursor is not None and first_kda is not None:
+                by_stage[producer_stage[first_kda]].append(
+                    cursor.segment(None, (tp_p, source), (tp_d, tp_rank))
+                )
+            consumer = rank_of(stage.index, tp_rank, tp_d)
+            pairs.extend(
+                RankPair(
+                    producer=rank_of(index, source, tp_p),
+                    consumer=consumer,
+                    segments=tuple(segments),
+                )
+                for index, segments in by_stage.items()
+                if segments
+            )
+    return TransferPlan(
+        model=model,
+        prefill=prefill,
+        decode=decode,
+        prompt_tokens=prompt_tokens,
+        conv_layout=conv_layout,
+        pairs=tuple(sorted(pairs, key=lambda pair: (pair.producer, pair.consumer))),
+    )
+
+
+def _check_rank(side: str, rank: int, size: int) -> None:
+    if not 0 <= rank < size:
+        raise Refusal(
+            "invalid_argument",
+            f"{side} rank={rank} is not one of the plan's {size} {side} ranks",
+            facts={"rank": rank, "num_ranks": size},
+            hint=f"use 0 <= rank < {size}",
+        )

@@ -1,0 +1,308 @@
+"""Segments and the split algebra that yields them: what one producer rank copies to a consumer.
+
+A :class:`Segment` is a strided copy, ``num_copies`` runs of ``length_bytes``, the ``i``-th from
+``src_offset_bytes + i * src_stride_bytes`` of a producer's region to ``dst_offset_bytes +
+i * dst_stride_bytes`` of the consumer's region of the same field and module layer. One
+segment stands for a whole run of equal copies (the rows of a time-major conv state, the MLA
+rows of one DCP rank), so a plan's size does not grow with the prompt.
+
+The segments come from placements, not index arithmetic: a field is a row-major array with a
+global shape and one TP placement (:class:`~k3layout.Shard` of one dimension, as DTensor's
+``Shard(dim)``, or :class:`~k3layout.Replicate`); a consumer's share is copied out of its
+producer's share by :meth:`FieldLayout.segment`. MLA rows on a DCP decode follow
+:class:`~k3layout.Interleave` (:func:`token_segments`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, TypeAlias
+
+from pydantic import NonNegativeInt, PositiveInt, model_validator
+
+from .._frozen import Frozen
+from ..errors import Refusal
+from ..placements import Interleave, Replicate, Shard
+
+RegionField: TypeAlias = Literal[
+    "latent", "conv", "recurrent", "replay_k", "replay_u", "replay_g", "cursor"
+]
+"""What a region holds. ``latent``: MLA latent rows (a PAGE region). The others are SLOT
+regions of one request's KDA state slot: ``conv`` (q|k|v short-conv history) and
+``recurrent`` per KDA layer, ReplaySSM's ``replay_k`` / ``replay_u`` / ``replay_g`` records
+per KDA layer, and the slot's one ``cursor`` (no layer)."""
+
+RegionKind: TypeAlias = Literal["page", "slot"]
+
+
+def region_kind(field: RegionField) -> RegionKind:
+    """``page`` for MLA latent rows, ``slot`` for everything in a KDA state slot."""
+    return "page" if field == "latent" else "slot"
+
+
+class Segment(Frozen):
+    """``num_copies`` copies of ``length_bytes`` from a producer region to a consumer region.
+
+    Copy ``i`` reads ``[src_offset_bytes + i*src_stride_bytes, .. + length_bytes)`` and writes
+    ``[dst_offset_bytes + i*dst_stride_bytes, .. + length_bytes)``. The conv state of TP8
+    decode rank ``d`` taken from a TP1 K3 producer (channel-major, no spec tokens, so 3 rows)
+    is one segment of three copies, one per part q|k|v::
+
+        copy  src offset            dst offset   length
+        0     d*9,216               0            9,216    12 heads x 128 x 3 rows x 2 B
+        1     73,728 + d*9,216      9,216        9,216    src stride: a TP1 part,
+        2     147,456 + d*9,216     18,432       9,216    96 x 128 x 3 x 2 = 73,728
+
+    A single copy is stored with strides 0; a run of copies that touch end to end on both sides
+    is stored as one copy (so a replicated region is one copy, written whole).
+    """
+
+    field: RegionField
+    layer: NonNegativeInt | None
+    src_offset_bytes: NonNegativeInt
+    dst_offset_bytes: NonNegativeInt
+    length_bytes: PositiveInt
+    num_copies: PositiveInt = 1
+    src_stride_bytes: NonNegativeInt = 0
+    dst_stride_bytes: NonNegativeInt = 0
+
+    @model_validator(mode="after")
+    def _copies_do_not_overlap(self) -> Segment:
+        if self.num_copies > 1 and min(self.src_stride_bytes, self.dst_stride_bytes) < (
+            self.length_bytes
+        ):
+            raise ValueError(
+                f"strides (src={self.src_stride_bytes}, dst={self.dst_stride_bytes}) must be at "
+                f"least length_bytes={self.length_bytes} when num_copies={self.num_copies}"
+            )
+        return self
+
+    @classmethod
+    def strided(
+        cls,
+        field: RegionField,
+        layer: int | None,
+        *,
+        src_offset_bytes: int,
+        dst_offset_bytes: int,
+        length_bytes: int,
+        num_copies: int = 1,
+        src_stride_bytes: int = 0,
+        dst_stride_bytes: int = 0,
+    ) -> Segment:
+        """The segment in its canonical form: copies that touch end to end on both sides
+        become one copy; a single copy has strides 0."""
+        if num_copies > 1 and src_stride_bytes == dst_stride_bytes == length_bytes:
+            length_bytes, num_copies = length_bytes * num_copies, 1
+        if num_copies == 1:
+            src_stride_bytes = dst_stride_bytes = 0
+        return cls(
+            field=field,
+            layer=layer,
+            src_offset_bytes=src_offset_bytes,
+            dst_offset_bytes=dst_offset_bytes,
+            length_bytes=length_bytes,
+            num_copies=num_copies,
+            src_stride_bytes=src_stride_bytes,
+            dst_stride_bytes=dst_stride_bytes,
+        )
+
+    @property
+    def region(self) -> tuple[RegionField, int | None]:
+        """The region this segment reads and writes: ``(field, layer)`` on both ranks."""
+        return (self.field, self.layer)
+
+    @property
+    def kind(self) -> RegionKind:
+        """``page`` or ``slot``."""
+        return region_kind(self.field)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes the segment moves: ``num_copies * length_bytes``."""
+        return self.num_copies * self.length_bytes
+
+    @property
+    def src_end_bytes(self) -> int:
+        """One past the last source byte read."""
+        last = self.src_offset_bytes + (self.num_copies - 1) * self.src_stride_bytes
+        return last + self.length_bytes
+
+    @property
+    def dst_end_bytes(self) -> int:
+        """One past the last destination byte written."""
+        last = self.dst_offset_bytes + (self.num_copies - 1) * self.dst_stride_bytes
+        return last + self.length_bytes
+
+    def copies(self) -> tuple[tuple[int, int, int], ...]:
+        """Every copy as ``(src_offset_bytes, dst_offset_bytes, length_bytes)``."""
+        return tuple(
+            (
+                self.src_offset_bytes + i * self.src_stride_bytes,
+                self.dst_offset_bytes + i * self.dst_stride_bytes,
+                self.length_bytes,
+            )
+            for i in range(self.num_copies)
+        )
+
+
+class FieldLayout(Frozen):
+    """One field as a row-major array: its shape on a TP1 rank (``shape``, in elements of
+    ``elem_bytes``) and how attention TP places it (``tp``).
+
+    K3's recurrent state ``(96, 128, 128)`` fp32 with ``Shard(dim=0)`` over TP 8::
+
+        rank    0                 1                  ...  7
+        heads   [0, 12)           [12, 24)           ...  [84, 96)
+        bytes   [0, 786,432)      [786,432, 1.5 MiB) ...  (of the TP1 array)
+
+    A split of an inner dimension is strided: the KDA conv state channel-major
+    ``(3, 96, 128, K-1+s)`` with ``Shard(dim=1)`` gives each rank 3 runs, one per part.
+    """
+
+    field: RegionField
+    shape: tuple[PositiveInt, ...]
+    elem_bytes: PositiveInt
+    tp: Shard | Replicate
+
+    @model_validator(mode="after")
+    def _dim_in_shape(self) -> FieldLayout:
+        if isinstance(self.tp, Shard) and self.tp.dim >= len(self.shape):
+            raise ValueError(f"tp: dim={self.tp.dim} is not a dimension of shape {self.shape}")
+        return self
+
+    def local_size_and_offset(self, num_ranks: int, rank: int) -> tuple[int, int]:
+        """``(size, offset)`` of ``rank``'s share along the placed dimension (whole if
+        replicated)."""
+        if isinstance(self.tp, Replicate):
+            return self.tp.local_size_and_offset(self.shape[0], num_ranks, rank)
+        return self.tp.local_size_and_offset(self.shape[self.tp.dim], num_ranks, rank)
+
+    def local_shape(self, num_ranks: int, rank: int) -> tuple[int, ...]:
+        """The array a rank of ``num_ranks`` holds."""
+        size, _ = self.local_size_and_offset(num_ranks, rank)
+        dim = self.tp.dim if isinstance(self.tp, Shard) else 0
+        return (*self.shape[:dim], size, *self.shape[dim + 1 :])
+
+    def local_bytes(self, num_ranks: int, rank: int = 0) -> int:
+        """Bytes a rank of ``num_ranks`` holds."""
+        return math.prod(self.local_shape(num_ranks, rank)) * self.elem_bytes
+
+    def segment(
+        self,
+        layer: int | None,
+        src: tuple[int, int],
+        dst: tuple[int, int],
+    ) -> Segment:
+        """The copy that fills rank ``dst = (num_ranks, rank)``'s share from rank ``src``'s.
+
+        A replicated field is copied whole. A sharded one: the consumer's slab along the
+        placed dimension must lie inside the producer's (its head group), else
+        ``head_group_mismatch``; the dimensions before it become the copies, those after it
+        the contiguous length::
+
+            outer = prod(shape[:dim]),  inner = prod(shape[dim+1:]) * elem
+            src_offset = (dst_off - src_off) * inner,  length = dst_size * inner
+            strides: src_size * inner (producer), dst_size * inner (consumer)
+        """
+        if isinstance(self.tp, Replicate):
+            self.local_size_and_offset(*src)  # refuses a rank outside its TP group
+            return Segment.strided(
+                self.field,
+                layer,
+                src_offset_bytes=0,
+                dst_offset_bytes=0,
+                length_bytes=self.local_bytes(*dst),
+            )
+        dim = self.tp.dim
+        src_size, src_off = self.local_size_and_offset(*src)
+        dst_size, dst_off = self.local_size_and_offset(*dst)
+        if not src_off <= dst_off <= dst_off + dst_size <= src_off + src_size:
+            raise Refusal(
+                "head_group_mismatch",
+                f"{self.field} layer {layer}: consumer rank {dst[1]} of tp={dst[0]} holds "
+                f"[{dst_off}, {dst_off + dst_size}) of dim {dim}, outside producer rank "
+                f"{src[1]} of tp={src[0]} holding [{src_off}, {src_off + src_size})",
+                facts={
+                    "field": self.field,
+                    "producer_tp_rank": src[1],
+                    "prefill_tp": src[0],
+                    "consumer_tp_rank": dst[1],
+                    "decode_tp": dst[0],
+                },
+                hint="pair each consumer with the producer whose share contains its own",
+            )
+        inner = math.prod(self.shape[dim + 1 :]) * self.elem_bytes
+        return Segment.strided(
+            self.field,
+            layer,
+            src_offset_bytes=(dst_off - src_off) * inner,
+            dst_offset_bytes=0,
+            length_bytes=dst_size * inner,
+            num_copies=math.prod(self.shape[:dim]),
+            src_stride_bytes=src_size * inner,
+            dst_stride_bytes=dst_size * inner,
+        )
+
+
+def token_segments(
+    layer: int,
+    row_bytes: int,
+    prompt_tokens: int,
+    placement: Interleave,
+    rank: int,
+) -> tuple[Segment, ...]:
+    """The MLA rows of tokens ``[0, prompt_tokens)`` that DCP rank ``rank`` owns, copied from a
+    producer holding every token at row ``t`` to the consumer's local rows.
+
+    The rank's tokens are runs of ``interleave`` consecutive tokens, one per span of
+    ``num_ranks * interleave``: all full runs are one strided segment, a partial last run a
+    second. DCP 4, interleave 2, 13 tokens, rank 1 (tokens 2, 3, 10, 11)::
+
+        copies  src rows   dst rows   (src stride 8 rows, dst stride 2 rows)
+        0       2-3        0-1
+        1       10-11      2-3
+
+    Without DCP (one rank) the runs touch end to end and become one whole copy.
+    """
+    count = placement.local_count(prompt_tokens, rank)
+    run = placement.interleave
+    full_runs, tail = divmod(count, run)
+    segments: list[Segment] = []
+    if full_runs:
+        segments.append(
+            Segment.strided(
+                "latent",
+                layer,
+                src_offset_bytes=placement.global_token(rank, 0) * row_bytes,
+                dst_offset_bytes=0,
+                length_bytes=run * row_bytes,
+                num_copies=full_runs,
+                src_stride_bytes=placement.num_ranks * run * row_bytes,
+                dst_stride_bytes=run * row_bytes,
+            )
+        )
+    if tail:
+        local = full_runs * run
+        first = placement.global_token(rank, local)
+        whole = segments[0] if segments else None
+        if whole is not None and whole.num_copies == 1 and whole.src_end_bytes == first * row_bytes:
+            # One rank (no DCP): the tail continues the whole copy.
+            segments[0] = Segment.strided(
+                "latent",
+                layer,
+                src_offset_bytes=whole.src_offset_bytes,
+                dst_offset_bytes=0,
+                length_bytes=count * row_bytes,
+            )
+        else:
+            segments.append(
+                Segment.strided(
+                    "latent",
+                    layer,
+                    src_offset_bytes=first * row_bytes,
+                    dst_offset_bytes=local * row_bytes,
+                    length_bytes=tail * row_bytes,
+                )
+            )
+    return tuple(segments)
