@@ -39,6 +39,18 @@ from .model import (
 )
 from .placements import Interleave, Replicate, Shard, TokenRun, pp_stage_bounds
 from .sizes import KdaStateSizes, MlaCacheSizes, RankSizes, ReplayRecordSizes, rank_sizes
+from .transfer import (
+    RankPair,
+    Region,
+    Segment,
+    TransferPlan,
+    admission_refusal,
+    check_admission,
+    check_pairing,
+    pairing_refusal,
+    plan_transfer,
+    transfer_violations,
+)
 
 __version__ = "0.1.0"
 
@@ -66,25 +78,35 @@ __all__ = [
     "ParentPlan",
     "Plan",
     "PlaneMember",
+    "RankPair",
     "RankSizes",
     "Refusal",
     "RefusalCode",
+    "Region",
     "ReplayRecordSizes",
     "Replicate",
     "RuleCheck",
+    "Segment",
     "Shard",
     "Stage",
     "TokenRun",
+    "TransferPlan",
     "VllmPlan",
     "__version__",
+    "admission_refusal",
+    "check_admission",
+    "check_pairing",
     "load_config",
     "load_plan",
     "model_from_config",
+    "pairing_refusal",
     "plan",
     "plan_parent",
+    "plan_transfer",
     "plan_vllm",
     "pp_stage_bounds",
     "preset",
     "rank_sizes",
+    "transfer_violations",
     "with_engine",
 ]
