@@ -2,8 +2,10 @@
 
 The architecture reads top to bottom: a :class:`HybridModel` and a :class:`Deployment` give
 per-rank :mod:`~k3layout.sizes`; :func:`plan` lays them out for an engine (``vllm`` or
-``parent``) and returns a frozen, JSON-serialisable plan, or raises :class:`Refusal`. The
-planner imports no torch; the adapter lives in ``k3layout.torch``.
+``parent``) and returns a frozen, JSON-serialisable plan, or raises :class:`Refusal`. On a
+plan, :mod:`k3layout.offload` rides the KDA state on the PAGE object (:func:`plan_ride`) and
+:mod:`k3layout.transfer` moves a request from a prefill to a decode (:func:`plan_transfer`).
+The planner imports no torch; the adapter lives in ``k3layout.torch``.
 """
 
 from .deployment import ENGINES, Deployment, EngineFlavour
@@ -37,6 +39,20 @@ from .model import (
     model_from_config,
     preset,
 )
+from .offload import (
+    CheckpointImage,
+    LayerNames,
+    PlaneOrder,
+    RideOptions,
+    RidePlan,
+    TensorView,
+    check_aliasing,
+    checkpoint_image,
+    engine_layer_names,
+    plan_ride,
+    plane_order,
+    vllm_views,
+)
 from .placements import Interleave, Replicate, Shard, TokenRun, pp_stage_bounds
 from .sizes import KdaStateSizes, MlaCacheSizes, RankSizes, ReplayRecordSizes, rank_sizes
 from .transfer import (
@@ -60,6 +76,7 @@ __all__ = [
     "KV_CACHE_DTYPES",
     "PRESETS",
     "Binding",
+    "CheckpointImage",
     "DTypeName",
     "Deployment",
     "EngineFlavour",
@@ -72,12 +89,14 @@ __all__ = [
     "KvCacheDtype",
     "Layer",
     "LayerBinding",
+    "LayerNames",
     "MLALayer",
     "MlaCacheSizes",
     "Packing",
     "ParentPlan",
     "Plan",
     "PlaneMember",
+    "PlaneOrder",
     "RankPair",
     "RankSizes",
     "Refusal",
@@ -85,28 +104,37 @@ __all__ = [
     "Region",
     "ReplayRecordSizes",
     "Replicate",
+    "RideOptions",
+    "RidePlan",
     "RuleCheck",
     "Segment",
     "Shard",
     "Stage",
+    "TensorView",
     "TokenRun",
     "TransferPlan",
     "VllmPlan",
     "__version__",
     "admission_refusal",
     "check_admission",
+    "check_aliasing",
     "check_pairing",
+    "checkpoint_image",
+    "engine_layer_names",
     "load_config",
     "load_plan",
     "model_from_config",
     "pairing_refusal",
     "plan",
     "plan_parent",
+    "plan_ride",
     "plan_transfer",
     "plan_vllm",
+    "plane_order",
     "pp_stage_bounds",
     "preset",
     "rank_sizes",
     "transfer_violations",
+    "vllm_views",
     "with_engine",
 ]

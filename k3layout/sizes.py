@@ -6,7 +6,7 @@ state, head-sharded by attention TP::
     S(tp, s) = (3*H*D/tp) * (K-1+s) * 2   +   (H/tp) * D * D * 4
                conv q|k|v, bf16, K-1+s rows     recurrent state, fp32
 
-K3 (H = 96, D = 128, K = 4) at tp 8, s 2: 36,864 + 795,648 = 832,512 bytes.
+K3 (H = 96, D = 128, K = 4) at tp 8, s 2: 46,080 + 786,432 = 832,512 bytes.
 """
 
 from __future__ import annotations

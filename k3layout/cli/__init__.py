@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
-from . import plan, sweep
+from . import plan, ride, sweep, transfer
 
-SUBCOMMANDS = (plan, sweep)
+SUBCOMMANDS = (plan, sweep, transfer, ride)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,0 +1,175 @@
+"""``k3layout ride``: the LMCache MP ride of one rank, as tables or ``--json``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import get_args
+
+from pydantic import ValidationError
+from rich.table import Table
+
+from ..errors import Refusal
+from ..layouts import plan
+from ..offload import (
+    KvLoadFailurePolicy,
+    MambaCacheMode,
+    RideOptions,
+    RidePlan,
+    RideReport,
+    engine_layer_names,
+    plan_ride,
+    ride_report,
+)
+from ..offload.plane_order import stage_attention_names
+from ..offload.stage import ride_stage, vllm_plan_of
+from .common import (
+    add_deployment_options,
+    add_model_options,
+    console,
+    deployment_from_args,
+    model_from_args,
+    run_refusing,
+)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``ride`` to the command line."""
+    parser = subparsers.add_parser(
+        "ride", help="LMCache MP offload: plane order, checkpoint image and chunk grid"
+    )
+    add_model_options(parser)
+    add_deployment_options(parser)
+    parser.add_argument(
+        "--chunk", type=int, default=None, help="LMCache chunk tokens (default: the smallest)"
+    )
+    parser.add_argument("--stage", type=int, default=0, help="pipeline stage of the rank")
+    parser.add_argument("--mamba-cache-mode", choices=get_args(MambaCacheMode), default="align")
+    parser.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="the engine runs without prefix caching (refused)",
+    )
+    parser.add_argument(
+        "--kv-load-failure-policy", choices=get_args(KvLoadFailurePolicy), default="recompute"
+    )
+    parser.add_argument(
+        "--publish-order",
+        choices=("name", "module"),
+        default="name",
+        help="the order the engine would publish attention layers in before the reorder",
+    )
+    parser.add_argument(
+        "--hit", type=int, default=None, help="a prefix hit in tokens: cap it, name its row"
+    )
+    parser.add_argument("--json", action="store_true", help="print the ride report as JSON")
+    parser.set_defaults(run=run)
+
+
+def _options(args: argparse.Namespace) -> RideOptions:
+    fields = {
+        "chunk_tokens": args.chunk,
+        "mamba_cache_mode": args.mamba_cache_mode,
+        "prefix_caching": args.prefix_caching,
+        "kv_load_failure_policy": args.kv_load_failure_policy,
+    }
+    try:
+        return RideOptions.model_validate(fields)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        option = "--chunk" if field == "chunk_tokens" else f"--{field.replace('_', '-')}"
+        raise Refusal(
+            "invalid_argument",
+            f"{option}={fields.get(field)!r}: {first['msg']}",
+            facts={"field": field},
+            hint=f"pass a valid {option}",
+        ) from None
+
+
+def _ride(args: argparse.Namespace) -> RidePlan:
+    result = plan(model_from_args(args), deployment_from_args(args))
+    published = None
+    if args.publish_order == "module":
+        on_stage = ride_stage(vllm_plan_of(result), args.stage)
+        published = stage_attention_names(on_stage, engine_layer_names(result.model))
+    return plan_ride(result, _options(args), stage=args.stage, published=published)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan the ride and print it; exit 2 on a refusal."""
+
+    def action() -> int:
+        report = ride_report(_ride(args), args.hit)
+        if args.json:
+            print(report.model_dump_json(indent=2))
+        else:
+            show(report)
+        return 0
+
+    return run_refusing(action, args.json)
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def show(report: RideReport) -> None:
+    """Print a ride report: the image and chunk grid, then the publish order."""
+    out = console()
+    options = report.options
+    out.print(
+        f"{report.model} | stage {report.stage} | mamba_cache_mode {options.mamba_cache_mode} | "
+        f"prefix caching {'on' if options.prefix_caching else 'off'} | "
+        f"kv_load_failure_policy {options.kv_load_failure_policy}",
+        style="bold",
+    )
+    summary = Table(show_header=False)
+    summary.add_column("quantity")
+    summary.add_column("value", justify="right")
+    span_of = {s.kind: s.span_tokens for s in report.spans}
+    spans = " / ".join(
+        f"{kind} {_n(span_of[kind])}" for kind in ("attention", "kda") if kind in span_of
+    )
+    rows = [
+        ("block tokens", _n(report.block_tokens)),
+        ("page bytes", _n(report.page_bytes)),
+        ("units (one per KDA group)", _n(report.units)),
+        ("image planes (PAGE regions)", f"{report.image_planes} ({report.image_regions})"),
+        ("planes published", _n(len(report.plane_order))),
+        ("unit bytes", _n(report.unit_bytes)),
+        ("image bytes", _n(report.image_bytes)),
+        ("state bytes", _n(report.state_bytes)),
+        ("chunk tokens", _n(report.chunk_tokens)),
+        ("smallest valid chunk", _n(report.smallest_chunk_tokens)),
+        ("group spans (tokens)", spans),
+    ]
+    if report.hit is not None:
+        load = report.hit.load
+        rows += [
+            (
+                "hit -> capped tokens",
+                f"{_n(report.hit.hit_tokens)} -> {_n(report.hit.capped_tokens)}",
+            ),
+            ("load destination row", "none" if load is None else f"{load.row} in every KDA group"),
+        ]
+    for quantity, value in rows:
+        summary.add_row(quantity, value)
+    out.print(summary)
+    table = Table(title="PAGE planes in publish order", title_justify="left")
+    for column in ("plane", "given plane", "attention layer", "module layer", "allocation plane"):
+        table.add_column(column)
+    table.add_column("riders (KDA group:module layer)")
+    for share in report.planes:
+        riders = ", ".join(f"{m.group}:{m.layer}" for m in share.riders) or "-"
+        in_image = "*" if share.plane < report.image_planes else ""
+        table.add_row(
+            f"{share.plane}{in_image}",
+            str(report.given_order.index(share.attention_layer)),
+            share.attention_layer,
+            str(share.module_layer),
+            str(share.allocation_plane),
+            riders,
+        )
+    out.print(table)
+    out.print("* in the checkpoint image")

@@ -1,0 +1,69 @@
+"""LMCache MP offload: the KDA state rides the PAGE object (SPEC section 5, seed 000).
+
+From a ``vllm`` plan: the PAGE plane order (:func:`plane_order`), the checkpoint image of one
+boundary (:func:`checkpoint_image`), the aliasing check on the addresses an engine registered
+(:func:`check_aliasing`, on :class:`TensorView` s; :func:`vllm_views` builds the true ones) and
+the ride planner with its startup refusals (:func:`plan_ride`). Layer names follow one
+convention (:mod:`k3layout.offload.names`). Every function takes a pipeline ``stage``.
+"""
+
+from .aliasing import Misplaced, MisplacedBy, aliasing_problems, check_aliasing
+from .image import (
+    CheckpointImage,
+    PublishedPlane,
+    RegionPart,
+    StateRange,
+    checkpoint_image,
+    page_regions,
+)
+from .names import LayerNames, engine_layer_names, index_region_name, name_order
+from .plane_order import PlaneOrder, PlaneShare, plane_order
+from .report import HitReport, RideReport, ride_report
+from .ride import (
+    RIDABLE_MODEL_TYPE,
+    GroupSpan,
+    KvLoadFailurePolicy,
+    LoadDestination,
+    MambaCacheMode,
+    RideOptions,
+    RidePlan,
+    check_options,
+    check_ridable,
+    plan_ride,
+)
+from .views import TensorView, vllm_views
+
+__all__ = [
+    "RIDABLE_MODEL_TYPE",
+    "CheckpointImage",
+    "GroupSpan",
+    "HitReport",
+    "KvLoadFailurePolicy",
+    "LayerNames",
+    "LoadDestination",
+    "MambaCacheMode",
+    "Misplaced",
+    "MisplacedBy",
+    "PlaneOrder",
+    "PlaneShare",
+    "PublishedPlane",
+    "RegionPart",
+    "RideOptions",
+    "RidePlan",
+    "RideReport",
+    "StateRange",
+    "TensorView",
+    "aliasing_problems",
+    "check_aliasing",
+    "check_options",
+    "check_ridable",
+    "checkpoint_image",
+    "engine_layer_names",
+    "index_region_name",
+    "name_order",
+    "page_regions",
+    "plan_ride",
+    "plane_order",
+    "ride_report",
+    "vllm_views",
+]

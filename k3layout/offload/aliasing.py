@@ -1,0 +1,226 @@
+"""The aliasing check: does every KDA layer's state start where the image expects it?
+
+An engine reads, off the tensors it registered, each layer's base address, the bytes between
+two blocks and the bytes it spans (a :class:`TensorView`), and publishes its attention layers
+in some order. SPEC section 5's rule, checked exactly: **layer ``j`` of every KDA group starts
+at the base address of published plane ``j`` and strides by the page**. A looser check ("starts
+on one of the leading planes") passes layouts whose layers or groups are permuted; this one
+names the first KDA layer that breaks the rule, the plane it is on and the plane it should be
+on, and every layer that starts outside the image.
+
+The seed's first boot: K3 + DSpark at TP 8 published in name order. The five draft layers and
+``model.layers.11`` .. sort ahead of ``model.layers.3``, so KDA group 0 layer 0 starts on
+plane 10 instead of 0, and layers 18..22 of every group start on planes 23..27, outside the
+image's 23 planes (the loose check's refusal: "group 0 layer 18 starts on plane 23").
+
+A whole KDA group exchanged with another, position for position, is not visible here: vLLM
+puts layer ``j`` of *every* group on plane ``j``, so the addresses are the same either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal, TypeAlias
+
+from pydantic import NonNegativeInt
+
+from .._frozen import Frozen
+from ..errors import Refusal
+from ..layouts import ParentPlan, VllmPlan
+from .names import LayerNames, engine_layer_names
+from .plane_order import check_permutation, stage_attention_names
+from .stage import image_attention_layers, kda_groups, ride_stage, vllm_plan_of
+from .views import TensorView, views_of
+
+MisplacedBy: TypeAlias = Literal["plane", "offset", "outside", "stride", "extent"]
+"""How a KDA layer breaks the rule: on another ``plane``; inside its plane at an ``offset``;
+``outside`` every published plane; a block ``stride`` that is not the page; or an ``extent``
+that runs past the end of its plane."""
+
+
+class Misplaced(Frozen):
+    """A KDA layer that breaks the rule: layer ``layer`` of KDA group ``group`` (``unit``-th
+    KDA group) found on ``found_plane`` (``None``: on no published plane), expected on
+    ``expected_plane``."""
+
+    unit: NonNegativeInt
+    group: str
+    layer: NonNegativeInt
+    module_layer: NonNegativeInt
+    layer_name: str
+    found_plane: NonNegativeInt | None
+    expected_plane: NonNegativeInt
+    offset_bytes: int
+    block_stride_bytes: int
+    by: MisplacedBy
+
+    @property
+    def where(self) -> str:
+        """The finding in words: ``KDA group 0 layer 18 starts on plane 23``."""
+        found = "no published plane" if self.found_plane is None else f"plane {self.found_plane}"
+        return f"KDA group {self.unit} layer {self.layer} starts on {found}"
+
+
+def _locate(
+    view: TensorView, planes: Sequence[TensorView], expected: int
+) -> tuple[int | None, int]:
+    """The published plane ``view`` starts on, and how far into it: the expected plane if it
+    starts there (attention layers of several groups may share a plane), else the first plane
+    that starts there, else the first that holds the address."""
+    if expected < len(planes) and planes[expected].base_address == view.base_address:
+        return expected, 0
+    for index, plane in enumerate(planes):
+        if plane.base_address == view.base_address:
+            return index, 0
+    for index, plane in enumerate(planes):
+        if plane.base_address <= view.base_address < plane.end_address:
+            return index, view.base_address - plane.base_address
+    return None, 0
+
+
+def aliasing_problems(
+    plan: VllmPlan | ParentPlan,
+    views: Mapping[str, TensorView],
+    published: Sequence[str],
+    *,
+    stage: int = 0,
+    names: LayerNames | None = None,
+) -> tuple[Misplaced, ...]:
+    """Every KDA layer of the stage that does not start at published plane ``j`` (its position
+    ``j`` in its group) with the page as block stride; ``()`` when the layout is right.
+
+    ``published`` is the engine's order of attention layer names (PAGE plane ``p`` is
+    ``published[p]``). Refuses ``layer_names`` for names that do not match the stage and
+    ``aliasing`` for an attention plane whose block stride is not the page.
+    """
+    vllm = vllm_plan_of(plan)
+    names = names or engine_layer_names(vllm.model)
+    names.check_covers(vllm.model)
+    on_stage = ride_stage(vllm, stage)
+    check_permutation(published, stage_attention_names(on_stage, names), stage)
+    image_attention_layers(on_stage)  # every image plane has an attention layer
+    page = vllm.page_bytes
+    planes = views_of(views, published, stage)
+    for index, (name, plane) in enumerate(zip(published, planes, strict=True)):
+        if plane.block_stride_bytes != page:
+            raise Refusal(
+                "aliasing",
+                f"attention layer {name} (plane {index}) strides by "
+                f"{plane.block_stride_bytes} B per block, not the page ({page} B)",
+                facts={
+                    "attention_layer": name,
+                    "plane": index,
+                    "block_stride_bytes": plane.block_stride_bytes,
+                    "page_bytes": page,
+                },
+                hint="register each attention layer as num_blocks x page",
+            )
+    problems: list[Misplaced] = []
+    for unit, group in enumerate(kda_groups(on_stage)):
+        layer_names = tuple(names.name(layer) for layer in group.layers)
+        for j, (module_layer, view) in enumerate(
+            zip(group.layers, views_of(views, layer_names, stage), strict=True)
+        ):
+            found, offset = _locate(view, planes, j)
+            by: MisplacedBy | None = None
+            if found is None:
+                by = "outside"
+            elif found != j:
+                by = "plane"
+            elif offset:
+                by = "offset"
+            elif view.block_stride_bytes != page:
+                by = "stride"
+            elif view.end_address > planes[j].end_address:
+                by = "extent"
+            if by is not None:
+                problems.append(
+                    Misplaced(
+                        unit=unit,
+                        group=group.name,
+                        layer=j,
+                        module_layer=module_layer,
+                        layer_name=layer_names[j],
+                        found_plane=found,
+                        expected_plane=j,
+                        offset_bytes=offset,
+                        block_stride_bytes=view.block_stride_bytes,
+                        by=by,
+                    )
+                )
+    return tuple(problems)
+
+
+def _rule_broken(first: Misplaced, published: Sequence[str], page: int) -> str:
+    found = (
+        "no published plane"
+        if first.found_plane is None
+        else f"plane {first.found_plane} ({published[first.found_plane]})"
+    )
+    where = f"KDA group {first.unit} layer {first.layer} ({first.layer_name}) starts on {found}"
+    if first.by == "offset":
+        return f"{where}, {first.offset_bytes} B past the plane's start"
+    if first.by == "stride":
+        return f"{where} but strides by {first.block_stride_bytes} B, not the page ({page} B)"
+    if first.by == "extent":
+        return f"{where} but runs past the end of that plane"
+    expected = published[first.expected_plane]
+    return f"{where}, expected plane {first.expected_plane} ({expected})"
+
+
+def check_aliasing(
+    plan: VllmPlan | ParentPlan,
+    views: Mapping[str, TensorView],
+    published: Sequence[str],
+    *,
+    stage: int = 0,
+    names: LayerNames | None = None,
+) -> None:
+    """Refuse (``aliasing``) a layout in which some KDA layer ``j`` does not start at published
+    plane ``j`` with the page as stride; the message names the first such layer (group, layer,
+    plane found, plane expected) and the layers that start outside the image."""
+    problems = aliasing_problems(plan, views, published, stage=stage, names=names)
+    if not problems:
+        return
+    vllm = vllm_plan_of(plan)
+    on_stage = ride_stage(vllm, stage)
+    num_image = len(image_attention_layers(on_stage))
+    total = sum(len(group.layers) for group in kda_groups(on_stage))
+    outside = tuple(p for p in problems if p.found_plane is None or p.found_plane >= num_image)
+    first = problems[0]
+    message = (
+        f"stage {stage}: {_rule_broken(first, published, vllm.page_bytes)}; "
+        f"{len(problems)} of {total} KDA layers break the rule (layer j of every KDA group "
+        "starts at published plane j and strides by the page)"
+    )
+    if outside:
+        message += (
+            f", {len(outside)} start outside the image's {num_image} planes, "
+            f"the first: {outside[0].where}"
+        )
+    raise Refusal(
+        "aliasing",
+        message,
+        facts={
+            "stage": stage,
+            "group": first.unit,
+            "group_name": first.group,
+            "layer": first.layer,
+            "module_layer": first.module_layer,
+            "layer_name": first.layer_name,
+            "found_plane": first.found_plane,
+            "expected_plane": first.expected_plane,
+            "misplaced_by": first.by,
+            "block_stride_bytes": first.block_stride_bytes,
+            "page_bytes": vllm.page_bytes,
+            "num_misplaced": len(problems),
+            "num_kda_layers": total,
+            "num_image_planes": num_image,
+            "outside_image": tuple(p.layer_name for p in outside),
+            "first_outside_group": outside[0].unit if outside else None,
+            "first_outside_layer": outside[0].layer if outside else None,
+            "first_outside_plane": outside[0].found_plane if outside else None,
+        },
+        hint="publish the aliased attention layers first, in KDA-layer order (plane_order), "
+        "and register each KDA layer's state at its plane's start with the page as stride",
+    )

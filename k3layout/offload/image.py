@@ -1,0 +1,216 @@
+"""The checkpoint image: the KDA state of one boundary, as views of the PAGE object's planes.
+
+At a boundary every KDA group holds its state in one block (row ``(n-1)//block`` of its block
+table), and in that block layer ``j`` of the group starts on plane ``j``. So the state of a
+boundary is one PAGE *unit* per KDA group: the pages of the leading planes in that group's
+block. The image lays the units out group by group, plane by plane; no byte is copied::
+
+    image = unit 0 (group 0) | unit 1 (group 1) | ...      unit = planes 0..P-1, one page each
+    state of (group g, layer j) = [(g*P + j) * page, (g*P + j) * page + S)
+
+K3 + DSpark, attention TP 8, fp8, 2 spec tokens: 3 units x 23 planes x 884,736 B =
+61,046,784 B, of which 69 x 832,512 = 57,443,328 B is state.
+
+A DSA attention layer publishes two PAGE regions, its latent and its ``index_cache``; the image
+counts the layer as one plane whose movable bytes are latent + index (the page), since vLLM
+folds the index into the page of the layer that owns it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeAlias
+
+from pydantic import NonNegativeInt, PositiveInt
+
+from .._frozen import Frozen
+from ..errors import Refusal
+from ..layouts import Group, ParentPlan, VllmPlan
+from .names import LayerNames, index_region_name
+from .plane_order import PlaneOrder, PlaneShare, plane_order
+from .stage import kda_groups, ride_stage, vllm_plan_of
+
+RegionPart: TypeAlias = Literal["latent", "index"]
+"""What a PAGE region of an attention layer holds: the MLA latent or the DSA index rows."""
+
+
+class PublishedPlane(Frozen):
+    """One region of the PAGE object: one part of one attention layer's page.
+
+    ``offset_bytes`` is where the part starts inside the layer's page, ``num_bytes`` its bytes
+    per block (``block * bytes_per_token`` of the part).
+    """
+
+    name: str
+    attention_layer: str
+    module_layer: NonNegativeInt
+    part: RegionPart
+    offset_bytes: NonNegativeInt
+    num_bytes: PositiveInt
+
+
+class StateRange(Frozen):
+    """Where one KDA layer's state sits: unit ``unit`` (its group), plane ``plane``, and the
+    bytes ``[offset_bytes, offset_bytes + num_bytes)`` of the image."""
+
+    unit: NonNegativeInt
+    group: str
+    layer: NonNegativeInt
+    module_layer: NonNegativeInt
+    plane: NonNegativeInt
+    attention_layer: str
+    offset_bytes: NonNegativeInt
+    num_bytes: PositiveInt
+
+    @property
+    def end_bytes(self) -> int:
+        """One past the last byte of the state in the image."""
+        return self.offset_bytes + self.num_bytes
+
+
+class CheckpointImage(Frozen):
+    """The geometry of one boundary's image on one rank: ``groups`` are the KDA groups (one
+    unit each), ``planes`` the leading published planes every unit spans, ``regions`` the PAGE
+    regions of those planes (two per DSA layer)."""
+
+    stage: NonNegativeInt
+    page_bytes: PositiveInt
+    layer_state_bytes: NonNegativeInt
+    groups: tuple[Group, ...]
+    planes: tuple[PlaneShare, ...]
+    regions: tuple[PublishedPlane, ...]
+
+    @property
+    def num_units(self) -> int:
+        """Units per boundary: one per KDA group."""
+        return len(self.groups)
+
+    @property
+    def num_planes(self) -> int:
+        """Planes of a unit, an attention layer counted once whatever regions it publishes."""
+        return len(self.planes)
+
+    @property
+    def num_regions(self) -> int:
+        """PAGE regions the image planes publish (a DSA layer publishes two)."""
+        return len(self.regions)
+
+    @property
+    def plane_movable_bytes(self) -> tuple[int, ...]:
+        """Movable bytes per block of each image plane: the bytes of its regions (the page)."""
+        return tuple(
+            sum(r.num_bytes for r in self.regions if r.attention_layer == p.attention_layer)
+            for p in self.planes
+        )
+
+    @property
+    def unit_bytes(self) -> int:
+        """Bytes of one unit: a page on each image plane."""
+        return self.num_planes * self.page_bytes
+
+    @property
+    def image_bytes(self) -> int:
+        """Bytes of the image: units x planes x page."""
+        return self.num_units * self.unit_bytes
+
+    @property
+    def num_kda_layers(self) -> int:
+        """KDA layers whose state the image holds."""
+        return sum(len(group.layers) for group in self.groups)
+
+    @property
+    def state_bytes(self) -> int:
+        """State bytes in the image: KDA layers x ``S(tp, s)``."""
+        return self.num_kda_layers * self.layer_state_bytes
+
+    @property
+    def padding_bytes(self) -> int:
+        """Image bytes that are not state (page padding and planes a shorter group skips)."""
+        return self.image_bytes - self.state_bytes
+
+    @property
+    def ranges(self) -> tuple[StateRange, ...]:
+        """The state range of every (group, layer), unit by unit."""
+        return tuple(
+            StateRange(
+                unit=unit,
+                group=group.name,
+                layer=layer,
+                module_layer=module_layer,
+                plane=layer,
+                attention_layer=self.planes[layer].attention_layer,
+                offset_bytes=(unit * self.num_planes + layer) * self.page_bytes,
+                num_bytes=self.layer_state_bytes,
+            )
+            for unit, group in enumerate(self.groups)
+            for layer, module_layer in enumerate(group.layers)
+        )
+
+    def range_of(self, group: str, layer: int) -> StateRange:
+        """The state range of layer ``layer`` (position in the group) of KDA group ``group``."""
+        found = next((r for r in self.ranges if (r.group, r.layer) == (group, layer)), None)
+        if found is None:
+            lengths = {g.name: len(g.layers) for g in self.groups}
+            raise Refusal(
+                "invalid_argument",
+                f"KDA group {group!r} has no layer {layer} in the image (groups: {lengths})",
+                facts={"group": group, "layer": layer, "groups": tuple(lengths)},
+                hint="use a group of the image and 0 <= layer < its length",
+            )
+        return found
+
+
+def page_regions(plan: VllmPlan, order: PlaneOrder) -> tuple[PublishedPlane, ...]:
+    """The PAGE object's regions in publish order: each attention layer's latent, then its DSA
+    index region when it has one (K3: one region per layer; a DSA model: two)."""
+    attention = plan.sizes.attention
+    latent_bytes = plan.block_tokens * attention.latent_bytes_per_token
+    index_bytes = plan.block_tokens * attention.index_bytes_per_token
+    regions: list[PublishedPlane] = []
+    for share in order.planes:
+        regions.append(
+            PublishedPlane(
+                name=share.attention_layer,
+                attention_layer=share.attention_layer,
+                module_layer=share.module_layer,
+                part="latent",
+                offset_bytes=0,
+                num_bytes=latent_bytes,
+            )
+        )
+        if index_bytes:
+            regions.append(
+                PublishedPlane(
+                    name=index_region_name(share.attention_layer),
+                    attention_layer=share.attention_layer,
+                    module_layer=share.module_layer,
+                    part="index",
+                    offset_bytes=latent_bytes,
+                    num_bytes=index_bytes,
+                )
+            )
+    return tuple(regions)
+
+
+def checkpoint_image(
+    plan: VllmPlan | ParentPlan, *, stage: int = 0, names: LayerNames | None = None
+) -> CheckpointImage:
+    """The image of one boundary on a rank of pipeline stage ``stage``.
+
+    >>> from k3layout import Deployment, plan, preset
+    >>> p = plan(preset("kimi-k3-dspark"), Deployment(attn_tp=8, spec_tokens=2))
+    >>> image = checkpoint_image(p)
+    >>> image.num_units, image.num_planes, image.image_bytes, image.state_bytes
+    (3, 23, 61046784, 57443328)
+    """
+    vllm = vllm_plan_of(plan)
+    order = plane_order(vllm, stage=stage, names=names)
+    image_planes = order.image_planes
+    aliased = {share.attention_layer for share in image_planes}
+    return CheckpointImage(
+        stage=stage,
+        page_bytes=vllm.page_bytes,
+        layer_state_bytes=vllm.sizes.kda_state_bytes,
+        groups=kda_groups(ride_stage(vllm, stage)),
+        planes=image_planes,
+        regions=tuple(r for r in page_regions(vllm, order) if r.attention_layer in aliased),
+    )

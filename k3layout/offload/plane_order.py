@@ -1,0 +1,225 @@
+"""PAGE plane order: publish the attention layers the KDA state aliases first.
+
+vLLM aliases KDA layer ``j`` of every group onto the ``j``-th attention layer it *allocates*
+(module order), while an engine may publish the PAGE object's planes in *name* order. With
+K3's DSpark draft the two differ: the five draft layers sort first, so KDA layer ``j`` would
+sit on published plane ``j + 5`` (or further: ``model.layers.11`` sorts before
+``model.layers.3``). The fix is to publish the aliased attention layers first, in KDA-layer
+order (plane ``j`` = the attention layer KDA layer ``j`` aliases), then the rest in the order
+given. The checkpoint image is then the leading planes, sized from allocation order.
+
+K3 + DSpark, one stage::
+
+    published plane   attention layer                    riders (KDA group, module layer)
+    0                 model.layers.3.self_attn.attn      (linear_attention_0, 0), (_1, 1), (_2, 2)
+    1                 model.layers.7.self_attn.attn      (linear_attention_0, 4), (_1, 5), (_2, 6)
+    ...
+    22                model.layers.91.self_attn.attn     (linear_attention_0, 88), ...
+    23..28            the rest, in the given order (draft.layers.0..4, model.layers.92)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from pydantic import NonNegativeInt
+
+from .._frozen import Frozen
+from ..errors import Refusal
+from ..layouts import ParentPlan, PlaneMember, Stage, VllmPlan
+from .names import LayerNames, engine_layer_names, name_order
+from .stage import image_attention_layers, kda_groups, ride_stage, vllm_plan_of
+from .views import TensorView, views_of
+
+
+class PlaneShare(Frozen):
+    """One published plane: the attention layer that publishes it and the KDA layers whose
+    state starts on the same bytes (``riders``: layer ``allocation_plane`` of each KDA group)."""
+
+    plane: NonNegativeInt
+    attention_layer: str
+    module_layer: NonNegativeInt
+    allocation_plane: NonNegativeInt
+    riders: tuple[PlaneMember, ...]
+
+
+class PlaneOrder(Frozen):
+    """The publish order of one stage's attention layers, aliased planes first.
+
+    ``given`` is the order the engine would publish in (name order by default), ``planes`` the
+    reordered planes; the first ``num_image_planes`` are the ones the KDA state rides, plane
+    ``j`` aliased by layer ``j`` of every KDA group.
+    """
+
+    stage: NonNegativeInt
+    given: tuple[str, ...]
+    planes: tuple[PlaneShare, ...]
+    num_image_planes: NonNegativeInt
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """Attention layer names in publish order."""
+        return tuple(plane.attention_layer for plane in self.planes)
+
+    @property
+    def image_planes(self) -> tuple[PlaneShare, ...]:
+        """The leading planes the checkpoint image covers."""
+        return self.planes[: self.num_image_planes]
+
+    @property
+    def moved(self) -> bool:
+        """Whether the publish order differs from the given order."""
+        return self.order != self.given
+
+    def plane_of(self, attention_layer: str) -> int:
+        """The published plane of ``attention_layer``."""
+        try:
+            return self.order.index(attention_layer)
+        except ValueError:
+            raise Refusal(
+                "layer_names",
+                f"{attention_layer!r} is not an attention layer of stage {self.stage}",
+                facts={"name": attention_layer, "stage": self.stage},
+                hint="use one of the names in PlaneOrder.order",
+            ) from None
+
+
+def stage_attention_names(stage: Stage, names: LayerNames) -> tuple[str, ...]:
+    """The stage's attention layer names in registration (module) order."""
+    layers = sorted(
+        layer for group in stage.groups if group.kind == "attention" for layer in group.layers
+    )
+    return tuple(names.name(layer) for layer in layers)
+
+
+def check_permutation(given: Sequence[str], expected: Sequence[str], stage: int) -> None:
+    """Refuse (``layer_names``) a publish order that is not the stage's attention layers."""
+    unknown = tuple(name for name in dict.fromkeys(given) if name not in set(expected))
+    missing = tuple(name for name in expected if name not in set(given))
+    repeated = tuple(sorted({name for name in given if list(given).count(name) > 1}))
+    if unknown or missing or repeated:
+        raise Refusal(
+            "layer_names",
+            f"stage {stage}: the publish order must list each of the {len(expected)} attention "
+            f"layers once (unknown {list(unknown)}, missing {list(missing)}, "
+            f"repeated {list(repeated)})",
+            facts={
+                "stage": stage,
+                "unknown": unknown,
+                "missing": missing,
+                "repeated": repeated,
+                "num_attention_layers": len(expected),
+            },
+            hint="publish every attention layer of the stage exactly once, by its engine name",
+        )
+
+
+def aliased_by_address(
+    stage: Stage,
+    names: LayerNames,
+    given: Sequence[str],
+    views: Mapping[str, TensorView],
+    planned: Sequence[str],
+) -> tuple[str, ...]:
+    """For every image plane ``j``, the attention layer that starts where KDA layer ``j`` of the
+    first group that has one starts (the planned one when several do); refuses ``aliasing``
+    when none does."""
+    attention = views_of(views, given, stage.index)
+    aliased: list[str] = []
+    for j, expected in enumerate(planned):
+        rider = next(group for group in kda_groups(stage) if j < len(group.layers))
+        rider_name = names.name(rider.layers[j])
+        base = views_of(views, (rider_name,), stage.index)[0].base_address
+        matches = [n for n, v in zip(given, attention, strict=True) if v.base_address == base]
+        if not matches:
+            raise Refusal(
+                "aliasing",
+                f"stage {stage.index}: KDA group {rider.name} layer {j} ({rider_name}) starts "
+                f"at {base:#x}, where no attention layer starts (expected {expected}'s plane)",
+                facts={
+                    "stage": stage.index,
+                    "group": rider.name,
+                    "layer": j,
+                    "layer_name": rider_name,
+                    "base_address": base,
+                    "expected_attention_layer": expected,
+                },
+                hint="register every KDA layer's state on the plane of the attention layer it "
+                "aliases (vLLM's hybrid allocator does)",
+            )
+        chosen = expected if expected in matches else matches[0]
+        if chosen in aliased:
+            raise Refusal(
+                "aliasing",
+                f"stage {stage.index}: KDA group {rider.name} layer {j} ({rider_name}) starts "
+                f"on the plane of {chosen}, which layer {aliased.index(chosen)} already rides",
+                facts={
+                    "stage": stage.index,
+                    "group": rider.name,
+                    "layer": j,
+                    "layer_name": rider_name,
+                    "attention_layer": chosen,
+                    "other_layer": aliased.index(chosen),
+                },
+                hint="give every KDA layer position its own plane (layer j on plane j)",
+            )
+        aliased.append(chosen)
+    return tuple(aliased)
+
+
+def plane_order(
+    plan: VllmPlan | ParentPlan,
+    published: Sequence[str] | None = None,
+    *,
+    stage: int = 0,
+    names: LayerNames | None = None,
+    views: Mapping[str, TensorView] | None = None,
+) -> PlaneOrder:
+    """Reorder ``published`` (the engine's order of attention layer names; name order when
+    ``None``) so that the attention layers the KDA state aliases come first, in KDA-layer order.
+
+    Without ``views`` the aliased layers come from the plan (allocation order); with the
+    engine's ``views`` they are matched on addresses: plane ``j`` is the attention layer that
+    starts where KDA layer ``j`` starts. On vLLM's layout the two agree;
+    :func:`~k3layout.offload.check_aliasing` then checks every group.
+
+    >>> from k3layout import Deployment, plan, preset
+    >>> order = plane_order(plan(preset("kimi-k3-dspark"), Deployment(attn_tp=8, spec_tokens=2)))
+    >>> order.given[:2], order.order[:2], order.num_image_planes
+    (('draft.layers.0.self_attn.attn', 'draft.layers.1.self_attn.attn'), \
+('model.layers.3.self_attn.attn', 'model.layers.7.self_attn.attn'), 23)
+    """
+    vllm = vllm_plan_of(plan)
+    names = names or engine_layer_names(vllm.model)
+    names.check_covers(vllm.model)
+    on_stage = ride_stage(vllm, stage)
+    registered = stage_attention_names(on_stage, names)
+    given = name_order(registered) if published is None else tuple(published)
+    check_permutation(given, registered, stage)
+    aliased = tuple(names.name(layer) for layer in image_attention_layers(on_stage))
+    if views is not None:
+        aliased = aliased_by_address(on_stage, names, given, views, aliased)
+    rest = tuple(name for name in given if name not in set(aliased))
+    planes: list[PlaneShare] = []
+    for index, name in enumerate(aliased + rest):
+        module_layer = names.layer_of(name)
+        allocation = next(
+            group.layers.index(module_layer)
+            for group in on_stage.groups
+            if module_layer in group.layers
+        )
+        riders = tuple(
+            PlaneMember(group=group.name, kind=group.kind, layer=group.layers[allocation])
+            for group in on_stage.groups
+            if group.kind == "kda" and allocation < len(group.layers)
+        )
+        planes.append(
+            PlaneShare(
+                plane=index,
+                attention_layer=name,
+                module_layer=module_layer,
+                allocation_plane=allocation,
+                riders=riders,
+            )
+        )
+    return PlaneOrder(stage=stage, given=given, planes=tuple(planes), num_image_planes=len(aliased))

@@ -1,0 +1,274 @@
+"""The ride planner: LMCache MP offload with the KDA state riding the PAGE object.
+
+LMCache stores and loads KV in *chunks* of ``chunk_tokens``. With the state riding, a chunk
+boundary is also a state checkpoint, so the chunk must end where every group's block ends:
+it must be a multiple of every group's span (attention ``block x dcp``, KDA ``block``), so of
+their least common multiple. K3 + DSpark, TP 8, fp8, 2 spec tokens: block 1,536, so 1,536 is
+the smallest chunk; with DCP 8 the attention span is 12,288 and so is the smallest chunk.
+
+A prefix hit of ``n`` tokens is capped to the grid, ``(n // chunk) * chunk``. Restoring the
+state for ``n`` computed tokens writes row ``(n - 1) // block`` of every KDA group (in
+``align`` mode row ``p`` holds the state after exactly ``(p + 1) * block`` tokens); off the
+grid there is nothing to restore.
+
+Startup refusals: a ``mamba_cache_mode`` other than ``align``, prefix caching off, a
+``kv_load_failure_policy`` other than ``recompute``, a chunk off the grid, and a model other
+than Kimi-K3 (gated on ``model_type``: Qwen's GDN layers report the same mamba layer type).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Final, Literal, TypeAlias
+
+from pydantic import NonNegativeInt, PositiveInt
+
+from .._frozen import Frozen
+from ..errors import Refusal
+from ..layouts import GroupKind, ParentPlan, VllmPlan
+from ..model import HybridModel
+from .image import CheckpointImage, checkpoint_image
+from .names import LayerNames, engine_layer_names
+from .plane_order import PlaneOrder, plane_order
+from .stage import ride_stage, vllm_plan_of
+
+MambaCacheMode: TypeAlias = Literal["all", "align", "none"]
+"""vLLM's ``--mamba-cache-mode`` (``vllm/config/cache.py``)."""
+
+KvLoadFailurePolicy: TypeAlias = Literal["recompute", "fail"]
+"""vLLM's ``kv_transfer_config.kv_load_failure_policy`` (its default is ``fail``)."""
+
+RIDABLE_MODEL_TYPE: Final = "kimi_k3"
+"""The one model family whose state is known to ride (seed 000 gates on the K3 layout)."""
+
+
+class RideOptions(Frozen):
+    """The engine settings the ride depends on. ``chunk_tokens=None`` takes the smallest valid
+    chunk; the other defaults are the settings the ride needs (vLLM's own defaults differ:
+    ``mamba_cache_mode`` follows prefix caching and ``kv_load_failure_policy`` is ``fail``)."""
+
+    chunk_tokens: PositiveInt | None = None
+    mamba_cache_mode: MambaCacheMode = "align"
+    prefix_caching: bool = True
+    kv_load_failure_policy: KvLoadFailurePolicy = "recompute"
+
+
+class GroupSpan(Frozen):
+    """Tokens one block of a group covers: attention ``block x dcp``, KDA ``block``."""
+
+    group: str
+    kind: GroupKind
+    span_tokens: PositiveInt
+
+
+class LoadDestination(Frozen):
+    """Where the state for ``computed_tokens`` tokens lands: row ``row`` of every KDA group."""
+
+    computed_tokens: PositiveInt
+    row: NonNegativeInt
+    groups: tuple[str, ...]
+
+
+class RidePlan(Frozen):
+    """The ride of one rank of pipeline stage ``stage``: build it with :func:`plan_ride`.
+
+    ``published`` is the order the engine would publish its attention layers in; ``order``
+    moves the aliased ones first and ``image`` is the checkpoint image of one boundary.
+    """
+
+    plan: VllmPlan
+    stage: NonNegativeInt
+    options: RideOptions
+    names: LayerNames
+    published: tuple[str, ...]
+
+    @cached_property
+    def order(self) -> PlaneOrder:
+        """The PAGE plane order: aliased attention layers first."""
+        return plane_order(self.plan, self.published, stage=self.stage, names=self.names)
+
+    @cached_property
+    def image(self) -> CheckpointImage:
+        """The checkpoint image of one boundary on this rank."""
+        return checkpoint_image(self.plan, stage=self.stage, names=self.names)
+
+    @property
+    def block_tokens(self) -> int:
+        """Tokens of one block on a rank (one state checkpoint in ``align`` mode)."""
+        return self.plan.block_tokens
+
+    @property
+    def spans(self) -> tuple[GroupSpan, ...]:
+        """The span of every group of the stage that holds layers."""
+        return tuple(
+            GroupSpan(
+                group=group.name,
+                kind=group.kind,
+                span_tokens=(
+                    self.plan.attention_span_tokens
+                    if group.kind == "attention"
+                    else self.plan.kda_span_tokens
+                ),
+            )
+            for group in ride_stage(self.plan, self.stage).groups
+            if group.layers
+        )
+
+    @property
+    def grid_tokens(self) -> int:
+        """The smallest valid chunk: the lcm of every group's span."""
+        return math.lcm(*(span.span_tokens for span in self.spans))
+
+    @property
+    def chunk_tokens(self) -> int:
+        """The LMCache chunk: the one asked for, else the smallest valid one."""
+        return self.options.chunk_tokens or self.grid_tokens
+
+    def capped_hit(self, hit_tokens: int) -> int:
+        """A prefix hit capped to the chunk grid: ``(hit // chunk) * chunk`` (0 if none)."""
+        _check_tokens("hit_tokens", hit_tokens)
+        return hit_tokens // self.chunk_tokens * self.chunk_tokens
+
+    def load_destination(self, computed_tokens: int) -> LoadDestination | None:
+        """Where the state for ``computed_tokens`` lands: row ``(n-1)//block`` of every KDA
+        group; ``None`` when ``n`` is 0 or off the chunk grid (nothing is restored)."""
+        _check_tokens("computed_tokens", computed_tokens)
+        if computed_tokens == 0 or computed_tokens % self.chunk_tokens:
+            return None
+        return LoadDestination(
+            computed_tokens=computed_tokens,
+            row=(computed_tokens - 1) // self.block_tokens,
+            groups=tuple(group.name for group in self.image.groups),
+        )
+
+    def store_boundaries(self, num_tokens: int, start_tokens: int = 0) -> tuple[int, ...]:
+        """Boundaries a store of tokens ``(start, num_tokens]`` checkpoints: the chunk
+        multiples in that range (the state after each is stored with its chunk)."""
+        _check_tokens("num_tokens", num_tokens)
+        _check_tokens("start_tokens", start_tokens)
+        first = start_tokens // self.chunk_tokens * self.chunk_tokens + self.chunk_tokens
+        return tuple(range(first, num_tokens + 1, self.chunk_tokens))
+
+
+def _check_tokens(name: str, tokens: int) -> None:
+    if tokens < 0:
+        raise Refusal(
+            "invalid_argument",
+            f"{name}={tokens} must be >= 0",
+            facts={name: tokens},
+            hint=f"pass a token count for {name}",
+        )
+
+
+def check_ridable(model: HybridModel) -> None:
+    """Refuse (``model_not_ridable``) a model without KDA state or other than Kimi-K3."""
+    if not model.kda_layer_ids:
+        raise Refusal(
+            "model_not_ridable",
+            f"model {model.name}: has no KDA layers, so no state rides the PAGE object",
+            facts={"model": model.name, "model_type": model.model_type, "num_kda_layers": 0},
+            hint="offload an attention-only model without a ride plan",
+        )
+    if model.model_type != RIDABLE_MODEL_TYPE:
+        raise Refusal(
+            "model_not_ridable",
+            f"model {model.name}: model_type={model.model_type} has mamba-type (KDA) layers "
+            f"but is not {RIDABLE_MODEL_TYPE}; only Kimi-K3's state is known to ride the PAGE "
+            "object (Qwen's GDN reports the same layer type, so the gate is the model)",
+            facts={
+                "model": model.name,
+                "model_type": model.model_type,
+                "required_model_type": RIDABLE_MODEL_TYPE,
+            },
+            hint="offload this model in-process, or serve Kimi-K3",
+        )
+
+
+def check_options(options: RideOptions) -> None:
+    """Refuse engine settings the ride cannot run under (mode, prefix caching, policy)."""
+    if options.mamba_cache_mode != "align":
+        raise Refusal(
+            "mamba_cache_mode",
+            f"mamba_cache_mode={options.mamba_cache_mode}: the state rides only in align mode, "
+            "where block-table row p holds the state after exactly (p + 1) x block tokens",
+            facts={"mamba_cache_mode": options.mamba_cache_mode, "required": "align"},
+            hint="start the engine with --mamba-cache-mode align",
+        )
+    if not options.prefix_caching:
+        raise Refusal(
+            "prefix_caching_off",
+            "prefix caching is off: the state is checkpointed into prefix-cached blocks, so "
+            "without it no boundary is kept to store or restore",
+            facts={"prefix_caching": False},
+            hint="start the engine with --enable-prefix-caching",
+        )
+    if options.kv_load_failure_policy != "recompute":
+        raise Refusal(
+            "load_failure_policy",
+            f"kv_load_failure_policy={options.kv_load_failure_policy}: a failed load must be "
+            "recomputed, since the KV and the state restore as one object or not at all",
+            facts={
+                "kv_load_failure_policy": options.kv_load_failure_policy,
+                "required": "recompute",
+            },
+            hint='set kv_transfer_config {"kv_load_failure_policy": "recompute"}',
+        )
+
+
+def check_chunk(ride: RidePlan) -> None:
+    """Refuse (``chunk_off_grid``) a chunk that is not a multiple of every group's span."""
+    chunk = ride.chunk_tokens
+    grid = ride.grid_tokens
+    if chunk % grid == 0:
+        return
+    spans = {span.kind: span.span_tokens for span in ride.spans}
+    attention = spans.get("attention", 0)
+    kda = spans.get("kda", 0)
+    below = chunk // grid * grid
+    nearest = " or ".join(f"{c:,}" for c in (below, below + grid) if c > 0)
+    raise Refusal(
+        "chunk_off_grid",
+        f"chunk_tokens={chunk:,} is not a multiple of every group's span (attention block x "
+        f"dcp = {attention:,}, KDA block = {kda:,}); the smallest valid chunk is {grid:,}",
+        facts={
+            "chunk_tokens": chunk,
+            "attention_span_tokens": attention,
+            "kda_span_tokens": kda,
+            "smallest_chunk_tokens": grid,
+        },
+        hint=f"use a multiple of {grid:,}: {nearest}",
+    )
+
+
+def plan_ride(
+    plan: VllmPlan | ParentPlan,
+    options: RideOptions | None = None,
+    *,
+    stage: int = 0,
+    published: Sequence[str] | None = None,
+    names: LayerNames | None = None,
+) -> RidePlan:
+    """Plan the ride for a rank of pipeline stage ``stage``, or refuse at startup.
+
+    ``published`` is the engine's publish order of attention layer names (name order when
+    ``None``). Refuses, in order: ``engine_mismatch``, ``model_not_ridable``,
+    ``mamba_cache_mode``, ``prefix_caching_off``, ``load_failure_policy``, the plane-order
+    refusals (``layer_names``, ``aliasing``) and ``chunk_off_grid``.
+
+    >>> from k3layout import Deployment, plan, preset
+    >>> ride = plan_ride(plan(preset("kimi-k3-dspark"), Deployment(attn_tp=8, spec_tokens=2)))
+    >>> ride.chunk_tokens, ride.capped_hit(5000), ride.load_destination(4608).row
+    (1536, 4608, 2)
+    """
+    vllm = vllm_plan_of(plan)
+    check_ridable(vllm.model)
+    options = options or RideOptions()
+    check_options(options)
+    names = names or engine_layer_names(vllm.model)
+    order = plane_order(vllm, published, stage=stage, names=names)
+    ride = RidePlan(plan=vllm, stage=stage, options=options, names=names, published=order.given)
+    check_chunk(ride)
+    _ = ride.image  # every refusal at startup, none on first use
+    return ride

@@ -1,0 +1,81 @@
+"""What the ride needs of one pipeline stage of a ``vllm`` plan: its groups and their planes.
+
+vLLM shares plane ``j`` between layer ``j`` of every group, so on a rank the state of KDA layer
+``j`` of any group starts where attention layer ``j`` of the stage's attention group starts.
+The ride publishes that attention layer's pages, so every plane a KDA layer sits on needs an
+attention layer; a pipeline stage whose KDA groups are longer than its attention groups has
+state on planes no attention layer publishes, and is refused.
+"""
+
+from __future__ import annotations
+
+from ..errors import Refusal
+from ..layouts import Group, ParentPlan, Stage, VllmPlan
+from ..layouts.groups import stage_at
+
+
+def vllm_plan_of(plan: VllmPlan | ParentPlan) -> VllmPlan:
+    """``plan`` if it is a ``vllm`` plan; refuses (``engine_mismatch``) a ``parent`` plan."""
+    if isinstance(plan, VllmPlan):
+        return plan
+    raise Refusal(
+        "engine_mismatch",
+        f"plan engine={plan.engine}: the state rides the PAGE object only in vLLM's hybrid "
+        "layout (engine=vllm), where a KDA layer shares its plane with an attention layer",
+        facts={"engine": plan.engine, "required_engine": "vllm"},
+        hint="plan the deployment with engine=vllm",
+    )
+
+
+def ride_stage(plan: VllmPlan, stage: int) -> Stage:
+    """Stage ``stage`` of ``plan`` (refuses an index that is not a stage)."""
+    return stage_at(plan.stages, stage)
+
+
+def kda_groups(stage: Stage) -> tuple[Group, ...]:
+    """The stage's KDA groups that hold layers, in the plan's group order: one unit each."""
+    return tuple(group for group in stage.groups if group.kind == "kda" and group.layers)
+
+
+def attention_groups(stage: Stage) -> tuple[Group, ...]:
+    """The stage's attention groups that hold layers, in the plan's group order."""
+    return tuple(group for group in stage.groups if group.kind == "attention" and group.layers)
+
+
+def num_image_planes(stage: Stage) -> int:
+    """Planes one unit of the image spans: the stage's longest KDA group (0 without KDA)."""
+    return max((len(group.layers) for group in kda_groups(stage)), default=0)
+
+
+def image_attention_layers(stage: Stage) -> tuple[int, ...]:
+    """For every image plane ``j``, the module layer of the attention layer that publishes it:
+    layer ``j`` of the first attention group that has one.
+
+    K3 + DSpark, one stage: planes 0..22 are attention layers 3, 7, ..., 91 (the first 23 of
+    the attention group); 92 and the draft's 93..97 are not aliased.
+    """
+    attention = attention_groups(stage)
+    layers: list[int] = []
+    for plane in range(num_image_planes(stage)):
+        owner = next((group for group in attention if plane < len(group.layers)), None)
+        if owner is None:
+            rider = next(group for group in kda_groups(stage) if plane < len(group.layers))
+            num_attention = max((len(group.layers) for group in attention), default=0)
+            raise Refusal(
+                "aliasing",
+                f"stage {stage.index}: KDA group {rider.name} layer {plane} (module layer "
+                f"{rider.layers[plane]}) sits on plane {plane}, which no attention layer of the "
+                f"stage publishes (the stage has {num_attention} attention planes)",
+                facts={
+                    "stage": stage.index,
+                    "group": rider.name,
+                    "layer": plane,
+                    "module_layer": rider.layers[plane],
+                    "plane": plane,
+                    "num_attention_planes": num_attention,
+                },
+                hint="split the pipeline so that every stage holds at least as many attention "
+                "layers as its longest KDA group (pp=1 always does for Kimi-K3)",
+            )
+        layers.append(owner.layers[plane])
+    return tuple(layers)
