@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from k3layout import Deployment, HybridModel, Refusal, plan, preset
+from k3layout import Deployment, HybridModel, Refusal, plan, plan_transfer, preset
 
 REPEATS = 7
 
@@ -90,6 +90,8 @@ def main() -> int:
             median_seconds(lambda: bare_parent(1, 1), 20000),
         ),
     ]
+    prefill, decode = Deployment(pp=8), Deployment(attn_tp=8, dcp=8)
+    transfer = median_seconds(lambda: plan_transfer(k3, prefill, decode, prompt_tokens=4096), 20)
     configs = sweep_configs(k3)
     sweep = median_seconds(lambda: [plan_or_refuse(k3, d) for d in configs], 1)
     print(f"{'case':40} {'median':>12} {'bare':>10} {'plan / bare':>12}")
@@ -98,6 +100,11 @@ def main() -> int:
     per_plan = sweep / len(configs)
     print(
         f"{'1,000-configuration sweep':40} {sweep * 1e3:9.1f} ms   ({per_plan * 1e6:.1f} us each)"
+    )
+    vllm_plan = rows[0][1]
+    print(
+        f"{'transfer PP8xTP1 -> TP8xDCP8, 4,096 tok':40} {transfer * 1e3:9.2f} ms"
+        f"   ({transfer / vllm_plan:.0f}x one vllm plan)"
     )
     slowest = max(planned for _, planned, _ in rows)
     print(f"slowest plan {slowest * 1e3:.3f} ms ({'under' if slowest < 1e-3 else 'OVER'} 1 ms)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 
 import pytest
@@ -125,13 +124,10 @@ def test_pp8_tp2_to_tp3_is_refused_naming_both(k3: HybridModel) -> None:
     assert refused.value.facts == {"prefill_tp": 2, "decode_tp": 3}
 
 
-def test_segments_do_not_grow_with_the_prompt_and_the_plan_is_quick(k3: HybridModel) -> None:
+def test_segments_do_not_grow_with_the_prompt(k3: HybridModel) -> None:
     prefill, decode = Deployment(pp=8), Deployment(attn_tp=8, dcp=8)
-    start = time.perf_counter()
     short = plan_transfer(k3, prefill, decode, prompt_tokens=TOKENS)
-    elapsed = time.perf_counter() - start
     long = plan_transfer(k3, prefill, decode, prompt_tokens=10 * TOKENS + 3)
     # interleave 1: every run is one token, all of a rank's runs one strided segment per layer
     assert short.num_segments == long.num_segments
     assert short.num_segments == 8 * (24 + 69 * 2)  # per consumer: 24 latent, 69 x conv + rec
-    assert elapsed < 1.0
