@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
-from . import plan, ride, sweep, transfer
+from . import draw, plan, ride, sweep, transfer
 
-SUBCOMMANDS = (plan, sweep, transfer, ride)
+SUBCOMMANDS = (plan, sweep, transfer, ride, draw)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,0 +1,62 @@
+"""Write the JSON schemas of a plan and of the reports into ``docs/schema/``, from the models.
+
+    python docs/make_schemas.py [folder]
+
+The schemas describe what ``model_dump_json()`` and the commands' ``--json`` print; they are
+generated, never edited. ``tests/test_docs.py`` regenerates them and compares with the files.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from k3layout.layouts.pipeline import Plan
+from k3layout.layouts.report import Report
+from k3layout.offload import RideReport
+from k3layout.sweep import SweepCell
+from k3layout.transfer import TransferPlan, TransferReport
+
+SCHEMA = Path(__file__).parent / "schema"
+
+DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+SOURCES: dict[str, tuple[str, Any]] = {
+    "plan.schema.json": ("A k3layout plan: plan(model, deployment).model_dump_json()", Plan),
+    "plan-report.schema.json": ("k3layout plan --json", Report),
+    "ride-report.schema.json": ("k3layout ride --json", RideReport),
+    "transfer.schema.json": ("A transfer plan: plan_transfer(...).model_dump_json()", TransferPlan),
+    "transfer-report.schema.json": ("k3layout transfer --json", TransferReport),
+    "sweep-cells.schema.json": ("k3layout sweep --json", tuple[SweepCell, ...]),
+}
+"""File name -> (what the schema describes, the type it is generated from)."""
+
+
+def schemas() -> dict[str, str]:
+    """File name -> the schema's text (sorted keys, two-space indent, a final newline)."""
+    texts: dict[str, str] = {}
+    for name, (description, kind) in SOURCES.items():
+        schema = TypeAdapter(kind).json_schema(mode="serialization")
+        schema = {"$schema": DIALECT, "description": description, **schema}
+        texts[name] = json.dumps(schema, indent=2, sort_keys=True) + "\n"
+    return texts
+
+
+def main(folder: Path = SCHEMA) -> list[Path]:
+    """Write every schema into ``folder``; returns the paths written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in schemas().items():
+        path = folder / name
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for path in main(Path(sys.argv[1]) if len(sys.argv) > 1 else SCHEMA):
+        print(path)

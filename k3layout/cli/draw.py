@@ -1,0 +1,177 @@
+"""``k3layout draw``: write a picture of a plan as PNG or SVG (needs ``k3layout[draw]``).
+
+    k3layout draw planes   [model and deployment options] [--stage N]      -o planes.png
+    k3layout draw image    [model and deployment options] [--stage N]      -o image.svg
+    k3layout draw order    [model and deployment options] [--stage N]      -o order.png
+    k3layout draw transfer --prefill pp8xtp1 --decode tp8xdcp8 [--kind page] -o transfer.svg
+    k3layout draw segments --prefill pp8xtp1 --decode tp8xdcp8             -o segments.png
+    k3layout draw sweep    [model options] [--tps 1,2,4,8] [--quantity bytes_per_token] -o s.png
+
+The suffix of ``-o`` picks the format. A refusal exits 2 like every command; a missing
+matplotlib exits 1 naming the extra to install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, get_args
+
+from ..deployment import ENGINES
+from ..dtypes import KV_CACHE_DTYPES
+from ..layouts import plan
+from ..sizes import ConvLayout
+from ..sweep import default_attn_tps, sweep
+from ..transfer import check_admission, plan_transfer
+from .common import (
+    add_deployment_options,
+    add_model_options,
+    deployment_from_args,
+    model_from_args,
+    run_refusing,
+)
+from .sweep import _dtypes, _ints
+from .transfer import deployments_from_args
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+EXIT_MISSING_EXTRA = 1
+
+PICTURES = ("planes", "image", "order", "transfer", "segments", "sweep")
+"""The pictures ``k3layout draw`` writes."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``draw`` and its pictures to the command line."""
+    parser = subparsers.add_parser("draw", help="write a picture of a layout as PNG or SVG")
+    pictures = parser.add_subparsers(dest="picture", required=True)
+    helps = {
+        "planes": "the planes of one block (vllm) or parent (parent), padding shaded",
+        "image": "the checkpoint image of one boundary: units over planes (vllm)",
+        "order": "the PAGE plane order: aliased attention layers first (vllm)",
+    }
+    for name, text in helps.items():
+        sub = pictures.add_parser(name, help=text)
+        add_model_options(sub)
+        add_deployment_options(sub)
+        sub.add_argument(
+            "--stage",
+            type=int,
+            default=None if name == "planes" else 0,
+            help="pipeline stage"
+            + (" (default: the whole model)" if name == "planes" else " (default 0)"),
+        )
+        _add_output(sub)
+    for name, text in (
+        ("transfer", "a transfer as a producer x consumer matrix of bytes"),
+        ("segments", "which producer writes each (consumer rank, module layer)"),
+    ):
+        sub = pictures.add_parser(name, help=text)
+        _add_transfer_options(sub)
+        if name == "transfer":
+            sub.add_argument(
+                "--kind",
+                choices=("all", "page", "slot"),
+                default="all",
+                help="count every byte, PAGE (MLA rows) or SLOT (KDA state) bytes",
+            )
+        _add_output(sub)
+    sub = pictures.add_parser("sweep", help="padding or bytes per token: attention TP x dtype")
+    add_model_options(sub)
+    add_deployment_options(sub, engine=False)
+    sub.add_argument("--tps", default=None, help="comma-separated attention TPs")
+    sub.add_argument("--dtypes", default="fp8,bf16", help="comma-separated cache dtypes")
+    sub.add_argument("--quantity", choices=("padding", "bytes_per_token"), default="padding")
+    _add_output(sub)
+    parser.set_defaults(run=run)
+
+
+def _add_output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-o", "--output", required=True, help="the picture to write: a .png or .svg path"
+    )
+
+
+def _add_transfer_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``k3layout transfer`` that shape a transfer plan."""
+    parser.add_argument("--prefill", required=True, help="prefill topology, e.g. pp8xtp1")
+    parser.add_argument("--decode", required=True, help="decode topology, e.g. tp8xdcp8")
+    add_model_options(parser)
+    parser.add_argument(
+        "--tokens",
+        "--prompt-tokens",
+        dest="prompt_tokens",
+        type=int,
+        default=4096,
+        help="prompt tokens of the request (default 4096)",
+    )
+    parser.add_argument("--engine", choices=ENGINES, default="vllm", help="both sides' engine")
+    parser.add_argument("--kv-dtype", choices=KV_CACHE_DTYPES, default="fp8")
+    parser.add_argument("--spec-tokens", type=int, default=0, help="speculative tokens per step")
+    parser.add_argument("--dcp-interleave", type=int, default=1, help="decode DCP interleave")
+    parser.add_argument("--conv-layout", choices=get_args(ConvLayout), default="channel_major")
+    parser.add_argument("--replayssm", action="store_true", help="ATOM ReplaySSM records")
+    parser.add_argument(
+        "--chunked", action="store_true", help="run the decode's admission check first"
+    )
+
+
+def _transfer_picture(args: argparse.Namespace) -> Figure:
+    from .. import draw  # noqa: PLC0415 - matplotlib only when a picture is asked for
+
+    model = model_from_args(args)
+    prefill, decode = deployments_from_args(args)
+    if args.chunked:
+        check_admission(model, decode, chunked_transfer=True)
+    result = plan_transfer(
+        model, prefill, decode, prompt_tokens=args.prompt_tokens, conv_layout=args.conv_layout
+    )
+    if args.picture == "transfer":
+        return draw.draw_transfer(result, kind=args.kind)
+    return draw.draw_segment_map(result)
+
+
+def _sweep_picture(args: argparse.Namespace) -> Figure:
+    from .. import draw  # noqa: PLC0415 - matplotlib only when a picture is asked for
+
+    model = model_from_args(args)
+    tps = default_attn_tps(model) if args.tps is None else _ints(args.tps, "--tps")
+    cells = sweep(model, tps, _dtypes(args.dtypes), ENGINES, deployment_from_args(args))
+    return draw.draw_sweep(cells, quantity=args.quantity, title=f"{model.name}: {args.quantity}")
+
+
+def _plan_picture(args: argparse.Namespace) -> Figure:
+    from .. import draw  # noqa: PLC0415 - matplotlib only when a picture is asked for
+
+    result = plan(model_from_args(args), deployment_from_args(args))
+    if args.picture == "image":
+        return draw.draw_image(result, stage=args.stage)
+    if args.picture == "order":
+        return draw.draw_plane_order(result, stage=args.stage)
+    return draw.draw_planes(result, stage=args.stage)
+
+
+def picture(args: argparse.Namespace) -> Figure:
+    """The figure the options describe (imports :mod:`k3layout.draw`, so matplotlib)."""
+    if args.picture in ("transfer", "segments"):
+        return _transfer_picture(args)
+    if args.picture == "sweep":
+        return _sweep_picture(args)
+    return _plan_picture(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Draw and write the picture, print its path; exit 2 on a refusal, 1 without matplotlib."""
+
+    def action() -> int:
+        try:
+            from ..draw import picture_path, save  # noqa: PLC0415 - matplotlib only on demand
+        except ImportError as error:
+            print(f"k3layout draw: {error}", file=sys.stderr)
+            return EXIT_MISSING_EXTRA
+        target = picture_path(args.output)
+        print(save(picture(args), target))
+        return 0
+
+    return run_refusing(action, False)

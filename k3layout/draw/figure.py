@@ -1,0 +1,190 @@
+"""What every picture shares: a figure on the Agg canvas, the colours, byte labels and ``save``.
+
+Figures are built without ``pyplot``: a :class:`~matplotlib.figure.Figure` on its own Agg
+canvas, so drawing opens no window and touches no global figure list. Every drawn element a
+reader (or a test) needs to find carries a *gid*, ``<what>.<key>...`` (``plane.3``,
+``page.linear_attention_0.4``); an SVG keeps it as the element's ``id``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+import matplotlib
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from ..deployment import Deployment
+from ..errors import Refusal
+from ..layouts import Group
+
+PNG_DPI: Final = 150
+"""Resolution of a saved PNG."""
+
+FORMATS: Final = (".png", ".svg")
+"""The suffixes :func:`save` writes."""
+
+ATTENTION_COLOUR: Final = "#4C72B0"
+KDA_COLOURS: Final = ("#55A868", "#DD8452", "#8172B3", "#C44E52", "#937860", "#DA8BC3")
+PADDING_FACE: Final = "#e6e6e6"
+PADDING_EDGE: Final = "#9a9a9a"
+PADDING_HATCH: Final = "////"
+FRAME_EDGE: Final = "#c8c8c8"
+LABEL_COLOUR: Final = "#ffffff"
+
+CELL_SIZE: Final = 0.88
+"""Width and height of a page cell, in plane units (a column is 1 wide, a row 1 high): a cell's
+full height stands for the whole plane's bytes."""
+
+
+def new_figure(width_in: float, height_in: float) -> Figure:
+    """A figure of ``width_in`` x ``height_in`` inches on an Agg canvas (never a window)."""
+    figure = Figure(figsize=(width_in, height_in), layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def group_colours(groups: Sequence[Group]) -> dict[str, str]:
+    """A colour per group: attention groups blue, KDA groups from :data:`KDA_COLOURS` in turn."""
+    colours: dict[str, str] = {}
+    kda = 0
+    for group in groups:
+        if group.kind == "attention":
+            colours[group.name] = ATTENTION_COLOUR
+        else:
+            colours[group.name] = KDA_COLOURS[kda % len(KDA_COLOURS)]
+            kda += 1
+    return colours
+
+
+def human_bytes(num_bytes: float) -> str:
+    """``884,736 B`` below a MiB, else ``60.3 MiB`` / ``1.20 GiB``.
+
+    >>> human_bytes(884_736), human_bytes(69 * 814_080 + 24 * 512 * 576)
+    ('884,736 B', '60.3 MiB')
+    """
+    if abs(num_bytes) < 1 << 20:
+        return f"{num_bytes:,.0f} B"
+    if abs(num_bytes) < 1 << 30:
+        return f"{num_bytes / (1 << 20):,.1f} MiB"
+    return f"{num_bytes / (1 << 30):,.2f} GiB"
+
+
+def topology(deployment: Deployment) -> str:
+    """A deployment's parallelism as ``pp8xtp1`` / ``tp8xdcp8`` (axes of size 1 left out,
+    but for TP).
+
+    >>> topology(Deployment(pp=8)), topology(Deployment(attn_tp=8, dcp=8))
+    ('pp8xtp1', 'tp8xdcp8')
+    """
+    axes = (
+        ("pp", deployment.pp),
+        ("tp", deployment.attn_tp),
+        ("dcp", deployment.dcp),
+        ("dp", deployment.attn_dp),
+    )
+    shown = [f"{name}{size}" for name, size in axes if size > 1 or name == "tp"]
+    return "x".join(shown)
+
+
+def deployment_title(model_name: str, deployment: Deployment) -> str:
+    """``kimi-k3 | vllm | tp8 | fp8 | spec 2``: what a picture of one plan shows."""
+    return (
+        f"{model_name} | {deployment.engine} | {topology(deployment)} | {deployment.kv_dtype} | "
+        f"spec {deployment.spec_tokens}"
+    )
+
+
+def page_cell(
+    ax: Axes,
+    xy: tuple[float, float],
+    size: tuple[float, float],
+    fill: tuple[float, str],
+    gids: tuple[str, str],
+) -> None:
+    """One page: ``fill = (payload fraction, colour)`` from the bottom of a ``size`` box at
+    ``xy``, the rest shaded as padding; ``gids = (payload gid, padding gid)``. A fraction of 0
+    draws padding only, of 1 no padding."""
+    (x, y), (width, height), (fraction, colour) = xy, size, fill
+    payload_gid, padding_gid = gids
+    if fraction > 0:
+        ax.add_patch(
+            Rectangle(
+                (x, y),
+                width,
+                height * fraction,
+                facecolor=colour,
+                edgecolor="none",
+                gid=payload_gid,
+            )
+        )
+    if fraction < 1:
+        ax.add_patch(
+            Rectangle(
+                (x, y + height * fraction),
+                width,
+                height * (1 - fraction),
+                facecolor=PADDING_FACE,
+                edgecolor=PADDING_EDGE,
+                hatch=PADDING_HATCH,
+                linewidth=0.4,
+                gid=padding_gid,
+            )
+        )
+
+
+def padding_legend_patch() -> Rectangle:
+    """The legend entry for shaded padding."""
+    return Rectangle(
+        (0, 0),
+        1,
+        1,
+        facecolor=PADDING_FACE,
+        edgecolor=PADDING_EDGE,
+        hatch=PADDING_HATCH,
+        label="padding",
+    )
+
+
+def picture_path(path: str | Path) -> Path:
+    """``path`` if :func:`save` can write it: a ``.png`` or ``.svg`` suffix, in an existing
+    folder; refuses (``invalid_argument``) anything else, before any drawing is done."""
+    target = Path(path)
+    suffix = target.suffix.lower()
+    if suffix not in FORMATS:
+        raise Refusal(
+            "invalid_argument",
+            f"picture {target.name}: suffix {suffix or '(none)'!r} is not one of "
+            f"{', '.join(FORMATS)}",
+            facts={"path": str(target), "suffix": suffix, "formats": FORMATS},
+            hint=f"name the file {target.stem}.png or {target.stem}.svg",
+        )
+    if not target.parent.is_dir():
+        raise Refusal(
+            "invalid_argument",
+            f"picture {target}: folder {target.parent} does not exist",
+            facts={"path": str(target), "folder": str(target.parent)},
+            hint="create the folder first, or write the picture elsewhere",
+        )
+    return target
+
+
+def save(figure: Figure, path: str | Path) -> Path:
+    """Write ``figure`` as PNG or SVG, chosen by the suffix of ``path``; returns the path.
+
+    SVG keeps text as text and every gid as an element id; neither format records a date, so
+    the same picture gives the same bytes. Refuses (``invalid_argument``) another suffix or a
+    folder that does not exist (:func:`picture_path`).
+    """
+    target = picture_path(path)
+    suffix = target.suffix.lower()
+    metadata: dict[str, str | None] = (
+        {"Software": None} if suffix == ".png" else {"Date": None, "Creator": None}
+    )
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "k3layout"}):
+        figure.savefig(target, format=suffix[1:], dpi=PNG_DPI, metadata=metadata)
+    return target

@@ -1,0 +1,226 @@
+"""The planes of a block (``vllm``) or a parent (``parent``): which layer's page sits where.
+
+One column per plane, one row per group. The cell at (group, plane ``j``) is the page of layer
+``j`` of that group: vLLM gives each layer one page per block, the parent layout ``p_g`` pages
+(MLA) or state slots (KDA) per plane. The payload fills the cell from the bottom, labelled with
+its module layer; the rest of the plane is padding, shaded, and so is a plane a shorter group
+leaves unused (a block or parent of that group still spans it). Since plane ``j`` is shared by
+layer ``j`` of every group, a column reads as "what rides on this plane"; a row's shaded bytes
+are the group's padding per block or parent (``padding_fraction * p_g * raw_g`` in a parent).
+
+K3 + DSpark, ``vllm``, TP 8, fp8, 2 spec tokens: 29 columns; the attention row fills all 29
+pages, each KDA row 23, its pages ``832,512 / 884,736`` full and the rest shaded.
+
+Gids: ``plane.<j>`` (the column), ``page.<group>.<layer>`` and ``padding.<group>.<layer>`` (the
+two parts of a cell), ``unused.<group>.<j>`` (a plane the group has no layer on),
+``label.<group>.<layer>`` (the module layer printed in it).
+"""
+
+from __future__ import annotations
+
+from matplotlib.collections import LineCollection
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from pydantic import NonNegativeInt, PositiveInt
+
+from .._frozen import Frozen
+from ..errors import Refusal
+from ..layouts import Group, GroupKind, ParentPlan, VllmPlan
+from ..layouts.groups import stage_at
+from .figure import (
+    CELL_SIZE,
+    FRAME_EDGE,
+    LABEL_COLOUR,
+    deployment_title,
+    group_colours,
+    new_figure,
+    padding_legend_patch,
+    page_cell,
+)
+
+MAX_DIVIDED_PAGES = 32
+"""A plane holding more pages of a group than this is drawn without page dividers."""
+
+
+class PlaneCell(Frozen):
+    """Layer ``layer`` of group ``group`` on plane ``plane``: ``pages`` pages (or state slots)
+    of ``unit_bytes`` each, on a plane of ``plane_bytes``."""
+
+    plane: NonNegativeInt
+    group: str
+    kind: GroupKind
+    layer: NonNegativeInt
+    pages: PositiveInt
+    unit_bytes: PositiveInt
+    plane_bytes: PositiveInt
+
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes the layer uses on the plane: ``pages * unit_bytes``."""
+        return self.pages * self.unit_bytes
+
+    @property
+    def padding_bytes(self) -> int:
+        """Bytes of the plane the layer leaves unused."""
+        return self.plane_bytes - self.payload_bytes
+
+
+def drawn_groups(plan: VllmPlan | ParentPlan, stage: int | None = None) -> tuple[Group, ...]:
+    """The groups a picture of ``plan`` shows: the whole model's, or one stage's that hold
+    layers (refuses a ``stage`` that is not a pipeline stage)."""
+    if stage is None:
+        return tuple(group for group in plan.groups if group.layers)
+    return tuple(group for group in stage_at(plan.stages, stage).groups if group.layers)
+
+
+def plane_cells(plan: VllmPlan | ParentPlan, stage: int | None = None) -> tuple[PlaneCell, ...]:
+    """Every (group, plane) cell of the planes of one block (``vllm``) or parent (``parent``),
+    group by group. ``stage=None`` draws the whole model, else that pipeline stage.
+
+    >>> from k3layout import Deployment, plan, preset
+    >>> cells = plane_cells(plan(preset("kimi-k3-dspark"), Deployment(attn_tp=8, spec_tokens=2)))
+    >>> len(cells), cells[0].layer, cells[0].padding_bytes  # 29 + 3 x 23; 884,736 - 832,512
+    (98, 0, 52224)
+    """
+    if not isinstance(plan, VllmPlan | ParentPlan):
+        raise Refusal(
+            "invalid_argument",
+            f"draw_planes takes a vllm or parent plan, not {type(plan).__name__}",
+            facts={"type": type(plan).__name__},
+            hint="pass the result of k3layout.plan(model, deployment)",
+        )
+    state_bytes = plan.sizes.kda_state_bytes
+    cells: list[PlaneCell] = []
+    for group in drawn_groups(plan, stage):
+        if isinstance(plan, VllmPlan):
+            plane_bytes, pages = plan.page_bytes, 1
+            unit = plan.page_bytes if group.kind == "attention" else state_bytes
+        else:
+            plane_bytes, pages = plan.packing.plane_bytes, plan.pages_per_parent(group)
+            unit = plan.mla_page_bytes if group.kind == "attention" else state_bytes
+        cells.extend(
+            PlaneCell(
+                plane=j,
+                group=group.name,
+                kind=group.kind,
+                layer=layer,
+                pages=pages,
+                unit_bytes=unit,
+                plane_bytes=plane_bytes,
+            )
+            for j, layer in enumerate(group.layers)
+        )
+    return tuple(cells)
+
+
+def _subtitle(plan: VllmPlan | ParentPlan, num_planes: int) -> str:
+    if isinstance(plan, VllmPlan):
+        return (
+            f"one block: {plan.block_tokens:,} tokens, a {plan.page_bytes:,} B page per layer "
+            f"on each of {num_planes} planes = {num_planes * plan.page_bytes:,} B"
+        )
+    packing = plan.packing
+    return (
+        f"one parent: packing p_m/p_l {packing.mla_pages}/{packing.state_pages}, "
+        f"{packing.plane_bytes:,} B planes x {num_planes} = "
+        f"{num_planes * packing.plane_bytes:,} B"
+    )
+
+
+def draw_planes(plan: VllmPlan | ParentPlan, *, stage: int | None = None) -> Figure:
+    """The planes of one block (``vllm``) or one parent (``parent``) of ``plan``: a column per
+    plane, a row per group, each layer's page labelled with its module layer, padding shaded.
+
+    ``stage=None`` draws the whole model's groups; an index draws that pipeline stage's.
+    """
+    cells = plane_cells(plan, stage)
+    groups = drawn_groups(plan, stage)
+    num_planes = max((len(group.layers) for group in groups), default=0)
+    colours = group_colours(groups)
+    rows = {group.name: len(groups) - 1 - index for index, group in enumerate(groups)}
+    width = max(8.5, 2.4 + 0.36 * num_planes)
+    figure = new_figure(width, 1.5 + 0.62 * len(groups))
+    ax = figure.add_subplot()
+    for j in range(num_planes):
+        ax.add_patch(
+            Rectangle(
+                (j + 0.02, -0.04),
+                0.96,
+                len(groups) + 0.02,
+                facecolor="none",
+                edgecolor=FRAME_EDGE,
+                linewidth=0.6,
+                gid=f"plane.{j}",
+            )
+        )
+    dividers: list[list[tuple[float, float]]] = []
+    offset = (1 - CELL_SIZE) / 2
+    for cell in cells:
+        x, y = cell.plane + offset, rows[cell.group] + offset
+        fraction = cell.payload_bytes / cell.plane_bytes
+        page_cell(
+            ax,
+            (x, y),
+            (CELL_SIZE, CELL_SIZE),
+            (fraction, colours[cell.group]),
+            (f"page.{cell.group}.{cell.layer}", f"padding.{cell.group}.{cell.layer}"),
+        )
+        if 1 < cell.pages <= MAX_DIVIDED_PAGES:
+            step = CELL_SIZE * cell.unit_bytes / cell.plane_bytes
+            dividers.extend(
+                [(x, y + k * step), (x + CELL_SIZE, y + k * step)] for k in range(1, cell.pages)
+            )
+        middle_page = (cell.pages - 1) // 2 + 0.5  # the label sits on the middle page
+        ax.text(
+            cell.plane + 0.5,
+            y + CELL_SIZE * middle_page * cell.unit_bytes / cell.plane_bytes,
+            str(cell.layer),
+            ha="center",
+            va="center",
+            fontsize=6.5,
+            color=LABEL_COLOUR,
+            bbox={"boxstyle": "square,pad=0.1", "facecolor": colours[cell.group], "linewidth": 0},
+            gid=f"label.{cell.group}.{cell.layer}",
+        )
+    for group in groups:
+        for j in range(len(group.layers), num_planes):
+            page_cell(
+                ax,
+                (j + offset, rows[group.name] + offset),
+                (CELL_SIZE, CELL_SIZE),
+                (0.0, colours[group.name]),
+                ("", f"unused.{group.name}.{j}"),
+            )
+    if dividers:
+        ax.add_collection(
+            LineCollection(dividers, colors=LABEL_COLOUR, linewidths=0.3, gid="dividers")
+        )
+    ax.set_xlim(0, max(num_planes, 1))
+    ax.set_ylim(-0.1, len(groups))
+    ax.set_xticks([j + 0.5 for j in range(num_planes)], [str(j) for j in range(num_planes)])
+    ax.tick_params(axis="x", labelsize=7, length=0)
+    ax.set_yticks(
+        [rows[g.name] + 0.5 for g in groups], [f"{g.name} ({len(g.layers)})" for g in groups]
+    )
+    ax.tick_params(axis="y", labelsize=8, length=0)
+    ax.set_xlabel("plane  (a cell: one layer's page on it, labelled with the module layer)")
+    for side in ("top", "right", "left", "bottom"):
+        ax.spines[side].set_visible(False)
+    where = "" if stage is None else f" | stage {stage}"
+    ax.set_title(
+        f"{deployment_title(plan.model.name, plan.deployment)}{where}\n"
+        f"{_subtitle(plan, num_planes)}",
+        fontsize=9,
+    )
+    handles = [Rectangle((0, 0), 1, 1, facecolor=colours[g.name], label=g.name) for g in groups] + [
+        padding_legend_patch()
+    ]
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.2),
+        ncol=min(len(handles), int(width // 1.7)),
+        fontsize=7,
+        frameon=False,
+    )
+    return figure

@@ -1,0 +1,173 @@
+"""The planes picture shows the plan: one column per plane, one page per layer on the plane of
+its position in its group, padding shaded to the byte."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+
+from k3layout import (
+    Deployment,
+    HybridModel,
+    KvCacheDtype,
+    ParentPlan,
+    Refusal,
+    VllmPlan,
+    plan,
+    plan_parent,
+    plan_vllm,
+)
+from k3layout.testing import plannable_inputs
+
+pytest.importorskip("matplotlib")
+
+from figures import by_gid, column, rectangles, texts
+from matplotlib.collections import LineCollection
+
+from k3layout.draw import draw_planes, plane_cells
+from k3layout.draw.figure import CELL_SIZE
+
+K3_TP8_SPEC2 = Deployment(attn_tp=8, spec_tokens=2)
+# S(8, 2): conv 3 x 96 x 128 / 8 channels x (4 - 1 + 2) rows x 2 B + recurrent 12 x 128 x 128 x 4 B
+S_TP8_SPEC2 = 3 * 96 * 128 // 8 * 5 * 2 + 96 // 8 * 128 * 128 * 4
+PAGE_TP8_SPEC2 = 1536 * 576  # the raised block x 576 fp8 latent bytes per token
+
+
+def shaded_bytes(rect_height: float, plane_bytes: int) -> float:
+    """Bytes a shaded rectangle stands for: the cell's full height is the whole plane."""
+    return rect_height / CELL_SIZE * plane_bytes
+
+
+def drawn_columns(plan_: VllmPlan | ParentPlan, stage: int | None = None) -> dict[int, set[str]]:
+    """Plane -> the ``group.layer`` pages drawn in its column."""
+    columns: dict[int, set[str]] = {}
+    for key, rect in rectangles(draw_planes(plan_, stage=stage), "page").items():
+        columns.setdefault(column(rect), set()).add(key)
+    return columns
+
+
+def test_a_vllm_block_of_k3_with_dspark_draws_29_planes_and_98_pages(
+    k3_dspark: HybridModel,
+) -> None:
+    result = plan(k3_dspark, K3_TP8_SPEC2)
+    figure = draw_planes(result)
+    assert len(by_gid(figure, "plane")) == result.num_planes == 29
+    pages = rectangles(figure, "page")
+    # 29 attention layers (24 target + 5 draft) and 3 KDA groups of 23.
+    assert len(pages) == 29 + 3 * 23
+    assert set(pages) == {f"{g.name}.{layer}" for g in result.groups for layer in g.layers}
+    labels = texts(figure, "label")
+    assert labels == {key: key.rsplit(".", 1)[1] for key in pages}
+
+
+def test_each_column_holds_layer_j_of_every_group_as_the_plan_aliases_them(
+    k3_dspark: HybridModel,
+) -> None:
+    result = plan(k3_dspark, K3_TP8_SPEC2)
+    expected = {
+        j: {f"{member.group}.{member.layer}" for member in members}
+        for j, members in enumerate(result.planes)
+    }
+    assert drawn_columns(result) == expected
+    # Plane 0: KDA layers 0, 1, 2 (one per strided group) ride attention layer 3's page.
+    assert expected[0] == {
+        "linear_attention_0.0",
+        "linear_attention_1.1",
+        "linear_attention_2.2",
+        "full_attention.3",
+    }
+
+
+def test_a_kda_page_shades_the_page_minus_the_state_and_an_attention_page_none(
+    k3_dspark: HybridModel,
+) -> None:
+    result = plan_vllm(k3_dspark, K3_TP8_SPEC2)
+    figure = draw_planes(result)
+    padding = rectangles(figure, "padding")
+    kda = {f"{g.name}.{layer}" for g in result.groups if g.kind == "kda" for layer in g.layers}
+    assert set(padding) == kda  # attention pages are the page exactly: nothing shaded
+    for rect in padding.values():
+        assert shaded_bytes(rect.get_height(), result.page_bytes) == pytest.approx(
+            PAGE_TP8_SPEC2 - S_TP8_SPEC2  # 884,736 - 832,512 = 52,224
+        )
+    # The six planes the KDA groups do not reach are shaded whole in each KDA row.
+    unused = rectangles(figure, "unused")
+    assert set(unused) == {f"linear_attention_{g}.{j}" for g in range(3) for j in range(23, 29)}
+
+
+@pytest.mark.parametrize(("attn_tp", "kv_dtype"), [(8, "fp8"), (32, "bf16"), (1, "fp8")])
+def test_a_parent_row_shades_exactly_the_groups_padding(
+    k3: HybridModel, attn_tp: int, kv_dtype: KvCacheDtype
+) -> None:
+    result = plan_parent(k3, Deployment(attn_tp=attn_tp, kv_dtype=kv_dtype))
+    figure = draw_planes(result)
+    plane = result.packing.plane_bytes
+    shaded: dict[str, float] = {}
+    for prefix in ("padding", "unused"):
+        for key, rect in rectangles(figure, prefix).items():
+            name = key.rsplit(".", 1)[0]
+            shaded[name] = shaded.get(name, 0.0) + shaded_bytes(rect.get_height(), plane)
+    frame = result.frame
+    for group in result.groups:
+        per_parent = result.pages_per_parent(group)
+        # padding_fraction = (parent / p_g - raw_g) / raw_g, so a parent wastes
+        # padding_fraction * p_g * raw_g bytes on the group: what its row shades.
+        expected = result.padding_fraction[group.name] * per_parent * frame.raw_bytes(group)
+        assert shaded.get(group.name, 0.0) == pytest.approx(expected, rel=1e-9, abs=1e-3)
+
+
+def test_the_1152_counterexample_draws_3_mla_pages_and_2_state_slots_per_plane(
+    k3: HybridModel,
+) -> None:
+    result = plan_parent(k3, Deployment(attn_tp=32, kv_dtype="bf16"))
+    cells = {(c.group, c.layer): c for c in plane_cells(result)}
+    assert cells[("full_attention", 3)].pages == 3  # 3 x 147,456 B bf16 pages = the plane
+    assert cells[("linear_attention_0", 0)].pages == 2  # 2 x 203,520 B states
+    # The plane: 3 x 128 tokens x 1,152 B; the state at TP 32: 3 x 384 x 3 x 2 + 3 x 128^2 x 4.
+    assert cells[("linear_attention_0", 0)].padding_bytes == 3 * 128 * 1152 - 2 * (
+        3 * 96 * 128 // 32 * 3 * 2 + 96 // 32 * 128 * 128 * 4
+    )
+    dividers = [a for a in draw_planes(result).findobj() if a.get_gid() == "dividers"]
+    assert isinstance(dividers[0], LineCollection)
+    # A line between pages inside a cell: 24 MLA cells x (3 - 1) + 69 state cells x (2 - 1).
+    assert len(dividers[0].get_segments()) == 24 * 2 + 69 * 1
+
+
+def test_a_pipeline_stage_draws_its_own_planes_and_layers(k3: HybridModel) -> None:
+    result = plan(k3, Deployment(attn_tp=1, pp=4))
+    stage = result.stages[1]
+    figure = draw_planes(result, stage=1)
+    assert len(by_gid(figure, "plane")) == stage.num_planes
+    drawn_layers = {int(key.rsplit(".", 1)[1]) for key in rectangles(figure, "page")}
+    assert drawn_layers == set(stage.layers)
+
+
+@settings(max_examples=12, deadline=None)
+@given(plannable_inputs())
+def test_every_plannable_input_draws_one_column_per_plane_and_one_page_per_layer(
+    inputs: tuple[HybridModel, Deployment],
+) -> None:
+    try:
+        result = plan(*inputs)
+    except Refusal as refusal:  # valid parallelism, yet a packing over the padding limit
+        assert refusal.code in {"padding_limit", "packing_search_exhausted"}
+        return
+    figure = draw_planes(result)
+    assert len(by_gid(figure, "plane")) == result.num_planes
+    assert drawn_columns(result) == {
+        j: {f"{m.group}.{m.layer}" for m in members} for j, members in enumerate(result.planes)
+    }
+
+
+def test_a_stage_that_is_not_a_stage_is_refused(k3: HybridModel) -> None:
+    with pytest.raises(Refusal) as caught:
+        draw_planes(plan(k3, Deployment(pp=2)), stage=2)
+    assert caught.value.code == "invalid_argument"
+    assert caught.value.facts == {"stage": 2, "pp": 2}
+
+
+def test_something_other_than_a_plan_is_refused() -> None:
+    with pytest.raises(Refusal) as caught:
+        draw_planes(Deployment())  # type: ignore[arg-type]
+    assert caught.value.code == "invalid_argument"
+    assert caught.value.facts == {"type": "Deployment"}
