@@ -1,4 +1,5 @@
-"""The ``k3layout`` command line: ``plan`` and ``sweep`` (exit 2 on a refusal)."""
+"""The ``k3layout`` command line: ``plan``, ``sweep``, ``transfer``, ``ride`` and ``draw``
+(exit 2 on a refusal)."""
 
 from __future__ import annotations
 

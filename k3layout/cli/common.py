@@ -7,12 +7,13 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 from pydantic import ValidationError
 from rich.console import Console
 
 from ..deployment import ENGINES, Deployment
-from ..dtypes import KV_CACHE_DTYPES
+from ..dtypes import KV_CACHE_DTYPES, KvCacheDtype
 from ..errors import Refusal
 from ..model import PRESETS, HybridModel, load_config, preset
 
@@ -132,6 +133,31 @@ def run_refusing(action: Callable[[], int], as_json: bool) -> int:
         return action()
     except Refusal as refusal:
         return refused(refusal, as_json)
+
+
+def parse_ints(text: str, option: str) -> tuple[int, ...]:
+    """Comma-separated integers of ``option`` (refused, naming the option, when not)."""
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise Refusal(
+            "invalid_argument",
+            f"{option}={text!r} must be comma-separated integers",
+            facts={"option": option},
+        ) from None
+
+
+def parse_dtypes(text: str) -> tuple[KvCacheDtype, ...]:
+    """Comma-separated cache dtypes of ``--dtypes`` (refused, naming the allowed ones)."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [name for name in names if name not in KV_CACHE_DTYPES]
+    if unknown:
+        raise Refusal(
+            "invalid_argument",
+            f"--dtypes: {unknown} are not cache dtypes (allowed: {', '.join(KV_CACHE_DTYPES)})",
+            facts={"option": "--dtypes"},
+        )
+    return cast(tuple[KvCacheDtype, ...], names)
 
 
 def format_layers(layers: Sequence[int]) -> str:

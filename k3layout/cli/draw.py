@@ -28,9 +28,10 @@ from .common import (
     add_model_options,
     deployment_from_args,
     model_from_args,
+    parse_dtypes,
+    parse_ints,
     run_refusing,
 )
-from .sweep import _dtypes, _ints
 from .transfer import deployments_from_args
 
 if TYPE_CHECKING:
@@ -136,8 +137,8 @@ def _sweep_picture(args: argparse.Namespace) -> Figure:
     from .. import draw  # noqa: PLC0415 - matplotlib only when a picture is asked for
 
     model = model_from_args(args)
-    tps = default_attn_tps(model) if args.tps is None else _ints(args.tps, "--tps")
-    cells = sweep(model, tps, _dtypes(args.dtypes), ENGINES, deployment_from_args(args))
+    tps = default_attn_tps(model) if args.tps is None else parse_ints(args.tps, "--tps")
+    cells = sweep(model, tps, parse_dtypes(args.dtypes), ENGINES, deployment_from_args(args))
     return draw.draw_sweep(cells, quantity=args.quantity, title=f"{model.name}: {args.quantity}")
 
 

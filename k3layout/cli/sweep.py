@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import cast
 
 from rich.table import Table
 
 from ..deployment import ENGINES
-from ..dtypes import KV_CACHE_DTYPES, KvCacheDtype
-from ..errors import Refusal
 from ..sweep import SweepCell, default_attn_tps, sweep
 from .common import (
     add_deployment_options,
@@ -18,6 +15,8 @@ from .common import (
     console,
     deployment_from_args,
     model_from_args,
+    parse_dtypes,
+    parse_ints,
     run_refusing,
 )
 
@@ -33,29 +32,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(run=run)
 
 
-def _ints(text: str, option: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise Refusal(
-            "invalid_argument",
-            f"{option}={text!r} must be comma-separated integers",
-            facts={"option": option},
-        ) from None
-
-
-def _dtypes(text: str) -> tuple[KvCacheDtype, ...]:
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = [name for name in names if name not in KV_CACHE_DTYPES]
-    if unknown:
-        raise Refusal(
-            "invalid_argument",
-            f"--dtypes: {unknown} are not cache dtypes (allowed: {', '.join(KV_CACHE_DTYPES)})",
-            facts={"option": "--dtypes"},
-        )
-    return cast(tuple[KvCacheDtype, ...], names)
-
-
 def _cell_text(cell: SweepCell) -> str:
     if cell.refusal is not None:
         return f"[red]refused: {cell.refusal}[/red]"
@@ -67,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
 
     def action() -> int:
         model = model_from_args(args)
-        tps = default_attn_tps(model) if args.tps is None else _ints(args.tps, "--tps")
-        dtypes = _dtypes(args.dtypes)
+        tps = default_attn_tps(model) if args.tps is None else parse_ints(args.tps, "--tps")
+        dtypes = parse_dtypes(args.dtypes)
         cells = sweep(model, tps, dtypes, ENGINES, deployment_from_args(args))
         if args.json:
             print(json.dumps([cell.model_dump(mode="json") for cell in cells], indent=2))
