@@ -1,0 +1,130 @@
+"""Allocate a plan's KV cache on CPU with the engine's real aliasing.
+
+``vllm``: one ``uint8 [num_blocks, page]`` tensor per plane (vLLM's ``KVCacheTensor``); every
+layer's tensors are strided views cut from its plane, so KDA layer ``j`` of every group and
+attention layer ``j`` share plane ``j``'s bytes. ``parent``: one arena of ``bind(n)`` bytes, the
+planes consecutive in it. The views follow :func:`~k3layout.torch.specs.cache_spec`; the
+registered mapping has the form vLLM hands a connector: a tensor per attention layer (and DSA
+index region), a tuple ``(conv_q, conv_k, conv_v, recurrent)`` per KDA layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, TypeAlias
+
+import torch
+
+from ..layouts import ParentPlan, VllmPlan
+from ..offload import LayerNames
+from ..sizes import ConvLayout
+from .specs import DEFAULT_CONV_LAYOUT, CacheSpec, ElementDtype, PartSpec, cache_spec
+
+TORCH_DTYPES: Final[dict[ElementDtype, torch.dtype]] = {
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+}
+"""The torch dtype of every element dtype the planner names."""
+
+Registered: TypeAlias = Mapping[str, torch.Tensor | Sequence[torch.Tensor]]
+"""What an engine registers per layer name: one tensor, or a KDA layer's parts (vLLM hands a
+list ``[conv_q, conv_k, conv_v, recurrent]``)."""
+
+
+def parts_of(value: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """A registered value as its tuple of parts (one tensor is a tuple of one)."""
+    return (value,) if isinstance(value, torch.Tensor) else tuple(value)
+
+
+def cut(plane: torch.Tensor, part: PartSpec) -> torch.Tensor:
+    """The view of ``part`` on a ``uint8`` ``plane`` (vLLM's ``as_strided`` over the raw bytes).
+
+    >>> plane = torch.zeros(2, 8, dtype=torch.uint8)  # 2 blocks of an 8-byte page
+    >>> spec = PartSpec(part="recurrent", dtype="float32", shape=(2, 1, 1, 1),
+    ...                 strides=(2, 1, 1, 1), offset_bytes=4)
+    >>> view = cut(plane, spec)
+    >>> view[1] = 1.0
+    >>> plane[1].view(torch.float32).tolist()  # block 1, the state's float after 4 B
+    [0.0, 1.0]
+    """
+    dtype = TORCH_DTYPES[part.dtype]
+    typed = plane.reshape(-1).view(dtype)
+    start = typed.storage_offset() + part.offset_bytes // part.elem_bytes
+    return torch.as_strided(typed, part.shape, part.strides, start)
+
+
+@dataclass(frozen=True, eq=False)
+class Allocation:
+    """One rank's allocated cache: ``planes`` (``uint8``; vLLM ``[num_blocks, page]`` each, the
+    parent arena's planes ``[plane_bytes]`` each) and every registered layer's tensors."""
+
+    spec: CacheSpec
+    planes: tuple[torch.Tensor, ...]
+    layers: Mapping[str, tuple[torch.Tensor, ...]]
+
+    @property
+    def registered(self) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
+        """The layers as an engine registers them: a tensor per attention layer and index
+        region, the tuple ``(conv_q, conv_k, conv_v, recurrent)`` per KDA layer."""
+        return {
+            layer.name: self.layers[layer.name]
+            if layer.kind == "kda"
+            else self.layers[layer.name][0]
+            for layer in self.spec.layers
+        }
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes allocated."""
+        return sum(plane.numel() for plane in self.planes)
+
+
+def allocate(
+    plan: VllmPlan | ParentPlan,
+    num_blocks: int,
+    *,
+    stage: int = 0,
+    conv_layout: ConvLayout = DEFAULT_CONV_LAYOUT,
+    names: LayerNames | None = None,
+    fill: int | None = 0,
+    device: torch.device | str = "cpu",
+) -> Allocation:
+    """Allocate ``plan``'s cache for a rank of pipeline stage ``stage``.
+
+    ``num_blocks`` is vLLM's block count, or the parent engine's usable parents. ``fill`` is
+    the byte every plane starts with (``None``: uninitialised, as ``torch.empty``).
+
+    >>> from k3layout import Deployment, plan, preset
+    >>> cache = allocate(plan(preset("kimi-linear-48b"), Deployment(attn_tp=8)), num_blocks=2)
+    >>> latent = cache.registered["model.layers.3.self_attn.attn"]
+    >>> conv_q, _, _, state = cache.registered["model.layers.0.self_attn"]
+    >>> latent.shape, conv_q.shape, state.shape
+    (torch.Size([2, 512, 576]), torch.Size([2, 3, 512]), torch.Size([2, 4, 128, 128]))
+    >>> conv_q.data_ptr() == latent.data_ptr()  # KDA layer 0 of every group rides plane 0
+    True
+    """
+    spec = cache_spec(plan, num_blocks, stage=stage, conv_layout=conv_layout, names=names)
+    if spec.engine == "vllm":  # one allocation per plane, as vLLM's KVCacheTensors
+        planes = tuple(
+            _buffer((spec.num_blocks, spec.page_bytes), fill, device)
+            for _ in range(spec.num_planes)
+        )
+    else:  # one arena, planes consecutive
+        arena = _buffer((spec.num_planes, spec.plane_bytes), fill, device)
+        planes = tuple(arena[j] for j in range(spec.num_planes))
+    layers = {
+        layer.name: tuple(cut(planes[layer.plane], part) for part in layer.parts)
+        for layer in spec.layers
+    }
+    return Allocation(spec=spec, planes=planes, layers=layers)
+
+
+def _buffer(shape: tuple[int, ...], fill: int | None, device: torch.device | str) -> torch.Tensor:
+    if fill is None:
+        return torch.empty(shape, dtype=torch.uint8, device=device)
+    return torch.full(shape, fill, dtype=torch.uint8, device=device)

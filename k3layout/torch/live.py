@@ -1,0 +1,337 @@
+"""Validate the tensors an engine registered against the plan, before anything runs.
+
+Per registered name the engine hands one tensor (an attention layer, a DSA index region) or a
+KDA layer's tuple ``(conv_q, conv_k, conv_v, recurrent)``. :func:`validate` reads each tensor's
+address (``data_ptr``), strides and sizes and checks, in order:
+
+1. the names: every layer of the stage, no other (``tensor_mismatch``, naming both lists);
+2. the engine's KV-cache groups, when given: the plan's groups, in order (``aliasing``);
+3. every tensor: count, dtype, shape and strides as the plan cuts them (``tensor_mismatch``);
+4. every address: each layer at its plane's base plus its part's offset, planes disjoint
+   (``aliasing``); the base of plane ``j`` is read off the attention layer at position ``j``;
+5. ``vllm``: the ride's aliasing check on the publish order (``aliasing``): KDA layer ``j`` of
+   every group starts at published plane ``j`` (:func:`~k3layout.offload.check_aliasing`).
+
+Every refusal names the layer, its group and its plane. The result, a :class:`LiveLayout`, is
+what the image and transfer helpers take as proof the layout was checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import pairwise
+from typing import Literal
+
+import torch
+from pydantic import NonNegativeInt
+
+from .._frozen import Frozen
+from ..errors import Fact, Refusal
+from ..layouts import ParentPlan, Plan, VllmPlan
+from ..layouts.groups import stage_at
+from ..offload import LayerNames, TensorView, check_aliasing, engine_layer_names, plane_order
+from ..offload.stage import attention_groups, num_image_planes, ride_stage, vllm_plan_of
+from ..sizes import ConvLayout
+from .allocation import TORCH_DTYPES, Registered
+from .specs import DEFAULT_CONV_LAYOUT, CacheSpec, LayerSpec, PartSpec, cache_spec
+
+
+class LiveLayout(Frozen):
+    """A registered layout that matched its plan: the spec it matched, every layer's
+    :class:`~k3layout.offload.TensorView` and, for ``vllm``, the publish order it was checked
+    under (aliased planes first)."""
+
+    plan: Plan
+    spec: CacheSpec
+    names: LayerNames
+    views: tuple[tuple[str, TensorView], ...]
+    plane_bases: tuple[NonNegativeInt, ...]
+    published: tuple[str, ...]
+
+    def view(self, name: str) -> TensorView:
+        """The view of the layer registered as ``name``."""
+        for key, value in self.views:
+            if key == name:
+                return value
+        raise Refusal(
+            "layer_names",
+            f"{name!r} is not an attention or KDA layer registered on stage {self.spec.stage}",
+            facts={"name": name, "stage": self.spec.stage},
+            hint="use a name of LiveLayout.views",
+        )
+
+
+def tensor_view(value: torch.Tensor | Sequence[torch.Tensor]) -> TensorView:
+    """A registered value as the ride sees it: where its first tensor starts, the bytes from
+    one block to the next (``stride(0) x element size``) and the blocks it spans.
+
+    >>> tensor_view(torch.zeros(3, 4, dtype=torch.float32)).block_stride_bytes
+    16
+    """
+    first = value if isinstance(value, torch.Tensor) else value[0]
+    if first.dim() == 0:
+        raise Refusal(
+            "tensor_mismatch",
+            "a registered cache tensor has no block axis (a 0-d tensor)",
+            facts={"shape": ()},
+            hint="register num_blocks x ... views",
+        )
+    stride = first.stride(0) * first.element_size()
+    return TensorView(
+        base_address=first.data_ptr(), block_stride_bytes=stride, num_bytes=first.shape[0] * stride
+    )
+
+
+def _refuse(
+    code: Literal["aliasing", "tensor_mismatch"],
+    layer: LayerSpec,
+    message: str,
+    hint: str,
+    **facts: Fact,
+) -> Refusal:
+    """A refusal naming ``layer``: its name, group, position in the group and plane."""
+    where: dict[str, Fact] = {
+        "layer_name": layer.name,
+        "group": layer.group,
+        "position": layer.position,
+        "plane": layer.plane,
+    }
+    return Refusal(code, f"{layer.where}: {message}", facts={**where, **facts}, hint=hint)
+
+
+def _check_names(spec: CacheSpec, registered: Registered) -> None:
+    expected = spec.names
+    missing = tuple(name for name in expected if name not in registered)
+    extra = tuple(sorted(name for name in registered if name not in set(expected)))
+    if missing or extra:
+        raise Refusal(
+            "tensor_mismatch",
+            f"stage {spec.stage}: the registered layers are not the plan's {len(expected)} "
+            f"(missing {list(missing[:4])}{' ...' if len(missing) > 4 else ''}, "
+            f"extra {list(extra[:4])}{' ...' if len(extra) > 4 else ''})",
+            facts={"stage": spec.stage, "missing": missing, "extra": extra},
+            hint="register every attention and KDA layer of the stage once, under its engine name",
+        )
+
+
+def _check_groups(
+    plan: VllmPlan | ParentPlan, stage: int, names: LayerNames, groups: Sequence[Sequence[str]]
+) -> None:
+    planned = [g for g in stage_at(plan.stages, stage).groups if g.layers]
+    given = [tuple(g) for g in groups]
+    for index, group in enumerate(planned):
+        want = tuple(names.name(layer) for layer in group.layers)
+        got = given[index] if index < len(given) else ()
+        if got == want:
+            continue
+        position = next(
+            (j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None
+        )
+        position = min(len(got), len(want)) if position is None else position
+        found = got[position] if position < len(got) else None
+        expected = want[position] if position < len(want) else None
+        raise Refusal(
+            "aliasing",
+            f"stage {stage}: the engine's KV-cache group {index} holds {found} at layer "
+            f"{position} (plane {position}); the plan's group {group.name} holds {expected} there",
+            facts={
+                "stage": stage,
+                "group": group.name,
+                "group_index": index,
+                "position": position,
+                "plane": position,
+                "found": found,
+                "expected": expected,
+            },
+            hint="group the layers as the plan does (vLLM: strided, bucket[i::num_groups])",
+        )
+    if len(given) > len(planned):
+        raise Refusal(
+            "aliasing",
+            f"stage {stage}: the engine has {len(given)} KV-cache groups, the plan {len(planned)}",
+            facts={"stage": stage, "num_groups": len(given), "expected_groups": len(planned)},
+            hint="group the layers as the plan does",
+        )
+
+
+def _num_blocks(plan: VllmPlan | ParentPlan, layer: LayerSpec, first: torch.Tensor) -> int:
+    """The block (or usable parent) count the first layer's first tensor was allocated for."""
+    leading = first.shape[0] if first.dim() else 0
+    if isinstance(plan, VllmPlan):
+        return max(leading, 1)
+    if layer.kind == "kda":
+        return max(leading - 1, 1)
+    return max((leading - 1) // plan.packing.mla_pages, 1)
+
+
+def _parts(layer: LayerSpec, value: object) -> tuple[torch.Tensor, ...]:
+    parts = (value,) if isinstance(value, torch.Tensor) else value
+    if not isinstance(parts, tuple | list) or not all(isinstance(p, torch.Tensor) for p in parts):
+        raise _refuse(
+            "tensor_mismatch",
+            layer,
+            f"registered a {type(value).__name__}, not tensors",
+            "register a tensor, or a KDA layer's (conv_q, conv_k, conv_v, recurrent)",
+            type=type(value).__name__,
+        )
+    if len(parts) != len(layer.parts):
+        raise _refuse(
+            "tensor_mismatch",
+            layer,
+            f"{len(parts)} tensors registered, the plan cuts {len(layer.parts)} "
+            f"({', '.join(p.part for p in layer.parts)})",
+            f"register ({', '.join(p.part for p in layer.parts)})",
+            num_tensors=len(parts),
+            expected_tensors=len(layer.parts),
+        )
+    return tuple(parts)
+
+
+def _check_part(layer: LayerSpec, part: PartSpec, tensor: torch.Tensor) -> None:
+    dtype = TORCH_DTYPES[part.dtype]
+    if tensor.dtype != dtype:
+        raise _refuse(
+            "tensor_mismatch",
+            layer,
+            f"{part.part} is {tensor.dtype}, the plan's is {dtype}",
+            f"register {part.part} as {dtype}",
+            part=part.part,
+            dtype=str(tensor.dtype),
+            expected_dtype=str(dtype),
+        )
+    for what, got, want in (
+        ("shape", tuple(tensor.shape), part.shape),
+        ("strides", tuple(tensor.stride()), part.strides),
+    ):
+        if got != want:
+            raise _refuse(
+                "tensor_mismatch",
+                layer,
+                f"{part.part} has {what} {got}, the plan's is {want}",
+                f"cut {part.part} from its plane as {list(part.shape)} with strides "
+                f"{list(part.strides)} (elements)",
+                part=part.part,
+                **{what: got, f"expected_{what}": want},
+            )
+
+
+def _plane_bases(spec: CacheSpec, parts: dict[str, tuple[torch.Tensor, ...]]) -> tuple[int, ...]:
+    """Plane ``j``'s base address: read off the attention layer at position ``j`` (the first
+    layer on the plane when no attention layer is); a parent's planes follow plane 0's."""
+    anchors: dict[int, int] = {}
+    for kind in ("attention", "index", "kda"):
+        for layer in spec.layers:
+            if layer.kind == kind and layer.plane not in anchors:
+                first = parts[layer.name][0]
+                anchors[layer.plane] = first.data_ptr() - layer.parts[0].offset_bytes
+    if spec.engine == "parent":
+        return tuple(anchors[0] + j * spec.plane_bytes for j in range(spec.num_planes))
+    return tuple(anchors[j] for j in range(spec.num_planes))
+
+
+def _check_addresses(
+    spec: CacheSpec, parts: dict[str, tuple[torch.Tensor, ...]], bases: tuple[int, ...]
+) -> None:
+    order = sorted(range(spec.num_planes), key=lambda j: bases[j])
+    for left, right in pairwise(order):
+        if bases[left] + spec.plane_bytes > bases[right]:
+            on_plane = [layer for layer in spec.layers if layer.plane == right]
+            owner = next((la for la in on_plane if la.kind == "attention"), on_plane[0])
+            raise _refuse(
+                "aliasing",
+                owner,
+                f"plane {right} starts {bases[right] - bases[left]} B after plane {left}, inside "
+                f"its {spec.plane_bytes} B",
+                "give every plane its own num_blocks x page bytes",
+                other_plane=left,
+                plane_bytes=spec.plane_bytes,
+            )
+    for layer in spec.layers:
+        for part, tensor in zip(layer.parts, parts[layer.name], strict=True):
+            address = tensor.data_ptr()
+            if address == bases[layer.plane] + part.offset_bytes:
+                continue
+            found = next(
+                (j for j in order if bases[j] <= address < bases[j] + spec.plane_bytes), None
+            )
+            offset = 0 if found is None else address - bases[found]
+            on = "no plane" if found is None else f"plane {found}, {offset} B past its start"
+            raise _refuse(
+                "aliasing",
+                layer,
+                f"{part.part} starts on {on}; the plan puts it on plane {layer.plane}, "
+                f"{part.offset_bytes} B past its start",
+                f"cut layer {layer.position} of every group from plane {layer.position}",
+                part=part.part,
+                found_plane=found,
+                offset_bytes=offset,
+                expected_offset_bytes=part.offset_bytes,
+            )
+
+
+def _publishes(plan: VllmPlan, stage: int) -> bool:
+    """Whether the stage's state can ride: every image plane has an attention layer."""
+    held = ride_stage(plan, stage)
+    longest = max((len(group.layers) for group in attention_groups(held)), default=0)
+    return num_image_planes(held) <= longest
+
+
+def validate(
+    plan: VllmPlan | ParentPlan,
+    registered: Registered,
+    *,
+    published: Sequence[str] | None = None,
+    groups: Sequence[Sequence[str]] | None = None,
+    stage: int = 0,
+    conv_layout: ConvLayout = DEFAULT_CONV_LAYOUT,
+    names: LayerNames | None = None,
+) -> LiveLayout:
+    """Check the tensors an engine ``registered`` against ``plan``; refuse what does not match.
+
+    ``published`` is the engine's PAGE publish order (``vllm`` only); ``None`` publishes as the
+    ride does, aliased planes first, matched on the addresses found (and skips the ride's check
+    on a pipeline stage whose state cannot ride: more KDA positions than attention layers).
+    ``groups`` are the engine's KV-cache groups as name lists, checked against the plan's when
+    given.
+
+    >>> from k3layout import Deployment, plan, preset
+    >>> from k3layout.torch import allocate
+    >>> p = plan(preset("kimi-k3-dspark"), Deployment(attn_tp=8, spec_tokens=2))
+    >>> live = validate(p, allocate(p, num_blocks=1).registered)
+    >>> live.spec.num_blocks, live.published[:2], len(live.published)
+    (1, ('model.layers.3.self_attn.attn', 'model.layers.7.self_attn.attn'), 29)
+    """
+    names = names or engine_layer_names(plan.model)
+    probe = cache_spec(plan, 1, stage=stage, conv_layout=conv_layout, names=names)
+    _check_names(probe, registered)
+    if groups is not None:
+        _check_groups(plan, stage, names, groups)
+    parts = {layer.name: _parts(layer, registered[layer.name]) for layer in probe.layers}
+    first = probe.layers[0]
+    num_blocks = _num_blocks(plan, first, parts[first.name][0])
+    spec = cache_spec(plan, num_blocks, stage=stage, conv_layout=conv_layout, names=names)
+    for layer in spec.layers:
+        for part, tensor in zip(layer.parts, parts[layer.name], strict=True):
+            _check_part(layer, part, tensor)
+    bases = _plane_bases(spec, parts)
+    _check_addresses(spec, parts, bases)
+    views = {
+        layer.name: tensor_view(parts[layer.name]) for layer in spec.layers if layer.kind != "index"
+    }
+    order: tuple[str, ...] = ()
+    if published is not None or (isinstance(plan, VllmPlan) and _publishes(plan, stage)):
+        vllm = vllm_plan_of(plan)
+        order = (
+            plane_order(vllm, stage=stage, names=names, views=views).order
+            if published is None
+            else tuple(published)
+        )
+        check_aliasing(vllm, views, order, stage=stage, names=names)
+    return LiveLayout(
+        plan=plan,
+        spec=spec,
+        names=names,
+        views=tuple(views.items()),
+        plane_bases=bases,
+        published=order,
+    )

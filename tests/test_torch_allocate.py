@@ -1,0 +1,184 @@
+"""Allocation as the engines do it: vLLM planes shared by layer j of every group, per-layer views
+cut from each page; the parent arena laid out by bind(n)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+from hypothesis import given, settings
+from torch_cases import small_plans
+
+from k3layout import (
+    Deployment,
+    HybridModel,
+    KDALayer,
+    MLALayer,
+    ParentPlan,
+    Refusal,
+    VllmPlan,
+    plan_parent,
+    plan_vllm,
+    preset,
+)
+from k3layout.offload import vllm_views
+from k3layout.torch import allocate, cache_spec, validate
+
+K3_TP8 = Deployment(attn_tp=8, spec_tokens=2)  # fp8
+
+
+@pytest.fixture(scope="module")
+def k3_plan() -> VllmPlan:
+    return plan_vllm(preset("kimi-k3-dspark"), K3_TP8)
+
+
+def test_k3_tp8_kda_views_are_conv_q_k_v_then_the_state_from_the_page_start(
+    k3_plan: VllmPlan,
+) -> None:
+    cache = allocate(k3_plan, num_blocks=2)
+    conv_q, conv_k, conv_v, state = cache.layers["model.layers.0.self_attn"]
+    rows = 4 - 1 + 2  # K - 1 + s
+    channels = 96 // 8 * 128  # heads on the rank x head dim
+    assert conv_q.shape == (2, rows, channels)  # time-major, vLLM's "DS" layout
+    assert state.shape == (2, 96 // 8, 128, 128)
+    assert (conv_q.dtype, state.dtype) == (torch.bfloat16, torch.float32)
+    page = 1536 * 576  # block 1,536 tokens x 576 B fp8 = 884,736
+    plane = cache.planes[0].data_ptr()
+    part = rows * channels * 2  # 15,360 B of bf16
+    assert [t.data_ptr() - plane for t in (conv_q, conv_k, conv_v, state)] == [
+        0,
+        part,
+        2 * part,
+        3 * part,  # 46,080: the recurrent state follows the three conv parts
+    ]
+    assert conv_q[1].data_ptr() - conv_q[0].data_ptr() == page  # the page is the block stride
+    assert state.stride(0) * 4 == page
+    # 832,512 B of state, the rest of the page is padding at its end
+    assert 3 * part + state[0].numel() * 4 == 832_512 < page
+
+
+def test_k3_tp8_mla_is_latent_rows_in_the_cache_dtype(k3_plan: VllmPlan) -> None:
+    cache = allocate(k3_plan, num_blocks=2)
+    (latent,) = cache.layers["model.layers.3.self_attn.attn"]
+    assert latent.shape == (2, 1536, 512 + 64) and latent.dtype == torch.float8_e4m3fn
+    assert latent.stride() == (1536 * 576, 576, 1)
+
+
+def test_layer_j_of_every_group_shares_plane_j_with_attention_layer_j(k3_plan: VllmPlan) -> None:
+    cache = allocate(k3_plan, num_blocks=2)
+    assert len(cache.planes) == 29  # 24 target + 5 draft attention layers
+    # Plane 5: KDA layers 20, 21, 22 (layer 5 of each group) and attention layer 4*5 + 3 = 23.
+    starts = {cache.layers[f"model.layers.{i}.self_attn"][0].data_ptr() for i in (20, 21, 22)}
+    starts.add(cache.layers["model.layers.23.self_attn.attn"][0].data_ptr())
+    assert starts == {cache.planes[5].data_ptr()}
+    # ...and writing the state writes the attention layer's page: one set of bytes.
+    cache.layers["model.layers.21.self_attn"][0][1].fill_(1.0)
+    assert cache.layers["model.layers.23.self_attn.attn"][0][1].to(torch.float32).abs().sum() > 0
+
+
+def test_the_views_are_the_ones_the_offload_plans_from_the_plane_addresses(
+    k3_plan: VllmPlan,
+) -> None:
+    cache = allocate(k3_plan, num_blocks=3)
+    planned = vllm_views(k3_plan, [plane.data_ptr() for plane in cache.planes], num_blocks=3)
+    assert dict(validate(k3_plan, cache.registered).views) == planned
+
+
+def test_channel_major_conv_parts_are_channels_by_rows(k3_plan: VllmPlan) -> None:
+    cache = allocate(k3_plan, num_blocks=1, conv_layout="channel_major")
+    conv_q = cache.layers["model.layers.0.self_attn"][0]
+    assert conv_q.shape == (1, 96 // 8 * 128, 4 - 1 + 2)
+
+
+def test_a_dsa_index_region_follows_the_latent_rows_in_the_page() -> None:
+    mla = MLALayer(num_heads=8, index_bytes_per_token=132)
+    model = HybridModel(name="dsa", model_type="x", layers=(mla,) * 3)
+    p = plan_vllm(model, Deployment(kv_dtype="bf16"))
+    cache = allocate(p, num_blocks=2)
+    (latent,) = cache.layers["model.layers.1.self_attn.attn"]
+    (index,) = cache.layers["model.layers.1.self_attn.attn.indexer.k_cache"]
+    assert index.shape == (2, 128, 132) and index.dtype == torch.uint8
+    # 128 latent rows of 576 bf16 come first, then the 128 index rows of 132 B
+    assert index.data_ptr() - latent.data_ptr() == 128 * 576 * 2
+    assert index.stride(0) == p.page_bytes == 128 * (576 * 2 + 132)
+
+
+def test_flashmla_fp8_rows_are_raw_656_byte_rows() -> None:
+    p = plan_vllm(preset("kimi-k3"), Deployment(attn_tp=8, kv_dtype="fp8_ds_mla"))
+    (latent,) = allocate(p, num_blocks=1).layers["model.layers.3.self_attn.attn"]
+    assert latent.dtype == torch.uint8
+    assert latent.shape[2] == 512 + 512 // 128 * 4 + 64 * 2  # fp8 latent, fp32 scales, bf16 rope
+
+
+def test_the_parent_arena_is_laid_out_by_bind() -> None:
+    p = plan_parent(preset("kimi-k3"), K3_TP8)
+    n = 2
+    cache = allocate(p, num_blocks=n)
+    binding = p.bind(n)
+    arena = cache.planes[0].data_ptr()
+    assert cache.num_bytes == binding.arena_bytes == (n + 1) * p.parent_bytes
+    names = validate(p, cache.registered).names
+    page_counts = {group.group: group.page_count for group in binding.groups}
+    for bound in binding.layers:
+        first = cache.layers[names.name(bound.layer)][0]
+        for page in range(page_counts[bound.group]):  # page 0 is the null page
+            if bound.kind == "attention":  # exact page stride: page x at x * page
+                address = first[page].data_ptr()
+            else:  # p_l states a parent: (parent, slot)
+                address = first[divmod(page, bound.pages_per_parent)].data_ptr()
+            assert address == arena + bound.page_offset(page)
+
+
+@settings(max_examples=100, deadline=None)
+@given(small_plans())
+def test_every_part_sits_at_its_offset_on_its_plane_back_to_back_inside_one_page(
+    case: tuple[VllmPlan | ParentPlan, int],
+) -> None:
+    p, stage = case
+    cache = allocate(p, num_blocks=2, stage=stage)
+    validate(p, cache.registered, stage=stage)  # what allocation builds, validation accepts
+    for layer in cache.spec.layers:
+        plane = cache.planes[layer.plane]
+        # page axes: a block (vllm, parent MLA pages) or (parent, page in parent) for state
+        page_axes = 2 if isinstance(p, ParentPlan) and layer.kind == "kda" else 1
+        end = layer.parts[0].offset_bytes
+        for part, tensor in zip(layer.parts, cache.layers[layer.name], strict=True):
+            assert tensor.data_ptr() - plane.data_ptr() == part.offset_bytes == end
+            end += math.prod(tensor.shape[page_axes:]) * tensor.element_size()
+        if layer.kind == "kda":
+            assert end == p.sizes.kda_state_bytes  # conv q, k, v, recurrent: S, nothing else
+        first = cache.layers[layer.name][0]
+        # a page's parts never spill into the next page (vllm: the page; parent: p_l states)
+        assert end <= first.stride(page_axes - 1) * first.element_size()
+
+
+def test_refuses_a_block_count_below_one_and_an_unknown_conv_layout(k3_plan: VllmPlan) -> None:
+    with pytest.raises(Refusal) as refused:
+        allocate(k3_plan, num_blocks=0)
+    assert (refused.value.code, refused.value.facts) == ("invalid_argument", {"num_blocks": "0"})
+    with pytest.raises(Refusal) as refused:
+        cache_spec(k3_plan, 1, conv_layout="diagonal")  # type: ignore[arg-type]
+    assert refused.value.code == "invalid_argument"
+    assert refused.value.facts == {"conv_layout": "'diagonal'"}
+
+
+def test_refuses_a_recurrent_state_that_starts_off_an_fp32_word() -> None:
+    # conv: 3 parts x 1 head x 1 channel x (4 - 1) rows x 2 B = 18 B: the fp32 state would
+    # start at byte 18, not a multiple of 4, and vLLM cannot cut it (nor can we).
+    kda = KDALayer(num_heads=1, head_dim=1, conv_kernel=4)
+    model = HybridModel(
+        name="odd", model_type="x", layers=(kda, MLALayer(num_heads=1, kv_lora_rank=8))
+    )
+    with pytest.raises(Refusal) as refused:
+        allocate(plan_vllm(model, Deployment()), num_blocks=1)
+    assert refused.value.code == "tensor_mismatch"
+    assert refused.value.facts == {
+        "part": "recurrent",
+        "dtype": "float32",
+        "bytes": 3 * 1 * 1 * 3 * 2,
+        "elem_bytes": 4,
+    }

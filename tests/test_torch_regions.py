@@ -1,0 +1,265 @@
+"""A stored prefix moved across TP by the transfer plan's segments: every consumer rank ends up
+with its head slice of the KDA state and every latent row, byte for byte, in its own blocks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+from k3layout import (
+    Deployment,
+    HybridModel,
+    KDALayer,
+    MLALayer,
+    Refusal,
+    VllmPlan,
+    plan_transfer,
+    plan_vllm,
+)
+from k3layout.model import kimi_layer_pattern
+from k3layout.sizes import ConvLayout
+from k3layout.torch import (
+    Allocation,
+    BlockTables,
+    LiveLayout,
+    Registered,
+    Tier,
+    allocate,
+    apply_segments,
+    block_tables,
+    restore_across_tp,
+    store_prefix,
+    tier_regions,
+    validate,
+)
+
+NUM_BLOCKS = 8
+
+
+def small_model(index_bytes: int = 0) -> HybridModel:
+    """Kimi's pattern over 8 layers, 4 KDA heads of 4 and an MLA latent of 16 + 8."""
+    mla = MLALayer(
+        num_heads=4, kv_lora_rank=16, qk_rope_head_dim=8, index_bytes_per_token=index_bytes
+    )
+    kda = KDALayer(num_heads=4, head_dim=4, conv_kernel=4)
+    return HybridModel(name="small", model_type="kimi_k3", layers=kimi_layer_pattern(8, mla, kda))
+
+
+def random_cache(p: VllmPlan, seed: int, conv_layout: ConvLayout, stage: int = 0) -> Allocation:
+    cache = allocate(p, NUM_BLOCKS, conv_layout=conv_layout, stage=stage)
+    gen = torch.Generator().manual_seed(seed)
+    for plane in cache.planes:
+        plane.copy_(torch.randint(0, 256, plane.shape, generator=gen, dtype=torch.uint8))
+    return cache
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+class Case:
+    """A prefix of two blocks stored on every rank of a PP_p x TP_p prefill (one tier per rank,
+    stage outer, TP rank inner), restored onto TP_d ranks."""
+
+    def __init__(
+        self,
+        tp_p: int,
+        tp_d: int,
+        conv_layout: ConvLayout,
+        index_bytes: int = 0,
+        pp: int = 1,
+        **common: object,
+    ) -> None:
+        self.model = small_model(index_bytes)
+        self.prefill = Deployment.model_validate({"attn_tp": tp_p, "pp": pp, **common})
+        self.decode = Deployment.model_validate({"attn_tp": tp_d, **common})
+        self.p_plan, self.d_plan = (
+            plan_vllm(self.model, self.prefill),
+            plan_vllm(self.model, self.decode),
+        )
+        self.conv_layout = conv_layout
+        self.tokens = 2 * self.p_plan.block_tokens
+        self.producers = [
+            random_cache(self.p_plan, rank, conv_layout, stage=rank // tp_p)
+            for rank in range(pp * tp_p)
+        ]
+        self.consumers = [random_cache(self.d_plan, 99 + rank, conv_layout) for rank in range(tp_d)]
+        self.p_tables = [
+            block_tables(self.p_plan, self.tokens, range(NUM_BLOCKS), stage=stage)
+            for stage in range(pp)
+        ]
+        self.d_tables = block_tables(self.d_plan, self.tokens, range(NUM_BLOCKS - 1, -1, -1))
+        self.tiers = [
+            store_prefix(
+                validate(self.p_plan, c.registered, conv_layout=conv_layout, stage=rank // tp_p),
+                c.registered,
+                self.p_tables[rank // tp_p],
+                self.tokens,
+            )
+            for rank, c in enumerate(self.producers)
+        ]
+
+    def producer_of(self, layer: int, consumer_tp_rank: int) -> tuple[Allocation, BlockTables]:
+        """The cache and tables of the prefill rank holding ``layer`` for a consumer."""
+        stage = next(s.index for s in self.p_plan.stages if layer in s.layers)
+        tp_p = self.prefill.attn_tp
+        rank = stage * tp_p + consumer_tp_rank // (self.decode.attn_tp // tp_p)
+        return self.producers[rank], self.p_tables[stage]
+
+    def transfer(self) -> None:
+        plan = plan_transfer(
+            self.model,
+            self.prefill,
+            self.decode,
+            prompt_tokens=self.tokens,
+            conv_layout=self.conv_layout,
+        )
+        restore_across_tp(plan, self.tiers, self.targets())
+
+    def targets(self) -> list[tuple[LiveLayout, Registered, BlockTables]]:
+        return [
+            (
+                validate(self.d_plan, c.registered, conv_layout=self.conv_layout),
+                c.registered,
+                self.d_tables,
+            )
+            for c in self.consumers
+        ]
+
+
+@pytest.mark.parametrize(
+    ("pp", "tp_p", "tp_d", "conv_layout", "spec_tokens"),
+    [
+        (1, 1, 2, "time_major", 0),
+        (1, 1, 4, "channel_major", 2),
+        (1, 2, 4, "time_major", 1),
+        (1, 2, 2, "channel_major", 0),
+        (2, 1, 2, "time_major", 2),  # each stage stores its own layers' prefix
+    ],
+)
+def test_each_consumer_gets_its_heads_of_the_state_and_every_latent_row(
+    pp: int, tp_p: int, tp_d: int, conv_layout: ConvLayout, spec_tokens: int
+) -> None:
+    case = Case(tp_p, tp_d, conv_layout, pp=pp, spec_tokens=spec_tokens)
+    case.transfer()
+    k = tp_d // tp_p  # consumers per producer: d takes slice d % k of producer d // k
+    names = case.tiers[0].layout.names
+    row = 1  # the state after 2 blocks sits in row (n - 1) // block
+    for d, consumer in enumerate(case.consumers):
+        for group in case.d_plan.groups:
+            dst_block = case.d_tables.table(group.name)
+            for layer in group.layers:
+                name = names.name(layer)
+                producer, tables = case.producer_of(layer, d)
+                src_block = tables.table(group.name)
+                if group.kind == "attention":  # latent rows are replicated: all of them
+                    for r in range(2):
+                        assert torch.equal(
+                            as_bytes(consumer.layers[name][0][dst_block[r]]),
+                            as_bytes(producer.layers[name][0][src_block[r]]),
+                        )
+                    continue
+                *convs, state = producer.layers[name]
+                *got_convs, got_state = consumer.layers[name]
+                heads = state.shape[1] // k
+                mine = slice(d % k * heads, (d % k + 1) * heads)
+                assert torch.equal(
+                    as_bytes(got_state[dst_block[row]]), as_bytes(state[src_block[row]][mine])
+                )
+                width = got_convs[0].shape[2 if conv_layout == "time_major" else 1]
+                cols = slice(d % k * width, (d % k + 1) * width)
+                for part, got in zip(convs, got_convs, strict=True):
+                    source = part[src_block[row]]
+                    want = source[:, cols] if conv_layout == "time_major" else source[cols]
+                    assert torch.equal(as_bytes(got[dst_block[row]]), as_bytes(want))
+
+
+def test_dsa_index_rows_travel_with_their_latent_rows() -> None:
+    case = Case(1, 2, "time_major", index_bytes=6)
+    case.transfer()
+    name = "model.layers.3.self_attn.attn.indexer.k_cache"
+    src = case.producers[0].layers[name][0]
+    for consumer in case.consumers:
+        for r in range(2):
+            got = consumer.layers[name][0][case.d_tables.table("full_attention")[r]]
+            assert torch.equal(got, src[case.p_tables[0].table("full_attention")[r]])
+
+
+def refusal(action: Callable[[], object]) -> Refusal:
+    with pytest.raises(Refusal) as refused:
+        action()
+    assert refused.value.hint
+    return refused.value
+
+
+def test_a_transfer_planned_for_another_conv_layout_or_prefix_is_refused() -> None:
+    case = Case(1, 2, "time_major")
+    other = plan_transfer(
+        case.model,
+        case.prefill,
+        case.decode,
+        prompt_tokens=case.tokens,
+        conv_layout="channel_major",
+    )
+    refused = refusal(lambda: restore_across_tp(other, case.tiers, case.targets()))
+    assert (refused.code, refused.facts) == (
+        "tensor_mismatch",
+        {"side": "producer", "conv_layout": "time_major", "transfer_conv_layout": "channel_major"},
+    )
+    shorter = plan_transfer(
+        case.model, case.prefill, case.decode, prompt_tokens=128, conv_layout="time_major"
+    )
+    refused = refusal(lambda: restore_across_tp(shorter, case.tiers, case.targets()))
+    assert (refused.code, refused.facts) == (
+        "invalid_argument",
+        {"computed_tokens": case.tokens, "prompt_tokens": 128},
+    )
+    # read directly, the regions of the shorter prefix do not match the tier's
+    refused = refusal(lambda: tier_regions(case.tiers[0], shorter.producer_regions(0)))
+    assert refused.code == "tensor_mismatch"
+    row = 24  # 16 + 8 fp8 latent elements
+    assert refused.facts == {
+        "field": "latent",
+        "layer": 3,
+        "size_bytes": 128 * row,
+        "tier_bytes": case.tokens * row,
+    }
+
+
+def test_rank_counts_must_match_the_transfer() -> None:
+    case = Case(1, 2, "time_major")
+    plan = plan_transfer(
+        case.model, case.prefill, case.decode, prompt_tokens=case.tokens, conv_layout="time_major"
+    )
+    refused = refusal(lambda: restore_across_tp(plan, case.tiers, case.targets()[:1]))
+    assert (refused.code, refused.facts) == (
+        "invalid_argument",
+        {"num_consumers": 2, "num_layouts": 1},
+    )
+    refused = refusal(lambda: apply_segments(plan, []))
+    assert (refused.code, refused.facts) == (
+        "invalid_argument",
+        {"num_producers": 1, "num_sources": 0},
+    )
+
+
+def test_replayssm_records_have_no_bytes_in_the_vllm_layout() -> None:
+    case = Case(1, 2, "time_major")
+    replay = Deployment(attn_tp=2, replayssm=True)
+    plan = plan_transfer(
+        case.model,
+        Deployment(replayssm=True),
+        replay,
+        prompt_tokens=case.tokens,
+        conv_layout="time_major",
+    )
+    regions = plan.producer_regions(0)
+    refused = refusal(lambda: tier_regions(case.tiers[0], regions))
+    assert refused.code == "tensor_mismatch"
+    assert refused.facts == {"field": "replay_k", "layer": 0}
+    assert isinstance(case.tiers[0], Tier)

@@ -1,0 +1,296 @@
+"""Validation of live tensors: accepts what the engine's allocation builds, refuses (naming layer,
+group and plane) every way a registered layout can differ from its plan."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+from k3layout import Deployment, Refusal, VllmPlan, plan_parent, plan_vllm, preset
+from k3layout.offload import engine_layer_names, name_order
+from k3layout.torch import (
+    Allocation,
+    LiveLayout,
+    PartSpec,
+    allocate,
+    cut,
+    validate,
+)
+
+K3_TP8 = Deployment(attn_tp=8, spec_tokens=2)
+
+Registered = dict[str, "torch.Tensor | tuple[torch.Tensor, ...]"]
+
+
+@pytest.fixture(scope="module")
+def k3_plan() -> VllmPlan:
+    return plan_vllm(preset("kimi-k3-dspark"), K3_TP8)
+
+
+@pytest.fixture
+def cache(k3_plan: VllmPlan) -> Allocation:
+    return allocate(k3_plan, num_blocks=1)
+
+
+def refusal(action: Callable[[], object]) -> Refusal:
+    with pytest.raises(Refusal) as refused:
+        action()
+    assert refused.value.hint, "every refusal says what would work"
+    return refused.value
+
+
+def recut(cache: Allocation, name: str, plane: int, shift: int = 0) -> tuple[torch.Tensor, ...]:
+    """Layer ``name``'s parts cut from plane ``plane``, ``shift`` bytes further in."""
+    return tuple(
+        cut(
+            cache.planes[plane],
+            PartSpec.model_validate(
+                {**part.model_dump(), "offset_bytes": part.offset_bytes + shift}
+            ),
+        )
+        for part in cache.spec.layer(name).parts
+    )
+
+
+def where(name: str, group: str, position: int, plane: int | None = None) -> dict[str, object]:
+    """The facts every layer refusal carries."""
+    return {
+        "layer_name": name,
+        "group": group,
+        "position": position,
+        "plane": position if plane is None else plane,
+    }
+
+
+def test_the_allocated_layout_validates_and_publishes_aliased_planes_first(
+    k3_plan: VllmPlan, cache: Allocation
+) -> None:
+    live = validate(k3_plan, cache.registered)
+    # K3 + DSpark: KDA layer j of every group rides attention layer 4j + 3, j < 23; the rest
+    # (layer 92 and the five draft layers) follow in name order.
+    assert live.published[:23] == tuple(
+        f"model.layers.{4 * j + 3}.self_attn.attn" for j in range(23)
+    )
+    assert live.published[23] == "draft.layers.0.self_attn.attn"
+    assert live.plane_bases == tuple(plane.data_ptr() for plane in cache.planes)
+    assert LiveLayout.model_validate_json(live.model_dump_json()) == live
+    assert hash(live) == hash(LiveLayout.model_validate_json(live.model_dump_json()))
+
+
+def test_a_missing_and_an_extra_layer_are_named(k3_plan: VllmPlan, cache: Allocation) -> None:
+    registered: Registered = dict(cache.registered)
+    del registered["model.layers.5.self_attn"]
+    registered["model.layers.99.self_attn"] = torch.zeros(1)
+    refused = refusal(lambda: validate(k3_plan, registered))
+    assert refused.code == "tensor_mismatch"
+    assert refused.facts == {
+        "stage": 0,
+        "missing": ("model.layers.5.self_attn",),
+        "extra": ("model.layers.99.self_attn",),
+    }
+
+
+def test_a_kda_layer_needs_its_four_tensors(k3_plan: VllmPlan, cache: Allocation) -> None:
+    registered: Registered = dict(cache.registered)
+    registered["model.layers.4.self_attn"] = cache.layers["model.layers.4.self_attn"][:3]
+    refused = refusal(lambda: validate(k3_plan, registered))
+    assert refused.code == "tensor_mismatch"
+    # module layer 4 is layer 1 of KDA group 0 (the groups are strided: 0, 4, 8, ...)
+    assert refused.facts == {
+        **where("model.layers.4.self_attn", "linear_attention_0", 1),
+        "num_tensors": 3,
+        "expected_tensors": 4,
+    }
+    registered["model.layers.4.self_attn"] = ("conv", "state")  # type: ignore[assignment]
+    assert refusal(lambda: validate(k3_plan, registered)).facts["type"] == "tuple"
+
+
+def test_a_dtype_that_is_not_the_plans(k3_plan: VllmPlan, cache: Allocation) -> None:
+    registered: Registered = dict(cache.registered)
+    latent = cache.registered["model.layers.7.self_attn.attn"]
+    assert isinstance(latent, torch.Tensor)
+    registered["model.layers.7.self_attn.attn"] = latent.view(torch.uint8)  # fp8 bytes as uint8
+    refused = refusal(lambda: validate(k3_plan, registered))
+    assert refused.code == "tensor_mismatch"
+    assert refused.facts == {
+        **where("model.layers.7.self_attn.attn", "full_attention", 1),
+        "part": "latent",
+        "dtype": "torch.uint8",
+        "expected_dtype": "torch.float8_e4m3fn",
+    }
+
+
+def test_a_conv_state_in_the_other_layout_is_a_shape_mismatch(
+    k3_plan: VllmPlan, cache: Allocation
+) -> None:
+    # channel-major views registered where the plan was validated time-major
+    channel_major = allocate(k3_plan, num_blocks=1, conv_layout="channel_major")
+    refused = refusal(lambda: validate(k3_plan, channel_major.registered))
+    assert refused.code == "tensor_mismatch"
+    rows, channels = 4 - 1 + 2, 96 // 8 * 128
+    assert refused.facts == {
+        **where("model.layers.0.self_attn", "linear_attention_0", 0),
+        "part": "conv_q",
+        "shape": (1, channels, rows),
+        "expected_shape": (1, rows, channels),
+    }
+    validate(k3_plan, channel_major.registered, conv_layout="channel_major")
+
+
+def test_a_wrong_stride_is_refused(k3_plan: VllmPlan) -> None:
+    cache = allocate(k3_plan, num_blocks=2)
+    registered: Registered = dict(cache.registered)
+    conv_q, conv_k, conv_v, state = cache.layers["model.layers.8.self_attn"]
+    # the state copied into its own tensor: the block stride is the state, not the page
+    registered["model.layers.8.self_attn"] = (conv_q, conv_k, conv_v, state.contiguous())
+    refused = refusal(lambda: validate(k3_plan, registered))
+    assert refused.code == "tensor_mismatch"
+    page = 1536 * 576
+    assert refused.facts == {
+        **where("model.layers.8.self_attn", "linear_attention_0", 2),
+        "part": "recurrent",
+        "strides": (96 // 8 * 128 * 128, 128 * 128, 128, 1),
+        "expected_strides": (page // 4, 128 * 128, 128, 1),
+    }
+
+
+def test_a_kda_layer_cut_from_the_wrong_plane_names_both_planes(
+    k3_plan: VllmPlan, cache: Allocation
+) -> None:
+    registered: Registered = dict(cache.registered)
+    registered["model.layers.5.self_attn"] = recut(cache, "model.layers.5.self_attn", plane=2)
+    refused = refusal(lambda: validate(k3_plan, registered))
+    assert refused.code == "aliasing"
+    assert refused.facts == {
+        **where("model.layers.5.self_attn", "linear_attention_1", 1),
+        "part": "conv_q",
+        "found_plane": 2,
+        "offset_bytes": 0,
+        "expected_offset_bytes": 0,
+    }
+    assert "plane 2" in str(refused) and "plane 1" in str(refused)
+
+
+def test_a_state_shifted_inside_its_plane_is_refused(k3_plan: VllmPlan, cache: Allocation) -> None:
+    registered: Registered = dict(cache.registered)
+    registered["model.layers.6.self_attn"] = recut(cache, "model.layers.6.self_attn", 1, shift=64)
+    refused = refusal(lambda: validate(k3_plan, registered))
+    assert refused.code == "aliasing"
+    assert (refused.facts["found_plane"], refused.facts["offset_bytes"]) == (1, 64)
+
+
+def test_permuted_layers_of_a_group_are_refused_at_the_first(
+    k3_plan: VllmPlan, cache: Allocation
+) -> None:
+    registered: Registered = dict(cache.registered)
+    # layers 1 and 2 of KDA group 2 (module layers 6 and 10) exchange their tensors
+    registered["model.layers.6.self_attn"] = cache.registered["model.layers.10.self_attn"]
+    registered["model.layers.10.self_attn"] = cache.registered["model.layers.6.self_attn"]
+    refused = refusal(lambda: validate(k3_plan, registered))
+    assert refused.code == "aliasing"
+    assert refused.facts["layer_name"] == "model.layers.6.self_attn"
+    assert (refused.facts["plane"], refused.facts["found_plane"]) == (1, 2)
+
+
+def test_swapped_groups_are_refused_against_the_engines_groups(
+    k3_plan: VllmPlan, cache: Allocation
+) -> None:
+    names = engine_layer_names(k3_plan.model)
+    groups = [[names.name(layer) for layer in group.layers] for group in k3_plan.groups]
+    validate(k3_plan, cache.registered, groups=groups)
+    groups[0], groups[1] = groups[1], groups[0]
+    refused = refusal(lambda: validate(k3_plan, cache.registered, groups=groups))
+    assert refused.code == "aliasing"
+    assert refused.facts == {
+        "stage": 0,
+        "group": "linear_attention_0",
+        "group_index": 0,
+        "position": 0,
+        "plane": 0,
+        "found": "model.layers.1.self_attn",
+        "expected": "model.layers.0.self_attn",
+    }
+
+
+def test_two_attention_layers_on_one_plane_are_refused(
+    k3_plan: VllmPlan, cache: Allocation
+) -> None:
+    registered: Registered = dict(cache.registered)
+    registered["model.layers.7.self_attn.attn"] = cache.registered["model.layers.3.self_attn.attn"]
+    refused = refusal(lambda: validate(k3_plan, registered))
+    assert refused.code == "aliasing"
+    assert refused.facts == {
+        **where("model.layers.7.self_attn.attn", "full_attention", 1),
+        "other_plane": 0,
+        "plane_bytes": 1536 * 576,
+    }
+
+
+def test_planes_published_in_name_order_are_refused_by_the_rides_check(
+    k3_plan: VllmPlan, cache: Allocation
+) -> None:
+    """The seed's first boot, on live tensors: with the draft, name order puts attention layer
+    3 (which KDA layer 0 of every group rides) at published plane 10."""
+    published = name_order(validate(k3_plan, cache.registered).published)
+    refused = refusal(lambda: validate(k3_plan, cache.registered, published=published))
+    assert refused.code == "aliasing"
+    facts = refused.facts
+    assert (facts["group"], facts["layer"], facts["found_plane"], facts["expected_plane"]) == (
+        0,
+        0,
+        10,
+        0,
+    )
+
+
+def test_a_stage_whose_state_cannot_ride_validates_without_a_publish_order() -> None:
+    p = plan_vllm(preset("kimi-k3"), Deployment(attn_tp=8, pp=8))
+    # stage 0 holds layers 0..10: attention 3 and 7, KDA groups (0, 4, 8), (1, 5, 9), (2, 6, 10)
+    cache = allocate(p, num_blocks=1, stage=0)
+    assert validate(p, cache.registered, stage=0).published == ()
+    refused = refusal(
+        lambda: validate(
+            p,
+            cache.registered,
+            stage=0,
+            published=("model.layers.3.self_attn.attn", "model.layers.7.self_attn.attn"),
+        )
+    )
+    assert refused.code == "aliasing"
+    assert (refused.facts["layer"], refused.facts["num_attention_planes"]) == (2, 2)
+
+
+def test_the_parent_arena_validates_and_refuses_a_misplaced_state() -> None:
+    p = plan_parent(preset("kimi-k3"), K3_TP8)
+    cache = allocate(p, num_blocks=2)
+    assert validate(p, cache.registered).published == ()
+    registered: Registered = dict(cache.registered)
+    registered["model.layers.1.self_attn"] = recut(cache, "model.layers.1.self_attn", 2)
+    refused = refusal(lambda: validate(p, registered))
+    assert refused.code == "aliasing"
+    # parent groups are contiguous runs: module layer 1 is layer 1 of linear_attention_0
+    assert refused.facts["layer_name"] == "model.layers.1.self_attn"
+    assert (refused.facts["plane"], refused.facts["found_plane"]) == (1, 2)
+    refused = refusal(lambda: validate(p, cache.registered, published=("x",)))
+    assert refused.code == "engine_mismatch"
+
+
+def test_vllms_list_of_state_tensors_is_accepted_and_views_are_named(
+    k3_plan: VllmPlan, cache: Allocation
+) -> None:
+    # vLLM hands a mamba layer's state as a list [conv_q, conv_k, conv_v, recurrent]
+    registered = {name: list(parts) for name, parts in cache.layers.items()}
+    live = validate(k3_plan, registered)
+    view = live.view("model.layers.4.self_attn")
+    assert view.base_address == cache.planes[1].data_ptr()  # layer 1 of its group: plane 1
+    assert view.block_stride_bytes == 1536 * 576
+    refused = refusal(lambda: live.view("model.layers.4.mlp"))
+    assert (refused.code, refused.facts) == (
+        "layer_names",
+        {"name": "model.layers.4.mlp", "stage": 0},
+    )
