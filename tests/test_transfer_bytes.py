@@ -40,7 +40,7 @@ def global_fields(
     if inputs.conv_layout == "channel_major":
         yield "conv", (3, heads, dim, rows), 2, 1  # q|k|v, head, channel, time; bf16
     else:
-        yield "conv", (rows, 3, heads, dim), 2, 2  # time, q|k|v, head, channel; bf16
+        yield "conv", (3, rows, heads, dim), 2, 2  # q|k|v, time, head, channel; bf16
     yield "recurrent", (heads, dim, dim), 4, 0  # fp32
     if decode.replayssm:
         length = max(decode.replayssm_cache_len, 2 * (decode.spec_tokens + 1))

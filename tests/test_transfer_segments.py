@@ -61,7 +61,7 @@ def test_time_major_conv_is_one_run_per_row_and_part(k3: HybridModel) -> None:
     conv = kda_fields(sizes.kda, None, "time_major")[0]
     segment = conv.segment(0, (2, 1), (8, 6))  # producer 1 of TP2 holds heads 48..95
     part = 12 * D * 2  # 12 heads x 128 channels, bf16
-    assert segment.num_copies == (K - 1 + 2) * 3  # 5 rows x q|k|v
+    assert segment.num_copies == 3 * (K - 1 + 2)  # q|k|v x 5 rows
     assert segment.length_bytes == part
     assert segment.src_offset_bytes == (6 % 4) * part  # consumer 6 is the 3rd of producer 1's 4
     assert segment.src_stride_bytes == 48 * D * 2 and segment.dst_stride_bytes == part

@@ -75,7 +75,7 @@ def image_attention_layers(stage: Stage) -> tuple[int, ...]:
                     "num_attention_planes": num_attention,
                 },
                 hint="split the pipeline so that every stage holds at least as many attention "
-                "layers as its longest KDA group (pp=1 always does for Kimi-K3)",
+                "layers as its longest KDA group (Kimi-K3 at pp=1 does)",
             )
         layers.append(owner.layers[plane])
     return tuple(layers)

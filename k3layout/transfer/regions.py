@@ -9,14 +9,14 @@ region is named by ``(field, module layer)``, never by its position among a stag
 
 Per rank, for ``tp`` attention TP ranks and ``s`` speculative tokens (K3: H 96, D 128, K 4)::
 
-    field      global array (TP1)          placed by      bytes on a rank
-    latent     (rows, bytes_per_token)     Replicate      rows x 576 (fp8); DCP: own rows
+    field      global array (TP1)          placed by   bytes on a rank
+    latent     (rows, bytes_per_token)     Replicate   rows x 576 (fp8); DCP: own rows
     conv       (3, H, D, K-1+s) ch.-major  Shard(1)    3*H*D/tp*(K-1+s)*2
-               (K-1+s, 3, H, D) time-major Shard(2)
+               (3, K-1+s, H, D) time-major Shard(2)    (q, k, v back to back, as vLLM keeps them)
     recurrent  (H, D, D) fp32              Shard(0)    H/tp*D*D*4
     replay_k/u (L, H, D) bf16              Shard(1)    L*H/tp*D*2     (ReplaySSM)
     replay_g   (L, H, D) fp32              Shard(1)    L*H/tp*D*4     (ReplaySSM)
-    cursor     (1,) int32, one per slot    Replicate      4              (ReplaySSM)
+    cursor     (1,) int32, one per slot    Replicate   4              (ReplaySSM)
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def kda_fields(
         )
         if conv_layout == "channel_major"
         else FieldLayout(
-            field="conv", shape=(rows, 3, heads, dim), elem_bytes=conv_elem, tp=Shard(dim=2)
+            field="conv", shape=(3, rows, heads, dim), elem_bytes=conv_elem, tp=Shard(dim=2)
         )
     )
     fields = [
