@@ -14,12 +14,10 @@ Exits 1 if the views copied a byte or the round trip is not byte-exact.
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
-from collections.abc import Callable
 
 import torch
+from timing import median_seconds
 
 from k3layout import Deployment, plan_vllm, preset
 from k3layout.offload import checkpoint_image, engine_layer_names
@@ -28,18 +26,6 @@ from k3layout.torch import PageUnits, allocate, image_units, pack_units, restore
 NUM_BLOCKS = 4
 SOURCE_BLOCKS = (3, 1, 0)  # the boundary block of KDA groups 0, 1, 2
 TARGET_BLOCKS = (0, 2, 3)
-REPEATS = 9
-
-
-def median_seconds(action: Callable[[], object], repeats: int = REPEATS) -> float:
-    """Median wall time of ``repeats`` calls (one warm-up call first)."""
-    action()
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        action()
-        runs.append(time.perf_counter() - start)
-    return statistics.median(runs)
 
 
 def bytes_copied(units: PageUnits, kda_pages: list[torch.Tensor]) -> int:

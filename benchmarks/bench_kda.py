@@ -9,13 +9,11 @@ sequences grow. Small heads keep the whole run under a minute on two cores.
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from functools import partial
 
 import torch
+from timing import median_seconds
 
 from k3layout.torch.kernels import kda_chunked, kda_recurrent
 
@@ -24,17 +22,6 @@ HEADS, HEAD_DIM = 4, 64  # small heads: K3 runs 96 x 128 (12 x 128 a rank at att
 CHUNK_TOKENS = 64  # fla's chunk_kda chunk size
 REPEATS = {256: 7, 1024: 5, 4096: 3}
 FLA_FP32_TOLERANCE = 5e-3  # fla's relative-RMS bound between its chunked and recurrent KDA
-
-
-def median_seconds(action: Callable[[], object], repeats: int) -> float:
-    """Median wall time of ``repeats`` calls (one warm-up call first)."""
-    action()
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        action()
-        runs.append(time.perf_counter() - start)
-    return statistics.median(runs)
 
 
 def inputs(tokens: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -66,8 +53,8 @@ def main() -> int:
         chunked = partial(kda_chunked, *args, use_qk_l2norm_in_kernel=True, chunk_size=CHUNK_TOKENS)
         error = max(relative_rms(c, r) for c, r in zip(chunked(), recurrent(), strict=True))
         worst = max(worst, error)
-        slow = median_seconds(recurrent, REPEATS[tokens])
-        fast = median_seconds(chunked, REPEATS[tokens])
+        slow = median_seconds(recurrent, repeats=REPEATS[tokens])
+        fast = median_seconds(chunked, repeats=REPEATS[tokens])
         print(
             f"{tokens:>7} {slow * 1e3:9.1f} ms {fast * 1e3:9.1f} ms {fast / slow:19.2f}x "
             f"{error:9.1e}"

@@ -8,25 +8,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 import sys
-import time
-from collections.abc import Callable
+
+from timing import median_seconds
 
 from k3layout import Deployment, HybridModel, Refusal, plan, plan_transfer, preset
-
-REPEATS = 7
-
-
-def median_seconds(action: Callable[[], object], number: int) -> float:
-    """Median over ``REPEATS`` runs of the mean time of ``number`` calls."""
-    runs = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        for _ in range(number):
-            action()
-        runs.append((time.perf_counter() - start) / number)
-    return statistics.median(runs)
 
 
 def bare_vllm(tp: int, spec: int, elem: int, planes: int) -> int:
@@ -76,24 +62,26 @@ def main() -> int:
     rows = [
         (
             "vllm plan, K3+DSpark tp8 s2",
-            median_seconds(lambda: plan(dspark, vllm), 500),
-            median_seconds(lambda: bare_vllm(8, 2, 1, 29), 20000),
+            median_seconds(lambda: plan(dspark, vllm), number=500),
+            median_seconds(lambda: bare_vllm(8, 2, 1, 29), number=20000),
         ),
         (
             "parent plan, K3 tp8",
-            median_seconds(lambda: plan(k3, parent), 500),
-            median_seconds(lambda: bare_parent(8, 1), 20000),
+            median_seconds(lambda: plan(k3, parent), number=500),
+            median_seconds(lambda: bare_parent(8, 1), number=20000),
         ),
         (
             "parent plan, K3 tp1 (89-page search)",
-            median_seconds(lambda: plan(k3, parent_tp1), 200),
-            median_seconds(lambda: bare_parent(1, 1), 20000),
+            median_seconds(lambda: plan(k3, parent_tp1), number=200),
+            median_seconds(lambda: bare_parent(1, 1), number=20000),
         ),
     ]
     prefill, decode = Deployment(pp=8), Deployment(attn_tp=8, dcp=8)
-    transfer = median_seconds(lambda: plan_transfer(k3, prefill, decode, prompt_tokens=4096), 20)
+    transfer = median_seconds(
+        lambda: plan_transfer(k3, prefill, decode, prompt_tokens=4096), number=20
+    )
     configs = sweep_configs(k3)
-    sweep = median_seconds(lambda: [plan_or_refuse(k3, d) for d in configs], 1)
+    sweep = median_seconds(lambda: [plan_or_refuse(k3, d) for d in configs], number=1)
     print(f"{'case':40} {'median':>12} {'bare':>10} {'plan / bare':>12}")
     for name, planned, bare in rows:
         print(f"{name:40} {planned * 1e6:9.1f} us {bare * 1e6:7.2f} us {planned / bare:11.0f}x")

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING
 
 from ..deployment import ENGINES
-from ..dtypes import KV_CACHE_DTYPES
 from ..layouts import plan
-from ..sizes import ConvLayout
 from ..sweep import default_attn_tps, sweep
 from ..transfer import check_admission, plan_transfer
 from .common import (
@@ -32,7 +30,7 @@ from .common import (
     parse_ints,
     run_refusing,
 )
-from .transfer import deployments_from_args
+from .transfer import add_transfer_options, deployments_from_args
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -69,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ("segments", "which producer writes each (consumer rank, module layer)"),
     ):
         sub = pictures.add_parser(name, help=text)
-        _add_transfer_options(sub)
+        add_transfer_options(sub)
         if name == "transfer":
             sub.add_argument(
                 "--kind",
@@ -91,30 +89,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-o", "--output", required=True, help="the picture to write: a .png or .svg path"
-    )
-
-
-def _add_transfer_options(parser: argparse.ArgumentParser) -> None:
-    """The options of ``k3layout transfer`` that shape a transfer plan."""
-    parser.add_argument("--prefill", required=True, help="prefill topology, e.g. pp8xtp1")
-    parser.add_argument("--decode", required=True, help="decode topology, e.g. tp8xdcp8")
-    add_model_options(parser)
-    parser.add_argument(
-        "--tokens",
-        "--prompt-tokens",
-        dest="prompt_tokens",
-        type=int,
-        default=4096,
-        help="prompt tokens of the request (default 4096)",
-    )
-    parser.add_argument("--engine", choices=ENGINES, default="vllm", help="both sides' engine")
-    parser.add_argument("--kv-dtype", choices=KV_CACHE_DTYPES, default="fp8")
-    parser.add_argument("--spec-tokens", type=int, default=0, help="speculative tokens per step")
-    parser.add_argument("--dcp-interleave", type=int, default=1, help="decode DCP interleave")
-    parser.add_argument("--conv-layout", choices=get_args(ConvLayout), default="channel_major")
-    parser.add_argument("--replayssm", action="store_true", help="ATOM ReplaySSM records")
-    parser.add_argument(
-        "--chunked", action="store_true", help="run the decode's admission check first"
     )
 
 

@@ -19,7 +19,7 @@ from ..dtypes import KV_CACHE_DTYPES
 from ..errors import Refusal
 from ..sizes import ConvLayout
 from ..transfer import TransferReport, check_admission, plan_transfer, transfer_report
-from .common import console, model_from_args, run_refusing, validated
+from .common import add_model_options, console, model_from_args, run_refusing, validated
 
 AXES = {"pp": "pp", "tp": "attn_tp", "dcp": "dcp", "dp": "attn_dp"}
 """Topology axis names and the :class:`~k3layout.Deployment` field each sets."""
@@ -32,12 +32,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "transfer", help="plan the prefill-to-decode transfer of one request"
     )
+    add_transfer_options(parser)
+    parser.add_argument("--json", action="store_true", help="print the transfer report as JSON")
+    parser.set_defaults(run=run)
+
+
+def add_transfer_options(parser: argparse.ArgumentParser) -> None:
+    """The options that shape a transfer plan (shared with ``k3layout draw transfer``)."""
     parser.add_argument("--prefill", required=True, help="prefill topology, e.g. pp8xtp1")
     parser.add_argument("--decode", required=True, help="decode topology, e.g. tp8xdcp8")
-    parser.add_argument(
-        "--model", default="kimi-k3", help="a preset or the path of a Hugging Face config.json"
-    )
-    parser.add_argument("--draft-layers", type=int, default=None, help="draft MLA layers")
+    add_model_options(parser)
     parser.add_argument(
         "--tokens",
         "--prompt-tokens",
@@ -62,8 +66,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="the prefill transfers in chunks: run the decode's admission check first",
     )
-    parser.add_argument("--json", action="store_true", help="print the transfer report as JSON")
-    parser.set_defaults(run=run)
 
 
 def parse_topology(text: str, option: str) -> dict[str, int]:
