@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 from ..deployment import ENGINES
 from ..layouts import plan
 from ..sweep import default_attn_tps, sweep
-from ..transfer import check_admission, plan_transfer
 from .common import (
     add_deployment_options,
     add_model_options,
@@ -30,7 +29,7 @@ from .common import (
     parse_ints,
     run_refusing,
 )
-from .transfer import add_transfer_options, deployments_from_args
+from .transfer import add_transfer_options, transfer_from_args
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -95,13 +94,7 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
 def _transfer_picture(args: argparse.Namespace) -> Figure:
     from .. import draw  # noqa: PLC0415 - matplotlib only when a picture is asked for
 
-    model = model_from_args(args)
-    prefill, decode = deployments_from_args(args)
-    if args.chunked:
-        check_admission(model, decode, chunked_transfer=True)
-    result = plan_transfer(
-        model, prefill, decode, prompt_tokens=args.prompt_tokens, conv_layout=args.conv_layout
-    )
+    result = transfer_from_args(args)
     if args.picture == "transfer":
         return draw.draw_transfer(result, kind=args.kind)
     return draw.draw_segment_map(result)

@@ -18,7 +18,13 @@ from ..deployment import ENGINES, Deployment
 from ..dtypes import KV_CACHE_DTYPES
 from ..errors import Refusal
 from ..sizes import ConvLayout
-from ..transfer import TransferReport, check_admission, plan_transfer, transfer_report
+from ..transfer import (
+    TransferPlan,
+    TransferReport,
+    check_admission,
+    plan_transfer,
+    transfer_report,
+)
 from .common import add_model_options, console, model_from_args, run_refusing, validated
 
 AXES = {"pp": "pp", "tp": "attn_tp", "dcp": "dcp", "dp": "attn_dp"}
@@ -106,17 +112,23 @@ def deployments_from_args(args: argparse.Namespace) -> tuple[Deployment, Deploym
     return prefill, decode
 
 
+def transfer_from_args(args: argparse.Namespace) -> TransferPlan:
+    """The transfer plan the options describe (with ``--chunked``, admitted first)."""
+    model = model_from_args(args)
+    prefill, decode = deployments_from_args(args)
+    if args.chunked:
+        check_admission(model, decode, chunked_transfer=True)
+    return plan_transfer(
+        model, prefill, decode, prompt_tokens=args.prompt_tokens, conv_layout=args.conv_layout
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Plan and print; exit 2 on a refusal."""
 
     def action() -> int:
-        model = model_from_args(args)
-        prefill, decode = deployments_from_args(args)
-        if args.chunked:
-            check_admission(model, decode, chunked_transfer=True)
-        result = plan_transfer(
-            model, prefill, decode, prompt_tokens=args.prompt_tokens, conv_layout=args.conv_layout
-        )
+        result = transfer_from_args(args)
+        prefill, decode = result.prefill, result.decode
         report = transfer_report(result)
         if args.json:
             print(report.model_dump_json(indent=2))
