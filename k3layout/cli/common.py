@@ -11,6 +11,7 @@ from typing import cast
 
 from pydantic import ValidationError
 from rich.console import Console
+from rich.table import Table
 
 from ..deployment import ENGINES, Deployment
 from ..dtypes import KV_CACHE_DTYPES, KvCacheDtype
@@ -158,6 +159,21 @@ def parse_dtypes(text: str) -> tuple[KvCacheDtype, ...]:
             facts={"option": "--dtypes"},
         )
     return cast(tuple[KvCacheDtype, ...], names)
+
+
+def thousands(value: int) -> str:
+    """``884736`` -> ``884,736``: every byte count in the tables."""
+    return f"{value:,}"
+
+
+def summary_table(rows: Sequence[tuple[str, str]]) -> Table:
+    """A two-column table of (quantity, value) rows, values right-aligned."""
+    table = Table(show_header=False)
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    for quantity, value in rows:
+        table.add_row(quantity, value)
+    return table
 
 
 def format_layers(layers: Sequence[int]) -> str:

@@ -16,6 +16,8 @@ from .common import (
     format_layers,
     model_from_args,
     run_refusing,
+    summary_table,
+    thousands,
 )
 
 GIB = 1 << 30
@@ -52,22 +54,21 @@ def run(args: argparse.Namespace) -> int:
     return run_refusing(action, args.json)
 
 
-def _n(value: int) -> str:
-    return f"{value:,}"
-
-
 def _size_rows(result: VllmPlan | ParentPlan) -> list[tuple[str, str]]:
     sizes = result.sizes
     rows = [
-        ("MLA bytes / token / layer", _n(sizes.attention.bytes_per_token)),
-        ("MLA page (128 tokens)", _n(sizes.attention.page_bytes())),
+        ("MLA bytes / token / layer", thousands(sizes.attention.bytes_per_token)),
+        ("MLA page (128 tokens)", thousands(sizes.attention.page_bytes())),
     ]
     if sizes.kda is not None:
         kda = sizes.kda
         rows += [
-            ("KDA conv state (q|k|v)", f"{_n(kda.conv_bytes)}  {kda.conv_shape('channel_major')}"),
-            ("KDA recurrent state", f"{_n(kda.recurrent_bytes)}  {kda.recurrent_shape}"),
-            ("KDA state S(tp, s) / layer", _n(kda.state_bytes)),
+            (
+                "KDA conv state (q|k|v)",
+                f"{thousands(kda.conv_bytes)}  {kda.conv_shape('channel_major')}",
+            ),
+            ("KDA recurrent state", f"{thousands(kda.recurrent_bytes)}  {kda.recurrent_shape}"),
+            ("KDA state S(tp, s) / layer", thousands(kda.state_bytes)),
         ]
     return rows
 
@@ -75,21 +76,21 @@ def _size_rows(result: VllmPlan | ParentPlan) -> list[tuple[str, str]]:
 def _layout_rows(result: VllmPlan | ParentPlan) -> list[tuple[str, str]]:
     if isinstance(result, VllmPlan):
         return [
-            ("block tokens", _n(result.block_tokens)),
-            ("page bytes (per layer)", _n(result.page_bytes)),
-            ("planes (group_size)", _n(result.num_planes)),
-            ("block bytes", _n(result.block_bytes)),
-            ("KDA page padding bytes", _n(result.kda_page_padding_bytes)),
+            ("block tokens", thousands(result.block_tokens)),
+            ("page bytes (per layer)", thousands(result.page_bytes)),
+            ("planes (group_size)", thousands(result.num_planes)),
+            ("block bytes", thousands(result.block_bytes)),
+            ("KDA page padding bytes", thousands(result.kda_page_padding_bytes)),
             (
                 "spans: attention / KDA tokens",
-                f"{_n(result.attention_span_tokens)} / {_n(result.kda_span_tokens)}",
+                f"{thousands(result.attention_span_tokens)} / {thousands(result.kda_span_tokens)}",
             ),
         ]
     rows = [
-        ("planes", _n(result.num_planes)),
+        ("planes", thousands(result.num_planes)),
         ("packing p_m / p_l", f"{result.packing.mla_pages} / {result.packing.state_pages}"),
-        ("plane bytes", _n(result.packing.plane_bytes)),
-        ("parent bytes", _n(result.parent_bytes)),
+        ("plane bytes", thousands(result.packing.plane_bytes)),
+        ("parent bytes", thousands(result.parent_bytes)),
         ("padding limit", "none" if result.max_padding is None else f"{result.max_padding:g}"),
     ]
     rule = result.rule_1152
@@ -105,13 +106,16 @@ def _capacity_rows(
     if isinstance(result, VllmPlan):
         blocks = result.num_blocks(budget_bytes)
         return [
-            ("blocks in budget", _n(blocks)),
-            ("attention tokens", _n(blocks * result.attention_span_tokens)),
+            ("blocks in budget", thousands(blocks)),
+            ("attention tokens", thousands(blocks * result.attention_span_tokens)),
         ]
     parents = result.parents_for_budget(budget_bytes)
     return [
-        ("parents in budget (+1 null)", _n(parents)),
-        (f"token capacity (max_live {max_live})", _n(result.token_capacity(parents, max_live))),
+        ("parents in budget (+1 null)", thousands(parents)),
+        (
+            f"token capacity (max_live {max_live})",
+            thousands(result.token_capacity(parents, max_live)),
+        ),
     ]
 
 
@@ -145,7 +149,7 @@ def _stages_table(result: VllmPlan | ParentPlan) -> Table:
             else result.stage_parent_bytes(stage.index)
         )
         table.add_row(
-            str(stage.index), format_layers(stage.layers), str(stage.num_planes), _n(unit)
+            str(stage.index), format_layers(stage.layers), str(stage.num_planes), thousands(unit)
         )
     return table
 
@@ -159,16 +163,11 @@ def show(result: VllmPlan | ParentPlan, budget_bytes: int | None, max_live: int)
         f"pp {d.pp} | dcp {d.dcp} | {d.kv_dtype} | spec {d.spec_tokens}",
         style="bold",
     )
-    summary = Table(show_header=False)
-    summary.add_column("quantity")
-    summary.add_column("value", justify="right")
     rows = _size_rows(result) + _layout_rows(result)
     rows.append(("bytes / token", f"{result.bytes_per_token:,.1f}"))
     if budget_bytes is not None:
         rows += _capacity_rows(result, budget_bytes, max_live)
-    for quantity, value in rows:
-        summary.add_row(quantity, value)
-    out.print(summary)
+    out.print(summary_table(rows))
     out.print(_groups_table(result))
     if len(result.stages) > 1:
         out.print(_stages_table(result))

@@ -29,6 +29,8 @@ from .common import (
     deployment_from_args,
     model_from_args,
     run_refusing,
+    summary_table,
+    thousands,
 )
 
 
@@ -110,10 +112,6 @@ def run(args: argparse.Namespace) -> int:
     return run_refusing(action, args.json)
 
 
-def _n(value: int) -> str:
-    return f"{value:,}"
-
-
 def show(report: RideReport) -> None:
     """Print a ride report: the image and chunk grid, then the publish order."""
     out = console()
@@ -124,24 +122,21 @@ def show(report: RideReport) -> None:
         f"kv_load_failure_policy {options.kv_load_failure_policy}",
         style="bold",
     )
-    summary = Table(show_header=False)
-    summary.add_column("quantity")
-    summary.add_column("value", justify="right")
     span_of = {s.kind: s.span_tokens for s in report.spans}
     spans = " / ".join(
-        f"{kind} {_n(span_of[kind])}" for kind in ("attention", "kda") if kind in span_of
+        f"{kind} {thousands(span_of[kind])}" for kind in ("attention", "kda") if kind in span_of
     )
     rows = [
-        ("block tokens", _n(report.block_tokens)),
-        ("page bytes", _n(report.page_bytes)),
-        ("units (one per KDA group)", _n(report.units)),
+        ("block tokens", thousands(report.block_tokens)),
+        ("page bytes", thousands(report.page_bytes)),
+        ("units (one per KDA group)", thousands(report.units)),
         ("image planes (PAGE regions)", f"{report.image_planes} ({report.image_regions})"),
-        ("planes published", _n(len(report.plane_order))),
-        ("unit bytes", _n(report.unit_bytes)),
-        ("image bytes", _n(report.image_bytes)),
-        ("state bytes", _n(report.state_bytes)),
-        ("chunk tokens", _n(report.chunk_tokens)),
-        ("smallest valid chunk", _n(report.smallest_chunk_tokens)),
+        ("planes published", thousands(len(report.plane_order))),
+        ("unit bytes", thousands(report.unit_bytes)),
+        ("image bytes", thousands(report.image_bytes)),
+        ("state bytes", thousands(report.state_bytes)),
+        ("chunk tokens", thousands(report.chunk_tokens)),
+        ("smallest valid chunk", thousands(report.smallest_chunk_tokens)),
         ("group spans (tokens)", spans),
     ]
     if report.hit is not None:
@@ -149,13 +144,11 @@ def show(report: RideReport) -> None:
         rows += [
             (
                 "hit -> capped tokens",
-                f"{_n(report.hit.hit_tokens)} -> {_n(report.hit.capped_tokens)}",
+                f"{thousands(report.hit.hit_tokens)} -> {thousands(report.hit.capped_tokens)}",
             ),
             ("load destination row", "none" if load is None else f"{load.row} in every KDA group"),
         ]
-    for quantity, value in rows:
-        summary.add_row(quantity, value)
-    out.print(summary)
+    out.print(summary_table(rows))
     table = Table(title="PAGE planes in publish order", title_justify="left")
     for column in ("plane", "given plane", "attention layer", "module layer", "allocation plane"):
         table.add_column(column)

@@ -25,7 +25,15 @@ from ..transfer import (
     plan_transfer,
     transfer_report,
 )
-from .common import add_model_options, console, model_from_args, run_refusing, validated
+from .common import (
+    add_model_options,
+    console,
+    model_from_args,
+    run_refusing,
+    summary_table,
+    thousands,
+    validated,
+)
 
 AXES = {"pp": "pp", "tp": "attn_tp", "dcp": "dcp", "dp": "attn_dp"}
 """Topology axis names and the :class:`~k3layout.Deployment` field each sets."""
@@ -139,10 +147,6 @@ def run(args: argparse.Namespace) -> int:
     return run_refusing(action, args.json)
 
 
-def _n(value: int) -> str:
-    return f"{value:,}"
-
-
 def show(
     report: TransferReport,
     prefill_side: tuple[str, Deployment],
@@ -154,19 +158,18 @@ def show(
     out = console()
     out.print(
         f"{report.model} | prefill {prefill_text} -> decode {decode_text} "
-        f"(dcp interleave {decode.dcp_interleave}) | {_n(report.prompt_tokens)} tokens | "
+        f"(dcp interleave {decode.dcp_interleave}) | {thousands(report.prompt_tokens)} tokens | "
         f"{decode.kv_dtype} | spec {decode.spec_tokens} | conv {report.conv_layout}"
         + (" | replayssm" if decode.replayssm else ""),
         style="bold",
     )
-    summary = Table(show_header=False)
-    summary.add_column("quantity")
-    summary.add_column("value", justify="right")
-    summary.add_row("pairs (producer, consumer)", _n(report.pairs))
-    summary.add_row("segments", _n(report.segments))
-    summary.add_row("copies (segments expanded)", _n(report.copies))
-    summary.add_row("bytes moved", _n(report.total_bytes))
-    out.print(summary)
+    rows = [
+        ("pairs (producer, consumer)", thousands(report.pairs)),
+        ("segments", thousands(report.segments)),
+        ("copies (segments expanded)", thousands(report.copies)),
+        ("bytes moved", thousands(report.total_bytes)),
+    ]
+    out.print(summary_table(rows))
 
     producers: dict[int, set[int]] = {}
     consumers: dict[int, set[int]] = {}
@@ -191,10 +194,10 @@ def show(
             str(tp_rank),
             str(tp_rank % decode.dcp),
             ", ".join(map(str, sorted(producers.get(rank, ())))),
-            _n(segments_in[rank]),
-            _n(report.page_bytes_per_consumer[rank]),
-            _n(report.slot_bytes_per_consumer[rank]),
-            _n(report.bytes_per_consumer[rank]),
+            thousands(segments_in[rank]),
+            thousands(report.page_bytes_per_consumer[rank]),
+            thousands(report.slot_bytes_per_consumer[rank]),
+            thousands(report.bytes_per_consumer[rank]),
         )
     out.print(by_consumer)
 
@@ -209,7 +212,7 @@ def show(
             str(stage),
             str(tp_rank),
             ", ".join(map(str, sorted(consumers.get(rank, ())))),
-            _n(segments_out[rank]),
-            _n(report.bytes_per_producer[rank]),
+            thousands(segments_out[rank]),
+            thousands(report.bytes_per_producer[rank]),
         )
     out.print(by_producer)
