@@ -7,19 +7,22 @@
     k3layout draw segments --prefill pp8xtp1 --decode tp8xdcp8             -o segments.png
     k3layout draw sweep    [model options] [--tps 1,2,4,8] [--quantity bytes_per_token] -o s.png
 
-The suffix of ``-o`` picks the format. A refusal exits 2 like every command; a missing
-matplotlib exits 1 naming the extra to install.
+The suffix of ``-o`` picks the format. What the picture shows is planned first, so a refusal
+exits 2 like every command, with or without matplotlib; a missing matplotlib then exits 1
+naming the extra to install.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from ..deployment import ENGINES
-from ..layouts import plan
-from ..sweep import default_attn_tps, sweep
+from ..layouts import ParentPlan, VllmPlan, plan
+from ..offload import checkpoint_image, plane_order
+from ..sweep import SweepCell, default_attn_tps, sweep
+from ..transfer import TransferPlan
 from .common import (
     add_deployment_options,
     add_model_options,
@@ -91,55 +94,58 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _transfer_picture(args: argparse.Namespace) -> Figure:
-    from .. import draw  # noqa: PLC0415 - matplotlib only when a picture is asked for
-
-    result = transfer_from_args(args)
-    if args.picture == "transfer":
-        return draw.draw_transfer(result, kind=args.kind)
-    return draw.draw_segment_map(result)
+Planned: TypeAlias = TransferPlan | tuple[SweepCell, ...] | VllmPlan | ParentPlan
 
 
-def _sweep_picture(args: argparse.Namespace) -> Figure:
-    from .. import draw  # noqa: PLC0415 - matplotlib only when a picture is asked for
-
-    model = model_from_args(args)
-    tps = default_attn_tps(model) if args.tps is None else parse_ints(args.tps, "--tps")
-    cells = sweep(model, tps, parse_dtypes(args.dtypes), ENGINES, deployment_from_args(args))
-    return draw.draw_sweep(cells, quantity=args.quantity, title=f"{model.name}: {args.quantity}")
-
-
-def _plan_picture(args: argparse.Namespace) -> Figure:
-    from .. import draw  # noqa: PLC0415 - matplotlib only when a picture is asked for
-
-    result = plan(model_from_args(args), deployment_from_args(args))
-    if args.picture == "image":
-        return draw.draw_image(result, stage=args.stage)
-    if args.picture == "order":
-        return draw.draw_plane_order(result, stage=args.stage)
-    return draw.draw_planes(result, stage=args.stage)
-
-
-def picture(args: argparse.Namespace) -> Figure:
-    """The figure the options describe (imports :mod:`k3layout.draw`, so matplotlib)."""
+def planned(args: argparse.Namespace) -> tuple[Planned, str]:
+    """What the picture shows and its title, planned before matplotlib is imported, so that a
+    refusal exits 2 with or without the draw extra."""
     if args.picture in ("transfer", "segments"):
-        return _transfer_picture(args)
+        return transfer_from_args(args), ""
+    model = model_from_args(args)
     if args.picture == "sweep":
-        return _sweep_picture(args)
-    return _plan_picture(args)
+        tps = default_attn_tps(model) if args.tps is None else parse_ints(args.tps, "--tps")
+        cells = sweep(model, tps, parse_dtypes(args.dtypes), ENGINES, deployment_from_args(args))
+        return cells, f"{model.name}: {args.quantity}"
+    result = plan(model, deployment_from_args(args))
+    if args.picture == "image":
+        # refuses a parent plan, or a stage whose state cannot ride
+        checkpoint_image(result, stage=args.stage)
+    elif args.picture == "order":
+        plane_order(result, stage=args.stage)
+    return result, ""
+
+
+def picture(args: argparse.Namespace, source: Planned, title: str) -> Figure:
+    """The figure of ``source`` (imports :mod:`k3layout.draw`, so matplotlib)."""
+    from .. import draw  # noqa: PLC0415 - matplotlib only when a picture is asked for
+
+    if isinstance(source, TransferPlan):
+        if args.picture == "transfer":
+            return draw.draw_transfer(source, kind=args.kind)
+        return draw.draw_segment_map(source)
+    if isinstance(source, tuple):
+        return draw.draw_sweep(source, quantity=args.quantity, title=title)
+    if args.picture == "image":
+        return draw.draw_image(source, stage=args.stage)
+    if args.picture == "order":
+        return draw.draw_plane_order(source, stage=args.stage)
+    return draw.draw_planes(source, stage=args.stage)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Draw and write the picture, print its path; exit 2 on a refusal, 1 without matplotlib."""
+    """Plan, draw and write the picture, print its path; exit 2 on a refusal, 1 without
+    matplotlib."""
 
     def action() -> int:
+        source, title = planned(args)
         try:
             from ..draw import picture_path, save  # noqa: PLC0415 - matplotlib only on demand
         except ImportError as error:
             print(f"k3layout draw: {error}", file=sys.stderr)
             return EXIT_MISSING_EXTRA
         target = picture_path(args.output)
-        print(save(picture(args), target))
+        print(save(picture(args, source, title), target))
         return 0
 
     return run_refusing(action, False)
