@@ -25,6 +25,7 @@ from ..transfer import (
     plan_transfer,
     transfer_report,
 )
+from ..transfer.pairing import coords_of, dcp_rank_of
 from .common import (
     add_model_options,
     console,
@@ -187,12 +188,12 @@ def show(
     for column in ("page bytes", "slot bytes", "bytes"):
         by_consumer.add_column(column, justify="right")
     for rank in range(report.num_consumers):
-        stage, tp_rank = divmod(rank, decode.attn_tp)
+        stage, tp_rank = coords_of(rank, decode.attn_tp)
         by_consumer.add_row(
             str(rank),
             str(stage),
             str(tp_rank),
-            str(tp_rank % decode.dcp),
+            str(dcp_rank_of(tp_rank, decode.dcp)),
             ", ".join(map(str, sorted(producers.get(rank, ())))),
             thousands(segments_in[rank]),
             thousands(report.page_bytes_per_consumer[rank]),
@@ -206,7 +207,7 @@ def show(
         by_producer.add_column(column)
     by_producer.add_column("bytes", justify="right")
     for rank in range(report.num_producers):
-        stage, tp_rank = divmod(rank, prefill.attn_tp)
+        stage, tp_rank = coords_of(rank, prefill.attn_tp)
         by_producer.add_row(
             str(rank),
             str(stage),

@@ -97,7 +97,7 @@ def plane_cells(plan: VllmPlan | ParentPlan, stage: int | None = None) -> tuple[
             unit = plan.page_bytes if group.kind == "attention" else state_bytes
         else:
             plane_bytes, pages = plan.packing.plane_bytes, plan.pages_per_parent(group)
-            unit = plan.mla_page_bytes if group.kind == "attention" else state_bytes
+            unit = plan.unit_bytes(group)
         cells.extend(
             PlaneCell(
                 plane=j,

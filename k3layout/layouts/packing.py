@@ -37,10 +37,13 @@ class PackingFrame(Frozen):
         payload = max(mla_pages * self.mla_page_bytes, state_pages * self.state_bytes)
         return -(-payload // PARENT_ALIGNMENT_BYTES) * PARENT_ALIGNMENT_BYTES
 
+    def unit_bytes(self, group: Group) -> int:
+        """Payload of one layer of ``group`` on one page: the MLA page or the KDA state."""
+        return self.mla_page_bytes if group.kind == "attention" else self.state_bytes
+
     def raw_bytes(self, group: Group) -> int:
-        """Payload of ``group`` on one page: its layers times the page (MLA) or state (KDA)."""
-        unit = self.mla_page_bytes if group.kind == "attention" else self.state_bytes
-        return len(group.layers) * unit
+        """Payload of ``group`` on one page: its layers times :meth:`unit_bytes`."""
+        return len(group.layers) * self.unit_bytes(group)
 
     def padding(self, group: Group, mla_pages: int, state_pages: int) -> float:
         """``(parent / p_g - raw_g) / raw_g`` of ``group`` under packing ``(p_m, p_l)``."""

@@ -124,6 +124,10 @@ class ParentPlan(GroupedLayout):
             max_padding=self.max_padding,
         )
 
+    def unit_bytes(self, group: Group) -> int:
+        """Payload of one layer of ``group`` on one of its pages: the MLA page or ``S``."""
+        return self.frame.unit_bytes(group)
+
     def pages_per_parent(self, group: Group) -> int:
         """``p_g``: pages of ``group`` one parent holds."""
         return self.packing.mla_pages if group.kind == "attention" else self.packing.state_pages
@@ -258,7 +262,7 @@ class ParentPlan(GroupedLayout):
             if not group.layers:
                 continue
             per_parent = self.pages_per_parent(group)
-            unit = self.mla_page_bytes if group.kind == "attention" else self.sizes.kda_state_bytes
+            unit = self.unit_bytes(group)
             pages.append(
                 GroupPages(
                     group=group.name,
