@@ -8,11 +8,13 @@ plan, :mod:`k3layout.offload` rides the KDA state on the PAGE object (:func:`pla
 The planner imports no torch; the adapter lives in ``k3layout.torch``.
 """
 
-from .deployment import ENGINES, Deployment, EngineFlavour
+from .deployment import CONV_LAYOUTS, ENGINES, ConvLayout, Deployment, EngineFlavour
 from .dtypes import DTYPE_BYTES, KV_CACHE_DTYPES, DTypeName, KvCacheDtype
 from .errors import Refusal, RefusalCode
 from .layouts import (
     Binding,
+    ByteRange,
+    EngineLayout,
     Group,
     GroupPages,
     LayerBinding,
@@ -53,8 +55,9 @@ from .offload import (
     plane_order,
     vllm_views,
 )
-from .placements import Interleave, Replicate, Shard, TokenRun, pp_stage_bounds
-from .sizes import KdaStateSizes, MlaCacheSizes, RankSizes, ReplayRecordSizes, rank_sizes
+from .placements import Interleave, Replicate, ReplicaShard, Shard, TokenRun, pp_stage_bounds
+from .cache import CachePart, GQALayer, LayerCacheSpec, PartRange, conv_channel_offset
+from .sizes import RankSizes, rank_sizes
 from .transfer import (
     RankPair,
     Region,
@@ -71,6 +74,16 @@ from .transfer import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CONV_LAYOUTS",
+    "ByteRange",
+    "CachePart",
+    "ConvLayout",
+    "EngineLayout",
+    "GQALayer",
+    "LayerCacheSpec",
+    "PartRange",
+    "ReplicaShard",
+    "conv_channel_offset",
     "DTYPE_BYTES",
     "ENGINES",
     "KV_CACHE_DTYPES",
@@ -85,13 +98,11 @@ __all__ = [
     "HybridModel",
     "Interleave",
     "KDALayer",
-    "KdaStateSizes",
     "KvCacheDtype",
     "Layer",
     "LayerBinding",
     "LayerNames",
     "MLALayer",
-    "MlaCacheSizes",
     "Packing",
     "ParentPlan",
     "Plan",
@@ -102,7 +113,6 @@ __all__ = [
     "Refusal",
     "RefusalCode",
     "Region",
-    "ReplayRecordSizes",
     "Replicate",
     "RideOptions",
     "RidePlan",

@@ -189,7 +189,7 @@ def test_models_are_frozen_and_validated() -> None:
         MLALayer(num_heads=0)
     with pytest.raises(ValidationError):
         KDALayer(num_heads=8, head_dim=64, conv_kernel=1)
-    with pytest.raises(ValidationError, match="at least one MLA layer"):
+    with pytest.raises(ValidationError, match="at least one attention layer"):
         HybridModel(name="x", model_type="x", layers=(KDALayer(num_heads=8, head_dim=64),))
     with pytest.raises(ValidationError):
         mla.num_heads = 4  # type: ignore[misc]

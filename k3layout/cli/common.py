@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from ..deployment import ENGINES, Deployment
+from ..deployment import CONV_LAYOUTS, ENGINES, Deployment
 from ..dtypes import KV_CACHE_DTYPES, KvCacheDtype
 from ..errors import Refusal
 from ..model import PRESETS, HybridModel, load_config, preset
@@ -60,6 +60,18 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
         help="padding limit per group (parent; default 0.25, none with draft layers)",
     )
     parser.add_argument("--replayssm", action="store_true", help="ATOM ReplaySSM records")
+    add_conv_layout_option(parser)
+
+
+def add_conv_layout_option(parser: argparse.ArgumentParser) -> None:
+    """``--conv-layout SD|DS``: vLLM's ``VLLM_SSM_CONV_STATE_LAYOUT``."""
+    parser.add_argument(
+        "--conv-layout",
+        choices=CONV_LAYOUTS,
+        default="SD",
+        help="KDA conv state layout, as VLLM_SSM_CONV_STATE_LAYOUT (SD: time-major, the "
+        "default; DS: channel-major)",
+    )
 
 
 def model_from_args(args: argparse.Namespace) -> HybridModel:
@@ -99,6 +111,7 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
         "block_tokens": args.block_tokens,
         "max_padding": args.max_padding,
         "replayssm": args.replayssm,
+        "conv_layout": args.conv_layout,
     }
     return validated(Deployment, {**fields, **override})
 

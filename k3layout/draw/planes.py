@@ -25,7 +25,7 @@ from pydantic import NonNegativeInt, PositiveInt
 
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import Group, GroupKind, ParentPlan, VllmPlan
+from ..layouts import EngineLayout, Group, GroupKind, LayoutBase
 from ..layouts.groups import stage_at
 from .figure import (
     CELL_SIZE,
@@ -65,7 +65,7 @@ class PlaneCell(Frozen):
         return self.plane_bytes - self.payload_bytes
 
 
-def drawn_groups(plan: VllmPlan | ParentPlan, stage: int | None = None) -> tuple[Group, ...]:
+def drawn_groups(plan: EngineLayout, stage: int | None = None) -> tuple[Group, ...]:
     """The groups a picture of ``plan`` shows: the whole model's, or one stage's that hold
     layers (refuses a ``stage`` that is not a pipeline stage)."""
     if stage is None:
@@ -73,7 +73,7 @@ def drawn_groups(plan: VllmPlan | ParentPlan, stage: int | None = None) -> tuple
     return tuple(group for group in stage_at(plan.stages, stage).groups if group.layers)
 
 
-def plane_cells(plan: VllmPlan | ParentPlan, stage: int | None = None) -> tuple[PlaneCell, ...]:
+def plane_cells(plan: EngineLayout, stage: int | None = None) -> tuple[PlaneCell, ...]:
     """Every (group, plane) cell of the planes of one block (``vllm``) or parent (``parent``),
     group by group. ``stage=None`` draws the whole model, else that pipeline stage.
 
@@ -82,25 +82,21 @@ def plane_cells(plan: VllmPlan | ParentPlan, stage: int | None = None) -> tuple[
     >>> len(cells), cells[0].layer, cells[0].padding_bytes  # 29 + 3 x 23; 884,736 - 832,512
     (98, 0, 52224)
     """
-    if not isinstance(plan, VllmPlan | ParentPlan):
+    if not isinstance(plan, LayoutBase):
         raise Refusal(
             "invalid_argument",
             f"draw_planes takes a vllm or parent plan, not {type(plan).__name__}",
             facts={"type": type(plan).__name__},
             hint="pass the result of k3layout.plan(model, deployment)",
         )
-    state_bytes = plan.sizes.kda_state_bytes
+    plane_bytes = plan.block_bytes // plan.num_planes  # one block's (or parent's) plane
     cells: list[PlaneCell] = []
     for group in drawn_groups(plan, stage):
-        if isinstance(plan, VllmPlan):
-            plane_bytes, pages = plan.page_bytes, 1
-            unit = plan.page_bytes if group.kind == "attention" else state_bytes
-        else:
-            plane_bytes, pages = plan.packing.plane_bytes, plan.pages_per_parent(group)
-            unit = plan.unit_bytes(group)
+        unit = plan.unit_bytes(group)
+        pages = plane_bytes // plan.page_stride_bytes(group)
         cells.extend(
             PlaneCell(
-                plane=j,
+                plane=group.plane_of(j),
                 group=group.name,
                 kind=group.kind,
                 layer=layer,
@@ -113,21 +109,11 @@ def plane_cells(plan: VllmPlan | ParentPlan, stage: int | None = None) -> tuple[
     return tuple(cells)
 
 
-def _subtitle(plan: VllmPlan | ParentPlan, num_planes: int) -> str:
-    if isinstance(plan, VllmPlan):
-        return (
-            f"one block: {plan.block_tokens:,} tokens, a {plan.page_bytes:,} B page per layer "
-            f"on each of {num_planes} planes = {num_planes * plan.page_bytes:,} B"
-        )
-    packing = plan.packing
-    return (
-        f"one parent: packing p_m/p_l {packing.mla_pages}/{packing.state_pages}, "
-        f"{packing.plane_bytes:,} B planes x {num_planes} = "
-        f"{num_planes * packing.plane_bytes:,} B"
-    )
+def _subtitle(plan: EngineLayout, num_planes: int) -> str:
+    return plan.block_caption(num_planes)
 
 
-def draw_planes(plan: VllmPlan | ParentPlan, *, stage: int | None = None) -> Figure:
+def draw_planes(plan: EngineLayout, *, stage: int | None = None) -> Figure:
     """The planes of one block (``vllm``) or one parent (``parent``) of ``plan``: a column per
     plane, a row per group, each layer's page labelled with its module layer, padding shaded.
 

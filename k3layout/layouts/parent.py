@@ -21,16 +21,9 @@ from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
 from ..sizes import RankSizes
-from .groups import (
-    Group,
-    GroupedLayout,
-    GroupKind,
-    Stage,
-    group_names,
-    split_contiguous,
-    stage_at,
-)
+from .groups import Group, GroupKind, Stage, group_names, split_contiguous
 from .packing import Packing, PackingFrame, RuleCheck, rule_1152, search_packing
+from .protocol import ByteRange, LayoutBase
 
 
 class GroupPages(Frozen):
@@ -74,7 +67,7 @@ class Binding(Frozen):
         return (self.num_parents + 1) * self.num_planes * self.plane_bytes
 
 
-class ParentPlan(GroupedLayout):
+class ParentPlan(LayoutBase):
     """The parent-block layout of one model under one deployment.
 
     ``groups``, ``num_planes`` (one per MLA layer plus one per draft layer: no state group is
@@ -85,10 +78,6 @@ class ParentPlan(GroupedLayout):
     """
 
     engine: Literal["parent"] = "parent"
-    model: HybridModel
-    deployment: Deployment
-    sizes: RankSizes
-    stages: tuple[Stage, ...]
     packing: Packing
     max_padding: float | None
     rule_1152: RuleCheck | None
@@ -101,7 +90,7 @@ class ParentPlan(GroupedLayout):
     @property
     def mla_page_bytes(self) -> int:
         """One 128-token MLA page: 73,728 B fp8 / 147,456 B bf16 for K3."""
-        return self.sizes.attention.page_bytes(PARENT_PAGE_TOKENS)
+        return self.sizes.attention_page_bytes(PARENT_PAGE_TOKENS)
 
     @property
     def full_attention(self) -> Group:
@@ -118,7 +107,7 @@ class ParentPlan(GroupedLayout):
         """The packing's inputs, for padding and utilization."""
         return PackingFrame(
             mla_page_bytes=self.mla_page_bytes,
-            state_bytes=self.sizes.kda_state_bytes,
+            state_bytes=self.sizes.state_bytes,
             num_planes=self.num_planes,
             groups=self.groups,
             max_padding=self.max_padding,
@@ -146,6 +135,19 @@ class ParentPlan(GroupedLayout):
             for g in self.groups
         }
 
+    def report_fields(self) -> tuple[dict[str, object], str]:
+        """The report's engine fields, and the name of a stage's unit bytes."""
+        return {
+            "mla_page_bytes": self.mla_page_bytes,
+            "plane_bytes": self.packing.plane_bytes,
+            "parent_bytes": self.parent_bytes,
+            "packing": self.packing_by_group,
+            "padding_fraction": self.padding_fraction,
+            "utilization": self.utilization,
+            "max_padding": self.max_padding,
+            "rule_1152": self.rule_1152,
+        }, "parent_bytes"
+
     @property
     def utilization(self) -> dict[str, float]:
         """``p_g * raw_g / parent`` keyed by group name: the share of a parent that is payload."""
@@ -162,10 +164,10 @@ class ParentPlan(GroupedLayout):
 
     def stage_parent_bytes(self, stage: int) -> int:
         """Bytes of one parent on a rank of pipeline stage ``stage``."""
-        return stage_at(self.stages, stage).num_planes * self.packing.plane_bytes
+        return self.stage(stage).num_planes * self.packing.plane_bytes
 
     def _frame_groups(self, stage: int | None) -> tuple[Group, ...]:
-        groups = self.groups if stage is None else stage_at(self.stages, stage).groups
+        groups = self.groups if stage is None else self.stage(stage).groups
         return tuple(group for group in groups if group.layers)
 
     def pages_needed(
@@ -253,7 +255,7 @@ class ParentPlan(GroupedLayout):
                 f"num_parents={num_parents} must be >= 0",
                 facts={"num_parents": num_parents},
             )
-        held = stage_at(self.stages, stage)
+        held = self.stage(stage)
         plane = self.packing.plane_bytes
         plane_span = (num_parents + 1) * plane
         layers: list[LayerBinding] = []
@@ -275,8 +277,8 @@ class ParentPlan(GroupedLayout):
                     layer=layer,
                     group=group.name,
                     kind=group.kind,
-                    plane=position,
-                    base_offset=position * plane_span,
+                    plane=group.plane_of(position),
+                    base_offset=group.plane_of(position) * plane_span,
                     parent_stride=plane,
                     page_stride=unit,
                     pages_per_parent=per_parent,
@@ -290,6 +292,135 @@ class ParentPlan(GroupedLayout):
             groups=tuple(pages),
             layers=tuple(sorted(layers, key=lambda b: b.layer)),
         )
+
+    # The engine-layout protocol.
+
+    @property
+    def block_bytes(self) -> int:
+        """The parent engine's block is its parent: :attr:`parent_bytes`."""
+        return self.parent_bytes
+
+    @property
+    def packing_label(self) -> str:
+        """How the layout packs, in a few characters: ``12/1`` (``p_m / p_l``)."""
+        return f"{self.packing.mla_pages}/{self.packing.state_pages}"
+
+    @property
+    def worst_padding(self) -> float:
+        """The largest group padding."""
+        return max(self.padding_fraction.values())
+
+    def tokens_per_page(self, group: Group) -> int:
+        """Tokens of one attention page (128); 1 for a state group."""
+        return 1 if self.group_spec(group).paging == "slot" else PARENT_PAGE_TOKENS
+
+    def page_stride_bytes(self, group: Group) -> int:
+        """Bytes between consecutive pages of one layer inside a parent: its unit (the exact
+        page stride of MLA pages, ``S`` for state)."""
+        return self.unit_bytes(group)
+
+    def page_axes(self, group: Group, num_units: int) -> tuple[tuple[int, int], ...]:
+        """How one layer's pages repeat on its plane of ``bind(num_units)``: attention pages
+        at the exact page stride (``1 + n * p_g`` of them, parents back to back), state pages
+        ``p_l`` per parent at stride ``S``."""
+        unit = self.unit_bytes(group)
+        per_parent = self.pages_per_parent(group)
+        if self.group_spec(group).paging == "token":
+            return ((1 + num_units * per_parent, unit),)
+        return ((num_units + 1, self.packing.plane_bytes), (per_parent, unit))
+
+    def plane_span_bytes(self, num_units: int) -> int:
+        """Bytes of one plane of ``bind(num_units)``: the usable parents and the null one."""
+        return (num_units + 1) * self.packing.plane_bytes
+
+    def span_tokens(self, group: Group) -> int:
+        """Tokens one page covers: 128 for attention; a state page holds one request."""
+        return self.tokens_per_page(group)
+
+    def stage_unit_bytes(self, stage: int) -> int:
+        """Bytes of one parent on a rank of ``stage``."""
+        return self.stage_parent_bytes(stage)
+
+    def num_units(self, budget_bytes: int, stage: int | None = None) -> int:
+        """Usable parents in ``budget_bytes`` (:meth:`parents_for_budget`)."""
+        return self.parents_for_budget(budget_bytes, stage)
+
+    def units_bytes(self, num_units: int, stage: int | None = None) -> int:
+        """Arena bytes of ``num_units`` usable parents plus the null parent."""
+        _check_load(0, 1, num_units)
+        parent = self.parent_bytes if stage is None else self.stage_parent_bytes(stage)
+        return (num_units + 1) * parent
+
+    def byte_range(
+        self, layer: int, part: str, block: int, num_units: int, stage: int = 0
+    ) -> ByteRange:
+        """Where ``part`` of page ``block`` of module ``layer`` lies in the arena of
+        ``bind(num_units)`` on a rank of ``stage`` (page 0 is the null page)."""
+        self.group_of(layer, stage)  # refuses a layer the stage does not hold
+        binding = next(b for b in self.bind(num_units, stage).layers if b.layer == layer)
+        pages = 1 + num_units * binding.pages_per_parent
+        if not 0 <= block < pages:
+            raise Refusal(
+                "invalid_argument",
+                f"block={block} is not one of the {pages} pages of layer {layer}",
+                facts={"block": block, "num_pages": pages},
+                hint=f"use 0 <= block < {pages}",
+            )
+        inner = self.part_range(layer, part)
+        return ByteRange(
+            layer=layer,
+            part=part,
+            block=block,
+            offset_bytes=binding.page_offset(block) + inner.offset_bytes,
+            size_bytes=inner.size_bytes,
+        )
+
+    def block_caption(self, num_planes: int) -> str:
+        """One parent in words, for pictures."""
+        packing = self.packing
+        return (
+            f"one parent: packing p_m/p_l {packing.mla_pages}/{packing.state_pages}, "
+            f"{packing.plane_bytes:,} B planes x {num_planes} = "
+            f"{num_planes * packing.plane_bytes:,} B"
+        )
+
+    def summary(self) -> list[tuple[str, str]]:
+        """The layout's numbers as (label, value) rows."""
+        rows = [
+            ("planes", f"{self.num_planes:,}"),
+            ("packing p_m / p_l", f"{self.packing.mla_pages} / {self.packing.state_pages}"),
+            ("plane bytes", f"{self.packing.plane_bytes:,}"),
+            ("parent bytes", f"{self.parent_bytes:,}"),
+            ("padding limit", "none" if self.max_padding is None else f"{self.max_padding:g}"),
+        ]
+        rule = self.rule_1152
+        if rule is not None:
+            verdict = "chosen" if rule.chosen else f"passed over: {rule.reason}"
+            rows.append(("#1152 rule", f"{rule.mla_pages}/{rule.state_pages}, {verdict}"))
+        return rows
+
+    def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:
+        """What ``budget_bytes`` holds, as (label, value) rows."""
+        parents = self.parents_for_budget(budget_bytes)
+        return [
+            ("parents in budget (+1 null)", f"{parents:,}"),
+            (
+                f"token capacity (max_live {max_live})",
+                f"{self.token_capacity(parents, max_live):,}",
+            ),
+        ]
+
+    def group_columns(self) -> dict[str, dict[str, str]]:
+        """Pages per parent, padding and utilization of every group."""
+        padding, utilization = self.padding_fraction, self.utilization
+        return {
+            g.name: {
+                "pages / parent": str(self.packing_by_group[g.name]),
+                "padding": f"{padding[g.name]:.3f}",
+                "utilization": f"{utilization[g.name]:.3f}",
+            }
+            for g in self.groups
+        }
 
 
 def _check_load(tokens: int, max_live: int, protected_pages: int) -> None:
@@ -306,10 +437,19 @@ def _check_load(tokens: int, max_live: int, protected_pages: int) -> None:
             )
 
 
-def group_parent(model: HybridModel) -> tuple[Group, ...]:
+def group_parent(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
     """``full_attention`` (MLA then draft) and the KDA layers split contiguously into
     ``ceil(kda / planes)`` groups (K3: 69 over 24 planes -> 23, 23, 23)."""
     attention = model.attention_layer_ids
+    kinds = {sizes.spec_of(layer).kind for layer in attention}
+    if len(kinds) > 1:
+        raise Refusal(
+            "mixed_layer_specs",
+            f"model {model.name}: attention layers of kinds {sorted(kinds)}; the parent "
+            "layout pages one attention kind",
+            facts={"model": model.name, "kinds": tuple(sorted(kinds))},
+            hint="use engine=vllm",
+        )
     groups = [Group(name="full_attention", kind="attention", layers=attention)]
     kda = model.kda_layer_ids
     if kda:
@@ -349,8 +489,8 @@ def pack_parent(
 ) -> ParentPlan:
     """Search the packing for the whole model, report #1152's beside it, build the plan."""
     frame = PackingFrame(
-        mla_page_bytes=sizes.attention.page_bytes(PARENT_PAGE_TOKENS),
-        state_bytes=sizes.kda_state_bytes,
+        mla_page_bytes=sizes.attention_page_bytes(PARENT_PAGE_TOKENS),
+        state_bytes=sizes.state_bytes,
         num_planes=len(groups[0].layers),
         groups=groups,
         max_padding=default_max_padding(model, deployment),
@@ -359,7 +499,6 @@ def pack_parent(
     return ParentPlan(
         model=model,
         deployment=deployment,
-        sizes=sizes,
         groups=groups,
         stages=stages,
         packing=packing,

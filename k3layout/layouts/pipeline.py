@@ -34,7 +34,7 @@ class EngineSeams(Generic[PlanT]):
     """What an engine flavour adds to the pipeline: its refusals, grouping rule and packing."""
 
     check: Callable[[HybridModel, Deployment], None]
-    group: Callable[[HybridModel], tuple[Group, ...]]
+    group: Callable[[HybridModel, RankSizes], tuple[Group, ...]]
     pack: Callable[
         [HybridModel, Deployment, RankSizes, tuple[Group, ...], tuple[Stage, ...]], PlanT
     ]
@@ -80,7 +80,7 @@ def _run(model: HybridModel, deployment: Deployment, seams: EngineSeams[PlanT]) 
     check_parallelism(model, deployment)
     seams.check(model, deployment)
     sizes = rank_sizes(model, deployment)
-    groups = seams.group(model)
+    groups = seams.group(model, sizes)
     stages = project_stages(model, deployment, groups)
     return seams.pack(model, deployment, sizes, groups, stages)
 

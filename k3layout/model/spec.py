@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from .._frozen import Frozen
-from .layers import KDALayer, Layer, MLALayer
+from .layers import AnyLayer, KDALayer, Layer, MLALayer
 
 
 class HybridModel(Frozen):
@@ -23,14 +23,20 @@ class HybridModel(Frozen):
     name: Annotated[str, Field(min_length=1)]
     model_type: Annotated[str, Field(min_length=1)]
     layers: Annotated[tuple[Layer, ...], Field(min_length=1)]
-    draft_layers: tuple[MLALayer, ...] = ()
+    draft_layers: tuple[Layer, ...] = ()
 
     @model_validator(mode="after")
     def _needs_attention(self) -> HybridModel:
-        if not any(isinstance(layer, MLALayer) for layer in self.layers):
+        if not any(layer.paging == "token" for layer in self.layers):
             raise ValueError(
-                "layers: a hybrid model needs at least one MLA layer to page "
-                f"(got {len(self.layers)} KDA layers and no MLA layer)"
+                "layers: a hybrid model needs at least one attention layer to page "
+                f"(got {len(self.layers)} state layers and no attention layer)"
+            )
+        slots = [i for i, layer in enumerate(self.draft_layers) if layer.paging != "token"]
+        if slots:
+            raise ValueError(
+                f"draft_layers: draft layers {slots} keep a state; a draft joins the attention "
+                "pool, so its layers must be attention layers (mla or gqa)"
             )
         return self
 
@@ -40,19 +46,20 @@ class HybridModel(Frozen):
         return len(self.layers)
 
     @cached_property
-    def module_layers(self) -> tuple[MLALayer | KDALayer, ...]:
+    def module_layers(self) -> tuple[AnyLayer, ...]:
         """Target then draft layers: module layer id ``i`` is ``module_layers[i]``."""
         return (*self.layers, *self.draft_layers)
 
     @cached_property
     def attention_layer_ids(self) -> tuple[int, ...]:
-        """Module ids of every MLA layer, target in module order then draft."""
-        return tuple(i for i, layer in enumerate(self.module_layers) if layer.kind == "mla")
+        """Module ids of every attention (token-paged) layer, target in module order then
+        draft."""
+        return tuple(i for i, layer in enumerate(self.module_layers) if layer.paging == "token")
 
     @cached_property
     def kda_layer_ids(self) -> tuple[int, ...]:
-        """Module ids of every KDA layer, in module order."""
-        return tuple(i for i, layer in enumerate(self.layers) if layer.kind == "kda")
+        """Module ids of every state (KDA) layer, in module order."""
+        return tuple(i for i, layer in enumerate(self.layers) if layer.paging == "slot")
 
     @property
     def draft_layer_ids(self) -> tuple[int, ...]:

@@ -10,7 +10,7 @@ convention (:mod:`k3layout.offload.names`). Every function takes a pipeline ``st
 from .aliasing import Misplaced, MisplacedBy, aliasing_problems, check_aliasing
 from .image import (
     CheckpointImage,
-    PublishedPlane,
+    PageRegion,
     RegionPart,
     StateRange,
     checkpoint_image,
@@ -46,7 +46,7 @@ __all__ = [
     "MisplacedBy",
     "PlaneOrder",
     "PlaneShare",
-    "PublishedPlane",
+    "PageRegion",
     "RegionPart",
     "RideOptions",
     "RidePlan",

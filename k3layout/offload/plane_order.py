@@ -26,7 +26,7 @@ from pydantic import NonNegativeInt
 
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import ParentPlan, PlaneMember, Stage, VllmPlan
+from ..layouts import EngineLayout, ParentPlan, PlaneMember, Stage, VllmPlan
 from .names import LayerNames, engine_layer_names, name_order
 from .stage import image_attention_layers, kda_groups, ride_stage, vllm_plan_of
 from .views import TensorView, views_of
@@ -168,7 +168,7 @@ def aliased_by_address(
 
 
 def plane_order(
-    plan: VllmPlan | ParentPlan,
+    plan: EngineLayout,
     published: Sequence[str] | None = None,
     *,
     stage: int = 0,

@@ -45,12 +45,11 @@ from .regions import (  # noqa: E402
     tier_regions,
     write_regions,
 )
-from .specs import DEFAULT_CONV_LAYOUT, CacheSpec, LayerSpec, PartSpec, cache_spec  # noqa: E402
+from .specs import CacheSpec, LayerSpec, PartSpec, cache_spec  # noqa: E402
 from .tables import BlockTables, block_tables, boundary_row  # noqa: E402
 from .tier import Tier, restore_prefix, store_prefix  # noqa: E402
 
 __all__ = [
-    "DEFAULT_CONV_LAYOUT",
     "TORCH_DTYPES",
     "Allocation",
     "BlockTables",

@@ -16,10 +16,9 @@ from typing import Final, TypeAlias
 
 import torch
 
-from ..layouts import ParentPlan, VllmPlan
+from ..layouts import EngineLayout, ParentPlan, VllmPlan
 from ..offload import LayerNames
-from ..sizes import ConvLayout
-from .specs import DEFAULT_CONV_LAYOUT, CacheSpec, ElementDtype, PartSpec, cache_spec
+from .specs import CacheSpec, ElementDtype, PartSpec, cache_spec
 
 TORCH_DTYPES: Final[dict[ElementDtype, torch.dtype]] = {
     "float8_e4m3fn": torch.float8_e4m3fn,
@@ -85,11 +84,10 @@ class Allocation:
 
 
 def allocate(
-    plan: VllmPlan | ParentPlan,
+    plan: EngineLayout,
     num_blocks: int,
     *,
     stage: int = 0,
-    conv_layout: ConvLayout = DEFAULT_CONV_LAYOUT,
     names: LayerNames | None = None,
     fill: int | None = 0,
     device: torch.device | str = "cpu",
@@ -108,7 +106,7 @@ def allocate(
     >>> conv_q.data_ptr() == latent.data_ptr()  # KDA layer 0 of every group rides plane 0
     True
     """
-    spec = cache_spec(plan, num_blocks, stage=stage, conv_layout=conv_layout, names=names)
+    spec = cache_spec(plan, num_blocks, stage=stage, names=names)
     if spec.engine == "vllm":  # one allocation per plane, as vLLM's KVCacheTensors
         planes = tuple(
             _buffer((spec.num_blocks, spec.page_bytes), fill, device)
