@@ -204,8 +204,7 @@ def check_uniform_layers(model: HybridModel) -> tuple[MLALayer, KDALayer | None]
     """
     mla = model.mla_layers
     kda = model.kda_layers
-    for kind, layers in (("MLA", mla), ("KDA", kda)):
-        geometries = sorted({layer.cache_geometry for layer in layers})
+    for kind, geometries in zip(("MLA", "KDA"), model.cache_geometries, strict=True):
         if len(geometries) > 1:
             raise Refusal(
                 "mixed_layer_specs",
@@ -227,9 +226,8 @@ def check_heads(model: HybridModel, attn_tp: int) -> None:
     KDA heads are sharded by attention TP, and so are MLA query heads; the hint names the
     nearest attention TP sizes that divide them all.
     """
-    counts = {("KDA", layer.num_heads) for layer in model.kda_layers}
-    counts |= {("MLA", layer.num_heads) for layer in model.mla_layers}
-    for kind, heads in sorted(counts):
+    counts = model.head_counts
+    for kind, heads in counts:
         if heads % attn_tp:
             common = reduce(math.gcd, (h for _, h in counts))
             good = _divisors(common)

@@ -13,7 +13,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, NonNegativeInt
 
-from .._frozen import Frozen
+from .._frozen import Frozen, trusted
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
@@ -31,11 +31,11 @@ class Group(Frozen):
 
     def project(self, stage_layers: frozenset[int]) -> Group:
         """The same group restricted to the layers a stage holds (order kept)."""
-        return Group(
-            name=self.name,
-            kind=self.kind,
-            layers=tuple(layer for layer in self.layers if layer in stage_layers),
-        )
+        layers = tuple(layer for layer in self.layers if layer in stage_layers)
+        if len(layers) == len(self.layers):
+            return self
+        # A subsequence of this (validated) group's layers: nothing to re-validate.
+        return trusted(Group, name=self.name, kind=self.kind, layers=layers)
 
 
 class PlaneMember(Frozen):
@@ -55,7 +55,7 @@ def plane_members(groups: tuple[Group, ...]) -> tuple[tuple[PlaneMember, ...], .
     """For every plane ``j``, the layer at position ``j`` of each group that has one."""
     return tuple(
         tuple(
-            PlaneMember(group=group.name, kind=group.kind, layer=group.layers[j])
+            trusted(PlaneMember, group=group.name, kind=group.kind, layer=group.layers[j])
             for group in groups
             if j < len(group.layers)
         )
@@ -122,8 +122,15 @@ def project_stages(
         if index == len(bounds) - 1:
             layers += model.draft_layer_ids
         held = frozenset(layers)
+        if len(bounds) == 1:
+            # One stage holds every module layer: each group is its own projection.
+            stages.append(trusted(Stage, index=index, layers=layers, groups=groups))
+            break
+        # Stage bounds and projections of validated groups: nothing to re-validate.
         stages.append(
-            Stage(index=index, layers=layers, groups=tuple(g.project(held) for g in groups))
+            trusted(
+                Stage, index=index, layers=layers, groups=tuple(g.project(held) for g in groups)
+            )
         )
     return tuple(stages)
 

@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import PositiveInt
 
+from .._frozen import trusted
 from ..constants import MLA_KERNEL_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
 from ..deployment import Deployment
 from ..errors import Refusal
@@ -100,7 +101,7 @@ def block_tokens_for(sizes: RankSizes, requested: int | None) -> int:
     align = max(MLA_KERNEL_BLOCK_TOKENS, requested or 0)
     if sizes.kda is None:
         return align
-    return align * math.ceil(sizes.kda.state_bytes / (align * sizes.attention.bytes_per_token))
+    return align * -(-sizes.kda.state_bytes // (align * sizes.attention.bytes_per_token))
 
 
 def group_vllm(model: HybridModel) -> tuple[Group, ...]:
@@ -109,22 +110,30 @@ def group_vllm(model: HybridModel) -> tuple[Group, ...]:
     K3 + DSpark: buckets KDA 69 and attention 29; 69 >= 1.5 x 29 so ``group_size`` = 29 and
     KDA splits into ceil(69/29) = 3 groups of 23, 23, 23 (KDA first: module layer 0 is KDA).
     """
-    buckets: dict[GroupKind, tuple[int, ...]] = {}
-    for layer_id, layer in enumerate(model.module_layers):
-        kind: GroupKind = "attention" if layer.kind == "mla" else "kda"
-        buckets[kind] = (*buckets.get(kind, ()), layer_id)
+    # The model's layer ids by kind are computed once per model; buckets keep the order of
+    # their first layer (draft layers are MLA: they only extend the attention bucket).
+    by_kind: list[tuple[GroupKind, tuple[int, ...]]] = [
+        ("attention", model.attention_layer_ids),
+        ("kda", model.kda_layer_ids),
+    ]
+    buckets = {kind: ids for kind, ids in sorted(by_kind, key=_first_id) if ids}
     smallest = min(len(ids) for ids in buckets.values())
     largest = max(len(ids) for ids in buckets.values())
     ratio_num, ratio_den = VLLM_GROUP_SIZE_RATIO
     group_size = largest if largest * ratio_den < smallest * ratio_num else smallest
     groups: list[Group] = []
     for kind, ids in buckets.items():
-        splits = split_strided(ids, math.ceil(len(ids) / group_size))
+        splits = split_strided(ids, -(-len(ids) // group_size))
         names = group_names(kind, len(splits))
+        # Module layer ids and tokenspeed's names: built here, nothing to re-validate.
         groups.extend(
-            Group(name=n, kind=kind, layers=s) for n, s in zip(names, splits, strict=True)
+            trusted(Group, name=n, kind=kind, layers=s) for n, s in zip(names, splits, strict=True)
         )
     return tuple(groups)
+
+
+def _first_id(bucket: tuple[GroupKind, tuple[int, ...]]) -> int:
+    return bucket[1][0] if bucket[1] else -1
 
 
 def pack_vllm(
