@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 class Frozen(BaseModel):
     """A frozen pydantic record with no extra fields (hashable, JSON round-trips)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 FrozenT = TypeVar("FrozenT", bound=Frozen)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import argparse
-
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from ..layouts import ParentPlan, VllmPlan, plan
 from ..layouts.report import report
@@ -15,10 +14,14 @@ from .common import (
     deployment_from_args,
     format_layers,
     model_from_args,
+    new_table,
     run_refusing,
     summary_table,
     thousands,
 )
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 GIB = 1 << 30
 
@@ -120,7 +123,7 @@ def _capacity_rows(
 
 
 def _groups_table(result: VllmPlan | ParentPlan) -> Table:
-    table = Table(title="groups", title_justify="left")
+    table = new_table("groups")
     for column in ("group", "kind", "layers", "module layers"):
         table.add_column(column)
     if isinstance(result, ParentPlan):
@@ -139,7 +142,7 @@ def _groups_table(result: VllmPlan | ParentPlan) -> Table:
 
 
 def _stages_table(result: VllmPlan | ParentPlan) -> Table:
-    table = Table(title="pipeline stages", title_justify="left")
+    table = new_table("pipeline stages")
     for column in ("stage", "module layers", "planes", "bytes / block or parent"):
         table.add_column(column)
     for stage in result.stages:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import Field, TypeAdapter
+from pydantic import ConfigDict, Field, TypeAdapter
 
 from .._frozen import Frozen
 from ..deployment import Deployment
@@ -120,7 +120,9 @@ class ParentReport(PlanReport):
 
 
 Report: TypeAlias = Annotated[VllmReport | ParentReport, Field(discriminator="engine")]
-REPORT_ADAPTER: TypeAdapter[VllmReport | ParentReport] = TypeAdapter(Report)
+REPORT_ADAPTER: TypeAdapter[VllmReport | ParentReport] = TypeAdapter(
+    Report, config=ConfigDict(defer_build=True)
+)
 
 
 def _stage_fields(stage: Stage) -> dict[str, object]:
