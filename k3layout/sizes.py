@@ -120,8 +120,8 @@ def check_heads(model: HybridModel, attn_tp: int) -> None:
     KDA heads are sharded by attention TP, and so are MLA query heads; the hint names the
     nearest attention TP sizes that divide them all.
     """
-    counts = {(layer.kind.upper(), layer.num_heads) for layer in model.module_layers}
-    for kind, heads in sorted(counts):
+    counts = model.head_counts
+    for kind, heads in counts:
         if heads % attn_tp:
             common = reduce(math.gcd, (h for _, h in counts))
             good = _divisors(common)

@@ -23,7 +23,7 @@ from pydantic import Field, PositiveInt, model_validator
 from .._frozen import Frozen
 from ..dtypes import DTYPE_BYTES, DTypeName
 from ..errors import Refusal
-from ..placements import Replicate, ReplicaShard, Shard
+from ..placements import ReplicaShard, Replicate, Shard
 
 ElementDtype: TypeAlias = DTypeName | Literal["uint8"]
 """Element dtypes of cache tensors: the planner's dtypes, and raw bytes (packed rows)."""

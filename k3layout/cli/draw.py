@@ -19,7 +19,7 @@ import sys
 from typing import TYPE_CHECKING, TypeAlias
 
 from ..deployment import ENGINES
-from ..layouts import EngineLayout, ParentPlan, VllmPlan, plan
+from ..layouts import EngineLayout, plan
 from ..offload import checkpoint_image, plane_order
 from ..sweep import SweepCell, default_attn_tps, sweep
 from ..transfer import TransferPlan

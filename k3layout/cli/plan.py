@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import argparse
-
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from ..layouts import EngineLayout, plan
 from ..layouts.report import report
@@ -15,10 +14,14 @@ from .common import (
     deployment_from_args,
     format_layers,
     model_from_args,
+    new_table,
     run_refusing,
     summary_table,
     thousands,
 )
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 GIB = 1 << 30
 
@@ -76,7 +79,7 @@ def _size_rows(result: EngineLayout) -> list[tuple[str, str]]:
 
 
 def _groups_table(result: EngineLayout) -> Table:
-    table = Table(title="groups", title_justify="left")
+    table = new_table("groups")
     for column in ("group", "kind", "layers", "module layers"):
         table.add_column(column)
     extra = result.group_columns()
@@ -90,7 +93,7 @@ def _groups_table(result: EngineLayout) -> Table:
 
 
 def _stages_table(result: EngineLayout) -> Table:
-    table = Table(title="pipeline stages", title_justify="left")
+    table = new_table("pipeline stages")
     for column in ("stage", "module layers", "planes", "bytes / block or parent"):
         table.add_column(column)
     for stage in result.stages:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import re
 
-from rich.table import Table
-
 from ..deployment import ENGINES, Deployment
 from ..dtypes import KV_CACHE_DTYPES
 from ..errors import Refusal
@@ -29,6 +27,7 @@ from .common import (
     add_model_options,
     console,
     model_from_args,
+    new_table,
     run_refusing,
     summary_table,
     thousands,
@@ -175,7 +174,7 @@ def show(
         segments_in[pair.consumer] += pair.segments
         segments_out[pair.producer] += pair.segments
 
-    by_consumer = Table(title="bytes per consumer rank", title_justify="left")
+    by_consumer = new_table("bytes per consumer rank")
     for column in ("rank", "stage", "tp rank", "dcp rank", "producers", "segments"):
         by_consumer.add_column(column)
     for column in ("page bytes", "slot bytes", "bytes"):
@@ -195,7 +194,7 @@ def show(
         )
     out.print(by_consumer)
 
-    by_producer = Table(title="bytes per producer rank", title_justify="left")
+    by_producer = new_table("bytes per producer rank")
     for column in ("rank", "stage", "tp rank", "consumers", "segments"):
         by_producer.add_column(column)
     by_producer.add_column("bytes", justify="right")

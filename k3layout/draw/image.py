@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from ..errors import Refusal
-from ..layouts import EngineLayout, ParentPlan, VllmPlan
+from ..layouts import EngineLayout
 from ..offload import CheckpointImage, RidePlan, checkpoint_image
 from .figure import (
     CELL_SIZE,

@@ -18,7 +18,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
 from ..errors import Refusal
-from ..layouts import EngineLayout, ParentPlan, VllmPlan
+from ..layouts import EngineLayout
 from ..offload import PlaneOrder, RidePlan, plane_order
 from .figure import ATTENTION_COLOUR, FRAME_EDGE, LABEL_COLOUR, new_figure
 

@@ -3,20 +3,20 @@
 from .groups import Group, GroupedLayout, GroupKind, PlaneMember, Stage, project_stages
 from .packing import Packing, PackingFrame, RuleCheck
 from .parent import Binding, GroupPages, LayerBinding, ParentPlan
-from .protocol import ByteRange, EngineLayout, LayoutBase
 from .pipeline import Plan, load_plan, plan, plan_parent, plan_vllm, with_engine
+from .protocol import ByteRange, EngineLayout, LayoutBase
 from .vllm import VllmPlan, block_tokens_for
 
 __all__ = [
     "Binding",
     "ByteRange",
     "EngineLayout",
-    "LayoutBase",
     "Group",
     "GroupKind",
     "GroupPages",
     "GroupedLayout",
     "LayerBinding",
+    "LayoutBase",
     "Packing",
     "PackingFrame",
     "ParentPlan",

@@ -13,9 +13,9 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, NonNegativeInt
 
-from .._frozen import Frozen
-from ..deployment import Deployment
+from .._frozen import Frozen, trusted
 from ..cache import LayerCacheSpec
+from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
 from ..placements import pp_stage_bounds
@@ -35,11 +35,12 @@ class Group(Frozen):
 
     def project(self, stage_layers: frozenset[int]) -> Group:
         """The same group restricted to the layers a stage holds (order kept)."""
-        return Group(
-            name=self.name,
-            kind=self.kind,
-            layers=tuple(layer for layer in self.layers if layer in stage_layers),
-            first_plane=self.first_plane,
+        layers = tuple(layer for layer in self.layers if layer in stage_layers)
+        if len(layers) == len(self.layers):
+            return self
+        # A subsequence of this (validated) group's layers: nothing to re-validate.
+        return trusted(
+            Group, name=self.name, kind=self.kind, layers=layers, first_plane=self.first_plane
         )
 
     def plane_of(self, position: int) -> int:
@@ -65,7 +66,12 @@ def plane_members(groups: tuple[Group, ...]) -> tuple[tuple[PlaneMember, ...], .
     """For every plane, the layer of each group that uses it."""
     return tuple(
         tuple(
-            PlaneMember(group=group.name, kind=group.kind, layer=group.layers[p - group.first_plane])
+            trusted(
+                PlaneMember,
+                group=group.name,
+                kind=group.kind,
+                layer=group.layers[p - group.first_plane],
+            )
             for group in groups
             if 0 <= p - group.first_plane < len(group.layers)
         )
@@ -132,8 +138,15 @@ def project_stages(
         if index == len(bounds) - 1:
             layers += model.draft_layer_ids
         held = frozenset(layers)
+        if len(bounds) == 1:
+            # One stage holds every module layer: each group is its own projection.
+            stages.append(trusted(Stage, index=index, layers=layers, groups=groups))
+            break
+        # Stage bounds and projections of validated groups: nothing to re-validate.
         stages.append(
-            Stage(index=index, layers=layers, groups=tuple(g.project(held) for g in groups))
+            trusted(
+                Stage, index=index, layers=layers, groups=tuple(g.project(held) for g in groups)
+            )
         )
     return tuple(stages)
 

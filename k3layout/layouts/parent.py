@@ -10,12 +10,11 @@ of every group, so the state rides inside the MLA planes. A parent is one plane 
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from pydantic import NonNegativeInt, PositiveInt
 
-from .._frozen import Frozen
+from .._frozen import Frozen, trusted
 from ..constants import DEFAULT_MAX_PADDING_FRACTION, PARENT_PAGE_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
@@ -450,13 +449,14 @@ def group_parent(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
             facts={"model": model.name, "kinds": tuple(sorted(kinds))},
             hint="use engine=vllm",
         )
-    groups = [Group(name="full_attention", kind="attention", layers=attention)]
+    # Module layer ids and tokenspeed's names: built here, nothing to re-validate.
+    groups = [trusted(Group, name="full_attention", kind="attention", layers=attention)]
     kda = model.kda_layer_ids
     if kda:
-        splits = split_contiguous(kda, math.ceil(len(kda) / len(attention)))
+        splits = split_contiguous(kda, -(-len(kda) // len(attention)))
         names = group_names("kda", len(splits))
         groups.extend(
-            Group(name=n, kind="kda", layers=s) for n, s in zip(names, splits, strict=True)
+            trusted(Group, name=n, kind="kda", layers=s) for n, s in zip(names, splits, strict=True)
         )
     return tuple(groups)
 
@@ -488,7 +488,9 @@ def pack_parent(
     stages: tuple[Stage, ...],
 ) -> ParentPlan:
     """Search the packing for the whole model, report #1152's beside it, build the plan."""
-    frame = PackingFrame(
+    # Sizes and groups the pipeline already validated: nothing to re-validate.
+    frame = trusted(
+        PackingFrame,
         mla_page_bytes=sizes.attention_page_bytes(PARENT_PAGE_TOKENS),
         state_bytes=sizes.state_bytes,
         num_planes=len(groups[0].layers),

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Generic, TypeAlias, TypeVar
 
-from pydantic import Field, TypeAdapter
+from pydantic import ConfigDict, Field, TypeAdapter
 
 from ..deployment import Deployment, EngineFlavour
 from ..errors import Refusal
@@ -23,7 +23,9 @@ from .vllm import VllmPlan, group_vllm, pack_vllm
 Plan: TypeAlias = Annotated[VllmPlan | ParentPlan, Field(discriminator="engine")]
 """A plan of either engine, tagged by ``engine``."""
 
-PLAN_ADAPTER: TypeAdapter[VllmPlan | ParentPlan] = TypeAdapter(Plan)
+PLAN_ADAPTER: TypeAdapter[VllmPlan | ParentPlan] = TypeAdapter(
+    Plan, config=ConfigDict(defer_build=True)
+)
 
 
 PlanT = TypeVar("PlanT", VllmPlan, ParentPlan)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import Field, TypeAdapter
+from pydantic import ConfigDict, Field, TypeAdapter
 
 from .._frozen import Frozen
-from ..deployment import Deployment
 from ..cache import LayerCacheSpec
+from ..deployment import Deployment
 from ..sizes import RankSizes
 from .groups import Group, Stage
 from .packing import RuleCheck
@@ -141,7 +141,9 @@ class ParentReport(PlanReport):
 
 
 Report: TypeAlias = Annotated[VllmReport | ParentReport, Field(discriminator="engine")]
-REPORT_ADAPTER: TypeAdapter[VllmReport | ParentReport] = TypeAdapter(Report)
+REPORT_ADAPTER: TypeAdapter[VllmReport | ParentReport] = TypeAdapter(
+    Report, config=ConfigDict(defer_build=True)
+)
 
 
 def _stage_fields(stage: Stage) -> dict[str, object]:

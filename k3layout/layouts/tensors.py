@@ -32,15 +32,12 @@ from typing import Literal, TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
-from ..deployment import ConvLayout
-
 from .._frozen import Frozen
 from ..cache import ElementDtype, LayerCacheSpec, element_bytes
-from ..constants import PARENT_PAGE_TOKENS
-from ..deployment import EngineFlavour
+from ..deployment import ConvLayout, EngineFlavour
 from ..errors import Refusal
-from ..offload.names import LayerNames, engine_layer_names
 from ..offload.image import part_region_name
+from ..offload.names import LayerNames, engine_layer_names
 from .protocol import EngineLayout
 
 PartName: TypeAlias = str

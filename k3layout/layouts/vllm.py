@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import PositiveInt
 
+from .._frozen import trusted
 from ..constants import MLA_KERNEL_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
 from ..deployment import Deployment
 from ..errors import Refusal
@@ -254,7 +255,7 @@ def group_vllm(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
         prefix = None if list(kinds.values()).count(kind) == 1 else sizes.specs[index].kind
         names = group_names(kind, len(splits), prefix)
         groups.extend(
-            Group(name=n, kind=kind, layers=s) for n, s in zip(names, splits, strict=True)
+            trusted(Group, name=n, kind=kind, layers=s) for n, s in zip(names, splits, strict=True)
         )
     return tuple(groups)
 

@@ -61,17 +61,23 @@ class HybridModel(Frozen):
         """Module ids of every state (KDA) layer, in module order."""
         return tuple(i for i, layer in enumerate(self.layers) if layer.paging == "slot")
 
-    @property
+    @cached_property
     def draft_layer_ids(self) -> tuple[int, ...]:
         """Module ids of the draft layers (after the target's)."""
         return tuple(range(self.num_layers, self.num_layers + len(self.draft_layers)))
 
-    @property
+    @cached_property
     def mla_layers(self) -> tuple[MLALayer, ...]:
         """Every MLA layer, target then draft."""
         return tuple(layer for layer in self.module_layers if isinstance(layer, MLALayer))
 
-    @property
+    @cached_property
     def kda_layers(self) -> tuple[KDALayer, ...]:
         """Every KDA layer, in module order."""
         return tuple(layer for layer in self.layers if isinstance(layer, KDALayer))
+
+    @cached_property
+    def head_counts(self) -> tuple[tuple[str, int], ...]:
+        """The distinct ``(kind, num_heads)`` of the model's layers, sorted (``KDA`` before
+        ``MLA``): what attention TP must divide (computed once per model)."""
+        return tuple(sorted({(layer.kind.upper(), layer.num_heads) for layer in self.module_layers}))

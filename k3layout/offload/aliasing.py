@@ -26,7 +26,7 @@ from pydantic import NonNegativeInt
 
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import EngineLayout, ParentPlan, VllmPlan
+from ..layouts import EngineLayout
 from .names import LayerNames, engine_layer_names
 from .plane_order import check_permutation, stage_attention_names
 from .stage import image_attention_layers, kda_groups, ride_stage, vllm_plan_of

@@ -18,13 +18,13 @@ folds the index into the page of the layer that owns it.
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias
+from typing import TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import EngineLayout, Group, ParentPlan, VllmPlan
+from ..layouts import EngineLayout, Group
 from .names import LayerNames, index_region_name
 from .plane_order import PlaneOrder, PlaneShare, plane_order
 from .stage import kda_groups, ride_stage, vllm_plan_of

@@ -26,7 +26,7 @@ from pydantic import NonNegativeInt
 
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import EngineLayout, ParentPlan, PlaneMember, Stage, VllmPlan
+from ..layouts import EngineLayout, PlaneMember, Stage
 from .names import LayerNames, engine_layer_names, name_order
 from .stage import image_attention_layers, kda_groups, ride_stage, vllm_plan_of
 from .views import TensorView, views_of

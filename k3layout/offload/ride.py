@@ -27,7 +27,7 @@ from pydantic import NonNegativeInt, PositiveInt
 
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import EngineLayout, GroupKind, ParentPlan, VllmPlan
+from ..layouts import EngineLayout, GroupKind, VllmPlan
 from ..model import HybridModel
 from .image import CheckpointImage, checkpoint_image
 from .names import LayerNames, engine_layer_names

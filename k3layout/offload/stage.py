@@ -10,7 +10,7 @@ state on planes no attention layer publishes, and is refused.
 from __future__ import annotations
 
 from ..errors import Refusal
-from ..layouts import EngineLayout, Group, ParentPlan, Stage, VllmPlan
+from ..layouts import EngineLayout, Group, Stage, VllmPlan
 from ..layouts.groups import stage_at
 
 

@@ -16,7 +16,7 @@ from typing import Final, TypeAlias
 
 import torch
 
-from ..layouts import EngineLayout, ParentPlan, VllmPlan
+from ..layouts import EngineLayout
 from ..offload import LayerNames
 from .specs import CacheSpec, ElementDtype, PartSpec, cache_spec
 

@@ -27,7 +27,7 @@ from pydantic import NonNegativeInt
 
 from .._frozen import Frozen
 from ..errors import Fact, Refusal
-from ..layouts import EngineLayout, ParentPlan, Plan, VllmPlan
+from ..layouts import EngineLayout, Plan, VllmPlan
 from ..layouts.groups import stage_at
 from ..offload import LayerNames, TensorView, check_aliasing, engine_layer_names, plane_order
 from ..offload.stage import attention_groups, num_image_planes, ride_stage, vllm_plan_of

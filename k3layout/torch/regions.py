@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..errors import Refusal
 from ..cache import PartRange
+from ..errors import Refusal
 from ..transfer import Region, RegionField, TransferPlan
 from .allocation import Registered, parts_of
 from .images import plane_bytes
@@ -77,7 +77,8 @@ def tier_regions(tier: Tier, regions: Sequence[Region]) -> dict[RegionKey, torch
     for region in regions:
         if region.layer is None:
             raise _unsupported(region)
-        group, position = plan.group_of(region.layer)
+        # the position in the stage's group: the tier's image holds this stage's layers only
+        group, position = plan.group_of(region.layer, layout.spec.stage)
         if region.field not in plan.group_spec(group).part_names:
             raise _unsupported(region)
         inner = plan.part_range(region.layer, region.field)

@@ -16,7 +16,7 @@ from pydantic import NonNegativeInt, model_validator
 
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import EngineLayout, Group, ParentPlan, VllmPlan
+from ..layouts import EngineLayout, Group
 from ..layouts.groups import stage_at
 from ..offload.stage import vllm_plan_of
 

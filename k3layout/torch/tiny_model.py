@@ -28,9 +28,9 @@ import torch
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from .._frozen import Frozen
-from ..errors import Fact, Refusal
 from ..cache import LayerCacheSpec
-from ..layouts import EngineLayout, ParentPlan, VllmPlan
+from ..errors import Fact, Refusal
+from ..layouts import EngineLayout, VllmPlan
 from ..model import HybridModel, KDALayer, MLALayer, kimi_layer_pattern
 from ..offload.stage import vllm_plan_of
 from .allocation import Registered, allocate, parts_of

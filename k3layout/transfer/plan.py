@@ -22,12 +22,12 @@ from functools import cached_property
 from pydantic import NonNegativeInt, PositiveInt
 
 from .._frozen import Frozen
+from ..cache import LayerCacheSpec
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..layouts import Stage, plan, project_stages
 from ..model import HybridModel
 from ..placements import Interleave
-from ..cache import LayerCacheSpec
 from ..sizes import rank_sizes
 from .pairing import (
     check_pairing,

@@ -21,8 +21,8 @@ from typing import Annotated, Literal, TypeAlias
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from .._frozen import Frozen
-from ..errors import Refusal
 from ..cache import CachePart, Paging
+from ..errors import Refusal
 from ..placements import Interleave, Replicate
 
 RegionField: TypeAlias = Annotated[str, Field(min_length=1, max_length=64)]
