@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from k3layout import ConvLayout, Deployment, HybridModel, MLALayer, conv_channel_offset, rank_sizes
@@ -83,7 +85,7 @@ def test_the_parts_of_a_slot_tile_it_exactly(k3: HybridModel, layout: ConvLayout
     assert sizes.state is not None
     ranges = sizes.state.ranges(tp)
     assert ranges[0].offset_bytes == 0
-    assert all(a.end_bytes == b.offset_bytes for a, b in zip(ranges, ranges[1:], strict=False))
+    assert all(a.end_bytes == b.offset_bytes for a, b in pairwise(ranges))
     assert ranges[-1].end_bytes == sizes.state_bytes
 
 

@@ -15,9 +15,8 @@ from hypothesis import given, settings
 from numpy.typing import NDArray
 from test_transfer_properties import TransferInputs, transfer_inputs
 
-from k3layout import Deployment, HybridModel, KDALayer, MLALayer
+from k3layout import ConvLayout, Deployment, HybridModel, KDALayer, MLALayer
 from k3layout.model import kimi_layer_pattern
-from k3layout import ConvLayout
 from k3layout.transfer import RankPair, RegionField, TransferPlan, plan_transfer
 
 Bytes = NDArray[np.uint8]

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from k3layout import (
+    CachePart,
+    ConvLayout,
     Deployment,
     HybridModel,
     Interleave,
@@ -16,7 +18,6 @@ from k3layout import (
     Shard,
     rank_sizes,
 )
-from k3layout import CachePart, ConvLayout
 from k3layout.transfer import Segment, part_segment, slot_parts, token_segments
 
 H, D, K = 96, 128, 4  # K3's KDA heads, head dim, short conv kernel
@@ -40,7 +41,9 @@ def test_slot_parts_hold_exactly_the_bytes_rank_sizes_gives_each_rank(
     assert local["conv"] + local["recurrent"] == sizes.state_bytes
     if replayssm:
         assert sizes.replay is not None
-        assert local["replay_k"] + local["replay_u"] + local["replay_g"] == sizes.replay.unit_bytes(tp)
+        assert local["replay_k"] + local["replay_u"] + local["replay_g"] == sizes.replay.unit_bytes(
+            tp
+        )
     else:
         assert "replay_k" not in local
 
@@ -124,19 +127,21 @@ def test_copies_that_touch_end_to_end_become_one_copy() -> None:
 def test_overlapping_strided_copies_are_rejected() -> None:
     with pytest.raises(ValidationError):
         Segment(
-            field="conv", layer=0, kind="slot", src_offset_bytes=0, dst_offset_bytes=0, length_bytes=8,
-            num_copies=2, src_stride_bytes=4, dst_stride_bytes=8,
+            field="conv", layer=0, kind="slot", src_offset_bytes=0, dst_offset_bytes=0,
+            length_bytes=8, num_copies=2, src_stride_bytes=4, dst_stride_bytes=8,
         )  # fmt: skip
 
 
 def test_the_docstring_example_dcp4_interleave2_13_tokens_rank1() -> None:
-    segments = token_segments(7, "latent", 10, 13, Interleave(num_ranks=4, interleave=2), 1)
+    segments = token_segments(7, "latent", 10, 13, Interleave(num_ranks=4, interleave=2), rank=1)
     # rank 1 owns tokens 2, 3 and 10, 11: rows 2-3 -> 0-1 and 10-11 -> 2-3, 10 B a row
     assert [c for s in segments for c in s.copies()] == [(20, 0, 20), (100, 20, 20)]
 
 
 def test_without_dcp_every_row_is_one_whole_copy() -> None:
-    segments = token_segments(3, "latent", 576, 1000, Interleave(num_ranks=1, interleave=16), 0)
+    segments = token_segments(
+        3, "latent", 576, 1000, Interleave(num_ranks=1, interleave=16), rank=0
+    )
     assert [s.copies() for s in segments] == [((0, 0, 1000 * 576),)]
 
 
@@ -153,9 +158,15 @@ def test_token_segments_are_the_interleave_runs_of_the_rank(
     placement = Interleave(num_ranks=num_ranks, interleave=interleave)
     rank = data.draw(st.integers(0, num_ranks - 1))
     row = 6
-    copies = [c for s in token_segments(0, "latent", row, tokens, placement, rank) for c in s.copies()]
+    copies = [
+        c
+        for s in token_segments(0, "latent", row, tokens, placement, rank=rank)
+        for c in s.copies()
+    ]
     rows = [(src // row + i, dst // row + i) for src, dst, n in copies for i in range(n // row)]
     runs = placement.runs(0, tokens, rank)
     assert rows == [(r.start + i, r.local_start + i) for r in runs for i in range(r.length)]
     assert len(copies) <= len(runs)  # runs are merged, never split
-    assert len(token_segments(0, "latent", row, tokens, placement, rank)) <= 2  # not one per run
+    assert (
+        len(token_segments(0, "latent", row, tokens, placement, rank=rank)) <= 2
+    )  # not one per run

@@ -82,9 +82,7 @@ class KDALayer(Frozen):
         return (replay_spec(self.num_heads, self.head_dim, deployment),)
 
 
-def conv_channel_offset(
-    spec: LayerCacheSpec, group: str, tp: int, row: int = 0
-) -> int:
+def conv_channel_offset(spec: LayerCacheSpec, group: str, tp: int, row: int = 0) -> int:
     """Byte offset, inside a rank's conv tensor, of the first channel of ``group`` (q, k or v)
     in history row ``row``, derived from the conv part's shape and layout."""
     conv = spec.part("conv")

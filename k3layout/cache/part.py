@@ -117,7 +117,9 @@ class CachePart(Frozen):
         the q channels, ``H/tp * D * 2`` bytes (24,576 at TP 1, 3,072 at TP 8).
         """
         local = self.local_shape(tp)
-        if len(index) != len(local) or any(not 0 <= i < n for i, n in zip(index, local, strict=True)):
+        if len(index) != len(local) or any(
+            not 0 <= i < n for i, n in zip(index, local, strict=True)
+        ):
             raise Refusal(
                 "invalid_argument",
                 f"part {self.name}: index {index} is outside its local shape {local}",

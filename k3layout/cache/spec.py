@@ -124,4 +124,3 @@ class LayerCacheSpec(Frozen):
                 f"{self.paging} paging",
                 facts={"kind": self.kind, "paging": self.paging},
             )
-

@@ -74,7 +74,9 @@ def _size_rows(result: EngineLayout) -> list[tuple[str, str]]:
                 )
             )
     if sizes.state is not None:
-        rows.append((f"{sizes.state.kind.upper()} state S(tp, s) / layer", thousands(sizes.state_bytes)))
+        rows.append(
+            (f"{sizes.state.kind.upper()} state S(tp, s) / layer", thousands(sizes.state_bytes))
+        )
     return rows
 
 

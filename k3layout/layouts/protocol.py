@@ -83,8 +83,7 @@ class LayoutBase(GroupedLayout):
                 return group, group.layers.index(layer)
         raise Refusal(
             "invalid_argument",
-            f"layer={layer} is in no group"
-            + ("" if stage is None else f" of stage {stage}"),
+            f"layer={layer} is in no group" + ("" if stage is None else f" of stage {stage}"),
             facts={"layer": layer, "stage": stage},
             hint="use a module layer of the model (of that stage)",
         )

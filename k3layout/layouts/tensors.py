@@ -2,8 +2,8 @@
 strides and byte offsets on its plane.
 
 Allocation builds its views from this spec and validation checks live tensors against it, so
-the two cannot drift apart. The module is pure Python (no torch): the spec is a frozen record, built and inspected
-without torch.
+the two cannot drift apart. The module is pure Python (no torch): the spec is a frozen
+record, built and inspected without torch.
 
 ``vllm`` (vLLM's hybrid allocator): ``num_planes`` tensors of ``num_blocks x page``; the layer at
 position ``j`` of every group is cut from plane ``j``, with the page as block stride:

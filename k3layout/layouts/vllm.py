@@ -107,7 +107,9 @@ class VllmPlan(LayoutBase):
 
     def unit_bytes(self, group: Group) -> int:
         """Payload of one layer of ``group`` on one page: the attention page, or ``S``."""
-        return self.group_spec(group).unit_bytes(self.deployment.attn_tp, self.tokens_per_page(group))
+        return self.group_spec(group).unit_bytes(
+            self.deployment.attn_tp, self.tokens_per_page(group)
+        )
 
     def page_stride_bytes(self, group: Group) -> int:
         """Bytes between blocks ``b`` and ``b + 1`` of one layer: the page."""
@@ -150,7 +152,7 @@ class VllmPlan(LayoutBase):
         ``stage`` holding ``num_units`` blocks: plane ``j`` (the layer's position in its
         group) starts at ``j * num_blocks * page``, block ``b`` at ``b * page`` in it."""
         _check_block(block, num_units)
-        group, position = self.group_of(layer, stage)
+        _, position = self.group_of(layer, stage)
         inner = self.part_range(layer, part)
         offset = (position * num_units + block) * self.page_bytes + inner.offset_bytes
         return ByteRange(
@@ -204,9 +206,7 @@ class VllmPlan(LayoutBase):
 
 def _check_non_negative(name: str, value: int) -> None:
     if value < 0:
-        raise Refusal(
-            "invalid_argument", f"{name}={value} must be >= 0", facts={name: value}
-        )
+        raise Refusal("invalid_argument", f"{name}={value} must be >= 0", facts={name: value})
 
 
 def _check_block(block: int, num_units: int) -> None:
@@ -294,7 +294,11 @@ def unified_page_bytes(sizes: RankSizes, block: int) -> int:
     ``block`` tokens; every other attention spec's page must divide it (its block grows by
     the ratio) and a state slot is padded up to it. Refuses (``page_size``) otherwise."""
     tp = sizes.attn_tp
-    pages = {spec.kind: block * spec.bytes_per_token(tp) for spec in sizes.specs if spec.paging == "token"}
+    pages = {
+        spec.kind: block * spec.bytes_per_token(tp)
+        for spec in sizes.specs
+        if spec.paging == "token"
+    }
     page = max(pages.values())
     for kind, size in pages.items():
         if page % size:
@@ -303,8 +307,13 @@ def unified_page_bytes(sizes: RankSizes, block: int) -> int:
                 "page_size",
                 f"{kind} page of {size} B does not divide the {largest} page of {page} B at "
                 f"block_tokens={block}: vLLM cannot give the groups one page size",
-                facts={"kind": kind, "page_bytes": size, "largest_kind": largest,
-                       "largest_page_bytes": page, "block_tokens": block},
+                facts={
+                    "kind": kind,
+                    "page_bytes": size,
+                    "largest_kind": largest,
+                    "largest_page_bytes": page,
+                    "block_tokens": block,
+                },
                 hint="pick layer dimensions whose per-token bytes divide one another",
             )
     return page

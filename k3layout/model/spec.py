@@ -80,4 +80,6 @@ class HybridModel(Frozen):
     def head_counts(self) -> tuple[tuple[str, int], ...]:
         """The distinct ``(kind, num_heads)`` of the model's layers, sorted (``KDA`` before
         ``MLA``): what attention TP must divide (computed once per model)."""
-        return tuple(sorted({(layer.kind.upper(), layer.num_heads) for layer in self.module_layers}))
+        return tuple(
+            sorted({(layer.kind.upper(), layer.num_heads) for layer in self.module_layers})
+        )

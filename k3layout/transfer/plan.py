@@ -301,7 +301,12 @@ def plan_transfer(
                 if spec.paging == "token":
                     into.extend(
                         _row_segments(
-                            spec, layer, prompt_tokens, (tp_p, source), (tp_d, tp_rank), dcp_rank
+                            spec,
+                            layer,
+                            prompt_tokens,
+                            (tp_p, source),
+                            (tp_d, tp_rank),
+                            dcp_rank=dcp_rank,
                         )
                     )
                     continue
@@ -349,6 +354,7 @@ def _row_segments(
     prompt_tokens: int,
     src: tuple[int, int],
     dst: tuple[int, int],
+    *,
     dcp_rank: int = 0,
 ) -> tuple[Segment, ...]:
     """The rows of every part of an attention layer that the consumer's DCP rank owns.
@@ -361,7 +367,9 @@ def _row_segments(
     for part in spec.parts:
         src_row, dst_row = part.local_bytes(src[0]), part.local_bytes(dst[0])
         if src_row == dst_row:
-            segments.extend(token_segments(layer, part.name, dst_row, prompt_tokens, tokens, dcp_rank))
+            segments.extend(
+                token_segments(layer, part.name, dst_row, prompt_tokens, tokens, rank=dcp_rank)
+            )
             continue
         if tokens.num_ranks > 1:
             raise Refusal(
@@ -369,8 +377,13 @@ def _row_segments(
                 f"{spec.kind} layer {layer}: part {part.name} rows are split by heads "
                 f"differently at prefill tp={src[0]} and decode tp={dst[0]}; with "
                 f"dcp={tokens.num_ranks} a token's row is not one strided copy",
-                facts={"layer": layer, "part": part.name, "prefill_tp": src[0],
-                       "decode_tp": dst[0], "dcp": tokens.num_ranks},
+                facts={
+                    "layer": layer,
+                    "part": part.name,
+                    "prefill_tp": src[0],
+                    "decode_tp": dst[0],
+                    "dcp": tokens.num_ranks,
+                },
                 hint="use dcp=1, or equal attention TP on both sides",
             )
         head = part_segment(part, layer, src, dst)  # one token's share, inside the row

@@ -211,6 +211,7 @@ def token_segments(
     row_bytes: int,
     prompt_tokens: int,
     placement: Interleave,
+    *,
     rank: int,
 ) -> tuple[Segment, ...]:
     """The MLA rows of tokens ``[0, prompt_tokens)`` that DCP rank ``rank`` owns, copied from a
