@@ -73,12 +73,12 @@ class RankSizes(Frozen):
 
     def attention_page_bytes(self, tokens: int = PARENT_PAGE_TOKENS) -> int:
         """Bytes of one attention page of ``tokens`` tokens (73,728 for K3 fp8, 128 tokens)."""
-        return self.attention.unit_bytes(self.attn_tp, tokens)
+        return self.attention.payload_bytes(self.attn_tp, tokens)
 
     @property
     def state_bytes(self) -> int:
         """``S(tp, s)`` per state layer per rank; 0 for a model without state layers."""
-        return 0 if self.state is None else self.state.unit_bytes(self.attn_tp)
+        return 0 if self.state is None else self.state.payload_bytes(self.attn_tp)
 
     @property
     def kda_state_bytes(self) -> int:

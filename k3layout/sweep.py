@@ -25,7 +25,7 @@ class SweepCell(Frozen):
     packing: str | None = None
     padding: float | None = None
     bytes_per_token: float | None = None
-    unit_bytes: int | None = None
+    block_bytes: int | None = None
 
     @property
     def plannable(self) -> bool:
@@ -59,7 +59,7 @@ def sweep_cell(model: HybridModel, deployment: Deployment) -> SweepCell:
             "packing": result.packing_label,
             "padding": result.worst_padding,
             "bytes_per_token": result.bytes_per_token,
-            "unit_bytes": result.block_bytes,
+            "block_bytes": result.block_bytes,
         }
     )
 

@@ -13,6 +13,7 @@ from k3layout import (
     ReplicaShard,
     plan,
     plan_transfer,
+    plan_vllm,
     preset,
     rank_sizes,
     transfer_violations,
@@ -48,7 +49,7 @@ def test_kv_heads_over_a_tp_they_neither_divide_nor_fill_are_refused() -> None:
 
 @pytest.mark.parametrize("tp", [1, 2, 8, 16])
 def test_vllm_gives_every_group_one_page_and_scales_the_smaller_rows_block(tp: int) -> None:
-    p = plan(k3_with_gqa_draft(), Deployment(attn_tp=tp, spec_tokens=2))
+    p = plan_vllm(k3_with_gqa_draft(), Deployment(attn_tp=tp, spec_tokens=2))
     sizes = p.sizes
     mla_row = sizes.attention_bytes_per_token  # 576: replicated latent
     gqa_row = sizes.spec_of(93).bytes_per_token(tp)
@@ -59,7 +60,7 @@ def test_vllm_gives_every_group_one_page_and_scales_the_smaller_rows_block(tp: i
     assert p.block_tokens == page // mla_row
     gqa = p.group("full_attention_gqa")
     assert p.tokens_per_page(gqa) == page // gqa_row
-    assert p.unit_bytes(gqa) == page
+    assert p.payload_bytes(gqa) == page
     assert p.span_tokens(gqa) == page // gqa_row
     # one bucket per spec: KDA, MLA, GQA; the smallest (5 drafts) sets the group size
     assert p.num_planes == 5
@@ -78,11 +79,11 @@ def test_a_gqa_page_that_does_not_divide_the_mla_page_is_refused_naming_both() -
 
 
 def test_byte_range_of_a_gqa_part_follows_the_k_rows() -> None:
-    p = plan(k3_with_gqa_draft(), Deployment(attn_tp=8, spec_tokens=2))
+    p = plan_vllm(k3_with_gqa_draft(), Deployment(attn_tp=8, spec_tokens=2))
     gqa = p.group("full_attention_gqa")
     position = gqa.layers.index(95)
-    k = p.byte_range(95, "k", 3, num_units=10)
-    v = p.byte_range(95, "v", 3, num_units=10)
+    k = p.byte_range(95, "k", 3, num_blocks=10)
+    v = p.byte_range(95, "v", 3, num_blocks=10)
     assert k.offset_bytes == (position * 10 + 3) * p.page_bytes
     assert v.offset_bytes == k.end_bytes  # V rows follow K rows inside the page
     assert v.end_bytes == (position * 10 + 4) * p.page_bytes

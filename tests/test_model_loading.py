@@ -45,7 +45,9 @@ def test_kimi_linear_has_7_mla_and_20_kda(kimi_linear: HybridModel) -> None:
 def test_dspark_adds_five_mla_layers_after_the_target(k3_dspark: HybridModel) -> None:
     assert k3_dspark.draft_layer_ids == (93, 94, 95, 96, 97)
     assert k3_dspark.attention_layer_ids[-5:] == (93, 94, 95, 96, 97)
-    assert all(layer.latent_dim == 576 for layer in k3_dspark.draft_layers)
+    assert all(
+        isinstance(layer, MLALayer) and layer.latent_dim == 576 for layer in k3_dspark.draft_layers
+    )
 
 
 def test_config_draft_layers_join_a_loaded_model() -> None:

@@ -112,9 +112,9 @@ def test_replayssm_records_at_tp8_l16_are_196608_bytes_per_layer(k3: HybridModel
     L = max(16, 2 * (2 + 1))  # cache_len 16 beats 2*(s+1) = 6
     per_record = L * (H // 8) * 128
     assert sizes.replay.part("replay_k").shape[0] == L
-    assert sizes.replay.unit_bytes(8) == per_record * 2 + per_record * 2 + per_record * 4
-    assert sizes.replay.unit_bytes(8) == 196_608
-    assert sizes.cursor.unit_bytes(8) == 4
+    assert sizes.replay.payload_bytes(8) == per_record * 2 + per_record * 2 + per_record * 4
+    assert sizes.replay.payload_bytes(8) == 196_608
+    assert sizes.cursor.payload_bytes(8) == 4
 
 
 def test_replayssm_record_length_grows_with_spec_tokens(k3: HybridModel) -> None:

@@ -25,7 +25,7 @@ from k3layout.torch import (
     image_units,
     kv_units,
     pack_units,
-    plane_bytes,
+    plane_view,
     restore_prefix,
     restore_units,
     store_prefix,
@@ -219,7 +219,7 @@ def test_image_refusals_name_units_blocks_and_sizes(k3_plan: VllmPlan) -> None:
     }
     refused = refusal(lambda: PageUnits(planes=(cache.planes[0], cache.planes[0][:1]), blocks=()))
     assert refused.code == "tensor_mismatch"
-    refused = refusal(lambda: plane_bytes(cache.planes[0], 3, PAGE))
+    refused = refusal(lambda: plane_view(cache.planes[0], 3, PAGE))
     assert refused.code == "tensor_mismatch"
     assert refused.facts["storage_bytes"] == 2 * PAGE
 

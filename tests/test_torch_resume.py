@@ -20,7 +20,7 @@ from k3layout.torch import (
     boundary_blocks,
     pack_units,
     parts_of,
-    plane_bytes,
+    plane_view,
     restore_across_tp,
     restore_prefix,
     restore_units,
@@ -181,7 +181,7 @@ def test_planes_published_in_name_order_resume_wrong_and_validation_refuses_them
         """What an engine publishing by name would take as the PAGE planes (unchecked)."""
         page = setting.plan.page_bytes
         return tuple(
-            plane_bytes(parts_of(target.registered[name])[0], NUM_BLOCKS, page) for name in order
+            plane_view(parts_of(target.registered[name])[0], NUM_BLOCKS, page) for name in order
         )
 
     n = setting.boundary

@@ -238,7 +238,7 @@ def test_two_attention_layers_on_one_plane_are_refused(
     assert refused.facts == {
         **where("model.layers.7.self_attn.attn", "full_attention", 1),
         "other_plane": 0,
-        "plane_bytes": 1536 * 576,
+        "plane_span_bytes": 1536 * 576,
     }
 
 

@@ -36,6 +36,7 @@ def global_fields(
         if unit.index_bytes_per_token:  # a DSA index row is a part of its own
             yield "index", (inputs.prompt_tokens, unit.index_bytes_per_token), 1, None
         return
+    assert isinstance(unit, KDALayer)  # the small models are MLA and KDA only
     heads, dim = unit.num_heads, unit.head_dim
     rows = unit.conv_kernel - 1 + decode.spec_tokens
     if decode.conv_layout == "DS":

@@ -41,9 +41,8 @@ def test_slot_parts_hold_exactly_the_bytes_rank_sizes_gives_each_rank(
     assert local["conv"] + local["recurrent"] == sizes.state_bytes
     if replayssm:
         assert sizes.replay is not None
-        assert local["replay_k"] + local["replay_u"] + local["replay_g"] == sizes.replay.unit_bytes(
-            tp
-        )
+        records = local["replay_k"] + local["replay_u"] + local["replay_g"]
+        assert records == sizes.replay.payload_bytes(tp)
     else:
         assert "replay_k" not in local
 

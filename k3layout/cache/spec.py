@@ -87,7 +87,7 @@ class LayerCacheSpec(Frozen):
         self._need("token", "bytes_per_token")
         return sum(part.local_bytes(tp) for part in self.parts)
 
-    def unit_bytes(self, tp: int, tokens: int = 1) -> int:
+    def payload_bytes(self, tp: int, tokens: int = 1) -> int:
         """Payload of one page of ``tokens`` tokens (token paging) or of one slot (slot
         paging, ``tokens`` ignored): ``S(tp, s)`` for a KDA layer."""
         rows = tokens if self.paging == "token" else 1
@@ -95,7 +95,7 @@ class LayerCacheSpec(Frozen):
 
     def ranges(self, tp: int, tokens: int = 1) -> tuple[PartRange, ...]:
         """Every part's byte range inside a page of ``tokens`` tokens or a slot, back to back
-        from byte 0; the ranges tile ``[0, unit_bytes)`` exactly."""
+        from byte 0; the ranges tile ``[0, payload_bytes)`` exactly."""
         rows = tokens if self.paging == "token" else 1
         ranges: list[PartRange] = []
         offset = 0

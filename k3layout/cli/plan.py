@@ -103,7 +103,7 @@ def _stages_table(result: EngineLayout) -> Table:
             str(stage.index),
             format_layers(stage.layers),
             str(stage.num_planes),
-            thousands(result.stage_unit_bytes(stage.index)),
+            thousands(result.stage_block_bytes(stage.index)),
         )
     return table
 

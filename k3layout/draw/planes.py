@@ -44,25 +44,25 @@ MAX_DIVIDED_PAGES = 32
 
 class PlaneCell(Frozen):
     """Layer ``layer`` of group ``group`` on plane ``plane``: ``pages`` pages (or state slots)
-    of ``unit_bytes`` each, on a plane of ``plane_bytes``."""
+    of ``payload_bytes`` each, on a plane of ``plane_bytes``."""
 
     plane: NonNegativeInt
     group: str
     kind: GroupKind
     layer: NonNegativeInt
     pages: PositiveInt
-    unit_bytes: PositiveInt
+    payload_bytes: PositiveInt
     plane_bytes: PositiveInt
 
     @property
-    def payload_bytes(self) -> int:
-        """Bytes the layer uses on the plane: ``pages * unit_bytes``."""
-        return self.pages * self.unit_bytes
+    def used_bytes(self) -> int:
+        """Bytes the layer uses on the plane: ``pages * payload_bytes``."""
+        return self.pages * self.payload_bytes
 
     @property
     def padding_bytes(self) -> int:
         """Bytes of the plane the layer leaves unused."""
-        return self.plane_bytes - self.payload_bytes
+        return self.plane_bytes - self.used_bytes
 
 
 def drawn_groups(plan: EngineLayout, stage: int | None = None) -> tuple[Group, ...]:
@@ -92,7 +92,7 @@ def plane_cells(plan: EngineLayout, stage: int | None = None) -> tuple[PlaneCell
     plane_bytes = plan.block_bytes // plan.num_planes  # one block's (or parent's) plane
     cells: list[PlaneCell] = []
     for group in drawn_groups(plan, stage):
-        unit = plan.unit_bytes(group)
+        unit = plan.payload_bytes(group)
         pages = plane_bytes // plan.page_stride_bytes(group)
         cells.extend(
             PlaneCell(
@@ -101,7 +101,7 @@ def plane_cells(plan: EngineLayout, stage: int | None = None) -> tuple[PlaneCell
                 kind=group.kind,
                 layer=layer,
                 pages=pages,
-                unit_bytes=unit,
+                payload_bytes=unit,
                 plane_bytes=plane_bytes,
             )
             for j, layer in enumerate(group.layers)
@@ -143,7 +143,7 @@ def draw_planes(plan: EngineLayout, *, stage: int | None = None) -> Figure:
     offset = (1 - CELL_SIZE) / 2
     for cell in cells:
         x, y = cell.plane + offset, rows[cell.group] + offset
-        fraction = cell.payload_bytes / cell.plane_bytes
+        fraction = cell.used_bytes / cell.plane_bytes
         page_cell(
             ax,
             (x, y),
@@ -152,14 +152,14 @@ def draw_planes(plan: EngineLayout, *, stage: int | None = None) -> Figure:
             (f"page.{cell.group}.{cell.layer}", f"padding.{cell.group}.{cell.layer}"),
         )
         if 1 < cell.pages <= MAX_DIVIDED_PAGES:
-            step = CELL_SIZE * cell.unit_bytes / cell.plane_bytes
+            step = CELL_SIZE * cell.payload_bytes / cell.plane_bytes
             dividers.extend(
                 [(x, y + k * step), (x + CELL_SIZE, y + k * step)] for k in range(1, cell.pages)
             )
         middle_page = (cell.pages - 1) // 2 + 0.5  # the label sits on the middle page
         ax.text(
             cell.plane + 0.5,
-            y + CELL_SIZE * middle_page * cell.unit_bytes / cell.plane_bytes,
+            y + CELL_SIZE * middle_page * cell.payload_bytes / cell.plane_bytes,
             str(cell.layer),
             ha="center",
             va="center",

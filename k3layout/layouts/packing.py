@@ -38,13 +38,13 @@ class PackingFrame(Frozen):
         payload = max(mla_pages * self.mla_page_bytes, state_pages * self.state_bytes)
         return -(-payload // PARENT_ALIGNMENT_BYTES) * PARENT_ALIGNMENT_BYTES
 
-    def unit_bytes(self, group: Group) -> int:
+    def payload_bytes(self, group: Group) -> int:
         """Payload of one layer of ``group`` on one page: the MLA page or the KDA state."""
         return self.mla_page_bytes if group.kind == "attention" else self.state_bytes
 
     def raw_bytes(self, group: Group) -> int:
-        """Payload of ``group`` on one page: its layers times :meth:`unit_bytes`."""
-        return len(group.layers) * self.unit_bytes(group)
+        """Payload of ``group`` on one page: its layers times :meth:`payload_bytes`."""
+        return len(group.layers) * self.payload_bytes(group)
 
     def padding_ratio(self, group: Group, mla_pages: int, state_pages: int) -> tuple[int, int]:
         """The padding of ``group`` under ``(p_m, p_l)`` exactly, as ``(numerator,
@@ -102,7 +102,7 @@ _Unit: TypeAlias = tuple[str, bool, int]
 def _units(frame: PackingFrame) -> tuple[_Unit, ...]:
     """The groups with layers as :data:`_Unit` s, in group order: the search's only input."""
     return tuple(
-        (g.name, g.kind == "attention", len(g.layers) * frame.unit_bytes(g))
+        (g.name, g.kind == "attention", len(g.layers) * frame.payload_bytes(g))
         for g in frame.groups
         if g.layers
     )

@@ -112,9 +112,9 @@ class ParentPlan(LayoutBase):
             max_padding=self.max_padding,
         )
 
-    def unit_bytes(self, group: Group) -> int:
+    def payload_bytes(self, group: Group) -> int:
         """Payload of one layer of ``group`` on one of its pages: the MLA page or ``S``."""
-        return self.frame.unit_bytes(group)
+        return self.frame.payload_bytes(group)
 
     def pages_per_parent(self, group: Group) -> int:
         """``p_g``: pages of ``group`` one parent holds."""
@@ -263,7 +263,7 @@ class ParentPlan(LayoutBase):
             if not group.layers:
                 continue
             per_parent = self.pages_per_parent(group)
-            unit = self.unit_bytes(group)
+            unit = self.payload_bytes(group)
             pages.append(
                 GroupPages(
                     group=group.name,
@@ -316,48 +316,48 @@ class ParentPlan(LayoutBase):
     def page_stride_bytes(self, group: Group) -> int:
         """Bytes between consecutive pages of one layer inside a parent: its unit (the exact
         page stride of MLA pages, ``S`` for state)."""
-        return self.unit_bytes(group)
+        return self.payload_bytes(group)
 
-    def page_axes(self, group: Group, num_units: int) -> tuple[tuple[int, int], ...]:
-        """How one layer's pages repeat on its plane of ``bind(num_units)``: attention pages
+    def page_axes(self, group: Group, num_blocks: int) -> tuple[tuple[int, int], ...]:
+        """How one layer's pages repeat on its plane of ``bind(num_blocks)``: attention pages
         at the exact page stride (``1 + n * p_g`` of them, parents back to back), state pages
         ``p_l`` per parent at stride ``S``."""
-        unit = self.unit_bytes(group)
+        unit = self.payload_bytes(group)
         per_parent = self.pages_per_parent(group)
         if self.group_spec(group).paging == "token":
-            return ((1 + num_units * per_parent, unit),)
-        return ((num_units + 1, self.packing.plane_bytes), (per_parent, unit))
+            return ((1 + num_blocks * per_parent, unit),)
+        return ((num_blocks + 1, self.packing.plane_bytes), (per_parent, unit))
 
-    def plane_span_bytes(self, num_units: int) -> int:
-        """Bytes of one plane of ``bind(num_units)``: the usable parents and the null one."""
-        return (num_units + 1) * self.packing.plane_bytes
+    def plane_span_bytes(self, num_blocks: int) -> int:
+        """Bytes of one plane of ``bind(num_blocks)``: the usable parents and the null one."""
+        return (num_blocks + 1) * self.packing.plane_bytes
 
     def span_tokens(self, group: Group) -> int:
         """Tokens one page covers: 128 for attention; a state page holds one request."""
         return self.tokens_per_page(group)
 
-    def stage_unit_bytes(self, stage: int) -> int:
+    def stage_block_bytes(self, stage: int) -> int:
         """Bytes of one parent on a rank of ``stage``."""
         return self.stage_parent_bytes(stage)
 
-    def num_units(self, budget_bytes: int, stage: int | None = None) -> int:
+    def blocks_in(self, budget_bytes: int, stage: int | None = None) -> int:
         """Usable parents in ``budget_bytes`` (:meth:`parents_for_budget`)."""
         return self.parents_for_budget(budget_bytes, stage)
 
-    def units_bytes(self, num_units: int, stage: int | None = None) -> int:
-        """Arena bytes of ``num_units`` usable parents plus the null parent."""
-        _check_load(0, 1, num_units)
+    def blocks_bytes(self, num_blocks: int, stage: int | None = None) -> int:
+        """Arena bytes of ``num_blocks`` usable parents plus the null parent."""
+        _check_load(0, 1, num_blocks)
         parent = self.parent_bytes if stage is None else self.stage_parent_bytes(stage)
-        return (num_units + 1) * parent
+        return (num_blocks + 1) * parent
 
     def byte_range(
-        self, layer: int, part: str, block: int, num_units: int, stage: int = 0
+        self, layer: int, part: str, block: int, num_blocks: int, stage: int = 0
     ) -> ByteRange:
         """Where ``part`` of page ``block`` of module ``layer`` lies in the arena of
-        ``bind(num_units)`` on a rank of ``stage`` (page 0 is the null page)."""
+        ``bind(num_blocks)`` on a rank of ``stage`` (page 0 is the null page)."""
         self.group_of(layer, stage)  # refuses a layer the stage does not hold
-        binding = next(b for b in self.bind(num_units, stage).layers if b.layer == layer)
-        pages = 1 + num_units * binding.pages_per_parent
+        binding = next(b for b in self.bind(num_blocks, stage).layers if b.layer == layer)
+        pages = 1 + num_blocks * binding.pages_per_parent
         if not 0 <= block < pages:
             raise Refusal(
                 "invalid_argument",

@@ -52,7 +52,7 @@ class SpecReport(Frozen):
             for p in spec.parts
         )
         return cls(
-            kind=spec.kind, paging=spec.paging, bytes=spec.unit_bytes(tp), parts=parts
+            kind=spec.kind, paging=spec.paging, bytes=spec.payload_bytes(tp), parts=parts
         )
 
 
@@ -169,7 +169,7 @@ def report(plan: EngineLayout) -> VllmReport | ParentReport:
             "planes": plan.num_planes,
             "bytes_per_token": plan.bytes_per_token,
             "stages": [
-                {**_stage_fields(s), stage_key: plan.stage_unit_bytes(s.index)}
+                {**_stage_fields(s), stage_key: plan.stage_block_bytes(s.index)}
                 for s in plan.stages
             ],
             **fields,

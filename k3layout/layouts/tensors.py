@@ -101,7 +101,7 @@ class CacheSpec(Frozen):
     num_blocks: PositiveInt
     page_bytes: PositiveInt
     num_planes: PositiveInt
-    plane_bytes: PositiveInt
+    plane_span_bytes: PositiveInt
     layers: tuple[LayerSpec, ...]
 
     @property
@@ -112,7 +112,7 @@ class CacheSpec(Frozen):
     @property
     def allocation_bytes(self) -> int:
         """Bytes the rank allocates: every plane."""
-        return self.num_planes * self.plane_bytes
+        return self.num_planes * self.plane_span_bytes
 
     def layer(self, name: str) -> LayerSpec:
         """The spec registered as ``name``."""
@@ -252,6 +252,6 @@ def cache_spec(
         num_blocks=num_blocks,
         page_bytes=plan.page_stride_bytes(plan.groups_of("attention")[0]),
         num_planes=held.num_planes,
-        plane_bytes=plan.plane_span_bytes(num_blocks),
+        plane_span_bytes=plan.plane_span_bytes(num_blocks),
         layers=tuple(sorted(layers, key=lambda s: (s.module_layer, s.kind))),
     )

@@ -105,9 +105,9 @@ class VllmPlan(LayoutBase):
             return 1
         return self.page_bytes // spec.bytes_per_token(self.deployment.attn_tp)
 
-    def unit_bytes(self, group: Group) -> int:
+    def payload_bytes(self, group: Group) -> int:
         """Payload of one layer of ``group`` on one page: the attention page, or ``S``."""
-        return self.group_spec(group).unit_bytes(
+        return self.group_spec(group).payload_bytes(
             self.deployment.attn_tp, self.tokens_per_page(group)
         )
 
@@ -115,14 +115,14 @@ class VllmPlan(LayoutBase):
         """Bytes between blocks ``b`` and ``b + 1`` of one layer: the page."""
         return self.page_bytes
 
-    def page_axes(self, group: Group, num_units: int) -> tuple[tuple[int, int], ...]:
+    def page_axes(self, group: Group, num_blocks: int) -> tuple[tuple[int, int], ...]:
         """How one layer's pages repeat on its plane: ``(count, stride in bytes)`` per axis;
-        ``num_units`` blocks of one page each."""
-        return ((num_units, self.page_bytes),)
+        ``num_blocks`` blocks of one page each."""
+        return ((num_blocks, self.page_bytes),)
 
-    def plane_span_bytes(self, num_units: int) -> int:
-        """Bytes of one plane holding ``num_units`` blocks."""
-        return num_units * self.page_bytes
+    def plane_span_bytes(self, num_blocks: int) -> int:
+        """Bytes of one plane holding ``num_blocks`` blocks."""
+        return num_blocks * self.page_bytes
 
     def span_tokens(self, group: Group) -> int:
         """Tokens one block of ``group`` covers: ``page tokens * dcp`` for attention, the
@@ -131,30 +131,26 @@ class VllmPlan(LayoutBase):
             return self.block_tokens
         return self.tokens_per_page(group) * self.deployment.dcp
 
-    def stage_unit_bytes(self, stage: int) -> int:
-        """Bytes one block costs on a rank of ``stage``."""
-        return self.stage_block_bytes(stage)
-
-    def num_units(self, budget_bytes: int, stage: int | None = None) -> int:
+    def blocks_in(self, budget_bytes: int, stage: int | None = None) -> int:
         """Blocks in ``budget_bytes`` (:meth:`num_blocks`)."""
         return self.num_blocks(budget_bytes, stage)
 
-    def units_bytes(self, num_units: int, stage: int | None = None) -> int:
-        """Bytes ``num_units`` blocks cost on a rank (the costliest stage when ``None``)."""
-        _check_non_negative("num_units", num_units)
+    def blocks_bytes(self, num_blocks: int, stage: int | None = None) -> int:
+        """Bytes ``num_blocks`` blocks cost on a rank (the costliest stage when ``None``)."""
+        _check_non_negative("num_blocks", num_blocks)
         indices = range(len(self.stages)) if stage is None else (stage,)
-        return max(num_units * self.stage_block_bytes(i) for i in indices)
+        return max(num_blocks * self.stage_block_bytes(i) for i in indices)
 
     def byte_range(
-        self, layer: int, part: str, block: int, num_units: int, stage: int = 0
+        self, layer: int, part: str, block: int, num_blocks: int, stage: int = 0
     ) -> ByteRange:
         """Where ``part`` of module ``layer``'s page of block ``block`` lies in a rank of
-        ``stage`` holding ``num_units`` blocks: plane ``j`` (the layer's position in its
+        ``stage`` holding ``num_blocks`` blocks: plane ``j`` (the layer's position in its
         group) starts at ``j * num_blocks * page``, block ``b`` at ``b * page`` in it."""
-        _check_block(block, num_units)
+        _check_block(block, num_blocks)
         _, position = self.group_of(layer, stage)
         inner = self.part_range(layer, part)
-        offset = (position * num_units + block) * self.page_bytes + inner.offset_bytes
+        offset = (position * num_blocks + block) * self.page_bytes + inner.offset_bytes
         return ByteRange(
             layer=layer, part=part, block=block, offset_bytes=offset, size_bytes=inner.size_bytes
         )
@@ -209,13 +205,13 @@ def _check_non_negative(name: str, value: int) -> None:
         raise Refusal("invalid_argument", f"{name}={value} must be >= 0", facts={name: value})
 
 
-def _check_block(block: int, num_units: int) -> None:
-    if not 0 <= block < num_units:
+def _check_block(block: int, num_blocks: int) -> None:
+    if not 0 <= block < num_blocks:
         raise Refusal(
             "invalid_argument",
-            f"block={block} is not one of num_units={num_units} blocks",
-            facts={"block": block, "num_units": num_units},
-            hint=f"use 0 <= block < {num_units}",
+            f"block={block} is not one of num_blocks={num_blocks} blocks",
+            facts={"block": block, "num_blocks": num_blocks},
+            hint=f"use 0 <= block < {num_blocks}",
         )
 
 

@@ -34,7 +34,7 @@ from .images import (  # noqa: E402
     image_units,
     kv_units,
     pack_units,
-    plane_bytes,
+    plane_view,
     restore_units,
 )
 from .live import LiveLayout, tensor_view, validate  # noqa: E402
@@ -72,7 +72,7 @@ __all__ = [
     "kv_units",
     "pack_units",
     "parts_of",
-    "plane_bytes",
+    "plane_view",
     "restore_across_tp",
     "restore_prefix",
     "restore_units",

@@ -224,7 +224,7 @@ def _plane_bases(spec: CacheSpec, parts: dict[str, tuple[torch.Tensor, ...]]) ->
                 first = parts[layer.name][0]
                 anchors[layer.plane] = first.data_ptr() - layer.parts[0].offset_bytes
     if spec.engine == "parent":
-        return tuple(anchors[0] + j * spec.plane_bytes for j in range(spec.num_planes))
+        return tuple(anchors[0] + j * spec.plane_span_bytes for j in range(spec.num_planes))
     return tuple(anchors[j] for j in range(spec.num_planes))
 
 
@@ -233,17 +233,17 @@ def _check_addresses(
 ) -> None:
     order = sorted(range(spec.num_planes), key=lambda j: bases[j])
     for left, right in pairwise(order):
-        if bases[left] + spec.plane_bytes > bases[right]:
+        if bases[left] + spec.plane_span_bytes > bases[right]:
             on_plane = [layer for layer in spec.layers if layer.plane == right]
             owner = next((la for la in on_plane if la.kind == "attention"), on_plane[0])
             raise _refuse(
                 "aliasing",
                 owner,
                 f"plane {right} starts {bases[right] - bases[left]} B after plane {left}, inside "
-                f"its {spec.plane_bytes} B",
+                f"its {spec.plane_span_bytes} B",
                 "give every plane its own num_blocks x page bytes",
                 other_plane=left,
-                plane_bytes=spec.plane_bytes,
+                plane_span_bytes=spec.plane_span_bytes,
             )
     for layer in spec.layers:
         for part, tensor in zip(layer.parts, parts[layer.name], strict=True):
@@ -251,7 +251,7 @@ def _check_addresses(
             if address == bases[layer.plane] + part.offset_bytes:
                 continue
             found = next(
-                (j for j in order if bases[j] <= address < bases[j] + spec.plane_bytes), None
+                (j for j in order if bases[j] <= address < bases[j] + spec.plane_span_bytes), None
             )
             offset = 0 if found is None else address - bases[found]
             on = "no plane" if found is None else f"plane {found}, {offset} B past its start"

@@ -24,7 +24,7 @@ from ..cache import PartRange
 from ..errors import Refusal
 from ..transfer import Region, RegionField, TransferPlan
 from .allocation import Registered, parts_of
-from .images import plane_bytes
+from .images import plane_view
 from .live import LiveLayout
 from .tables import BlockTables, boundary_row
 from .tier import Tier
@@ -175,7 +175,7 @@ def write_regions(
             raise _unsupported(Region(field=field, layer=layer, kind="slot", size_bytes=0))
         name = layout.names.name(layer)
         owner = spec.layer(name)
-        plane = plane_bytes(parts_of(registered[name])[0], spec.num_blocks, spec.page_bytes)
+        plane = plane_view(parts_of(registered[name])[0], spec.num_blocks, spec.page_bytes)
         inner = plan.part_range(layer, field)
         if plan.group_spec(group).paging == "token":
             _write_rows(plane, data, tables.table(owner.group), inner, plan.tokens_per_page(group))
