@@ -3,6 +3,8 @@ draft of GQA layers beside K3's MLA and KDA layers, planned and transferred."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from k3layout import (
@@ -12,6 +14,7 @@ from k3layout import (
     Refusal,
     ReplicaShard,
     plan,
+    plan_parent,
     plan_transfer,
     plan_vllm,
     preset,
@@ -103,3 +106,48 @@ def test_gqa_rows_transfer_between_tps_and_every_byte_lands_once(
     consumer = transfer.consumer_regions(0)
     k_rows = next(r for r in consumer if r.key == ("k", 93))
     assert k_rows.size_bytes == 100 * max(1, KV_HEADS // decode_tp) * HEAD_DIM
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8, 16])
+def test_the_parent_engine_gives_a_gqa_draft_planes_after_the_target_at_an_exact_stride(
+    tp: int,
+) -> None:
+    p = plan_parent(k3_with_gqa_draft(), Deployment(attn_tp=tp, spec_tokens=2))
+    target, draft = p.group("full_attention"), p.group("full_attention_gqa")
+    assert (target.first_plane, len(target.layers)) == (0, 24)
+    assert (draft.first_plane, draft.layers) == (24, (93, 94, 95, 96, 97))
+    assert p.num_planes == 24 + 5  # one plane per attention layer
+    gqa_page = 128 * 2 * max(1, KV_HEADS // tp) * HEAD_DIM  # 128 tokens of K and V rows
+    assert p.payload_bytes(draft) == gqa_page
+    plane = p.packing.plane_bytes
+    assert plane == p.packing.mla_pages * 128 * 576  # the MLA pages' exact stride
+    assert plane % gqa_page == 0  # and the draft's pages tile the plane exactly too
+    assert p.pages_per_parent(draft) == plane // gqa_page
+    binding = p.bind(2)
+    layer_95 = next(b for b in binding.layers if b.layer == 95)
+    assert layer_95.plane == 24 + 2 and layer_95.page_stride == gqa_page
+
+
+def test_parent_capacity_both_ways_with_a_draft_of_its_own_pages() -> None:
+    p = plan_parent(k3_with_gqa_draft(), Deployment(attn_tp=8, spec_tokens=2))
+    for parents in (10, 100, 1000):
+        tokens = p.token_capacity(parents)
+        assert p.parents_for(tokens) <= parents < p.parents_for(tokens + 128)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "parent"])
+def test_the_adapter_allocates_and_validates_a_gqa_draft(engine: str) -> None:
+    pytest.importorskip("torch")
+    adapter = importlib.import_module("k3layout.torch")
+
+    p = plan(k3_with_gqa_draft(), Deployment.model_validate({"attn_tp": 8, "engine": engine}))
+    cache = adapter.allocate(p, 3)
+    adapter.validate(p, cache.registered)
+    k, v = (
+        cache.registered[n]
+        for n in ("draft.layers.2.self_attn.attn", "draft.layers.2.self_attn.attn.v")
+    )
+    assert not isinstance(k, tuple) and not isinstance(v, tuple)
+    assert k.shape[-2:] == v.shape[-2:] == (1, HEAD_DIM)  # one of 4 KV heads on each of 8 ranks
+    row = p.part_range(95, "v")
+    assert v.data_ptr() - k.data_ptr() == row.offset_bytes  # V rows follow K rows in the page

@@ -32,6 +32,9 @@ class PackingFrame(Frozen):
     num_planes: PositiveInt
     groups: tuple[Group, ...]
     max_padding: float | None
+    own_pages: tuple[tuple[str, PositiveInt], ...] = ()
+    """Attention groups whose page is not the MLA page (a GQA draft), with their page bytes:
+    a plane holds ``plane // page`` of them, and must hold them exactly."""
 
     def plane_bytes(self, mla_pages: int, state_pages: int) -> int:
         """``align_up(max(p_m * page, p_l * S), 256)``."""
@@ -39,8 +42,20 @@ class PackingFrame(Frozen):
         return -(-payload // PARENT_ALIGNMENT_BYTES) * PARENT_ALIGNMENT_BYTES
 
     def payload_bytes(self, group: Group) -> int:
-        """Payload of one layer of ``group`` on one page: the MLA page or the KDA state."""
+        """Payload of one layer of ``group`` on one page: the MLA page (or the group's own
+        page) or the KDA state."""
+        own = dict(self.own_pages).get(group.name)
+        if own is not None:
+            return own
         return self.mla_page_bytes if group.kind == "attention" else self.state_bytes
+
+    def pages_per_plane(self, group: Group, mla_pages: int, state_pages: int) -> int:
+        """``p_g`` under ``(p_m, p_l)``: ``p_m``, ``p_l``, or as many of the group's own pages
+        as the plane holds."""
+        own = dict(self.own_pages).get(group.name)
+        if own is not None:
+            return self.plane_bytes(mla_pages, state_pages) // own
+        return mla_pages if group.kind == "attention" else state_pages
 
     def raw_bytes(self, group: Group) -> int:
         """Payload of ``group`` on one page: its layers times :meth:`payload_bytes`."""
@@ -50,7 +65,7 @@ class PackingFrame(Frozen):
         """The padding of ``group`` under ``(p_m, p_l)`` exactly, as ``(numerator,
         denominator)``: ``(parent - p_g * raw_g, p_g * raw_g)``."""
         parent = self.num_planes * self.plane_bytes(mla_pages, state_pages)
-        pages = mla_pages if group.kind == "attention" else state_pages
+        pages = self.pages_per_plane(group, mla_pages, state_pages)
         payload = pages * self.raw_bytes(group)
         return parent - payload, payload
 
@@ -63,8 +78,10 @@ class PackingFrame(Frozen):
     def worst(self, mla_pages: int, state_pages: int) -> tuple[str, float]:
         """The group with the most padding under a packing, and that padding (compared
         exactly; the first such group on a tie)."""
-        parent = self.num_planes * self.plane_bytes(mla_pages, state_pages)
-        name, numerator, denominator = _worst(_units(self), parent, mla_pages, state_pages)
+        plane = self.plane_bytes(mla_pages, state_pages)
+        name, numerator, denominator = _worst(
+            _loads(self), self.num_planes, plane, mla_pages, state_pages
+        )
         return name, numerator / denominator
 
     @property
@@ -95,27 +112,43 @@ class RuleCheck(Frozen):
     reason: str | None
 
 
-_Unit: TypeAlias = tuple[str, bool, int]
-"""A group with layers, as plain integers: (name, rides the MLA pages, ``raw_g``)."""
+_Load: TypeAlias = tuple[str, int, int]
+"""A group with layers, as plain integers: (name, its page bytes or 0 to ride the MLA pages
+or -1 for state pages, ``raw_g``)."""
+
+_MLA, _STATE = 0, -1
 
 
-def _units(frame: PackingFrame) -> tuple[_Unit, ...]:
-    """The groups with layers as :data:`_Unit` s, in group order: the search's only input."""
+def _loads(frame: PackingFrame) -> tuple[_Load, ...]:
+    """The groups with layers as :data:`_Load` s, in group order: the search's only input."""
+    own = dict(frame.own_pages)
     return tuple(
-        (g.name, g.kind == "attention", len(g.layers) * frame.payload_bytes(g))
+        (
+            g.name,
+            own.get(g.name, _MLA if g.kind == "attention" else _STATE),
+            len(g.layers) * frame.payload_bytes(g),
+        )
         for g in frame.groups
         if g.layers
     )
 
 
 def _worst(
-    units: tuple[_Unit, ...], parent: int, mla_pages: int, state_pages: int
+    loads: tuple[_Load, ...], num_planes: int, plane: int, mla_pages: int, state_pages: int
 ) -> tuple[str, int, int]:
-    """``(name, numerator, denominator)`` of the most padded group under ``(p_m, p_l)``,
-    compared by cross-multiplication (exact at any size); the first one on a tie."""
+    """``(name, numerator, denominator)`` of the most padded group under ``(p_m, p_l)`` on
+    planes of ``plane`` bytes, compared by cross-multiplication (exact at any size); the
+    first one on a tie."""
+    parent = num_planes * plane
     worst: tuple[str, int, int] | None = None
-    for name, on_mla_pages, raw in units:
-        payload = (mla_pages if on_mla_pages else state_pages) * raw
+    for name, page, raw in loads:
+        if page == _MLA:
+            pages = mla_pages
+        elif page == _STATE:
+            pages = state_pages
+        else:
+            pages = plane // page
+        payload = pages * raw
         excess = parent - payload
         if worst is None or excess * worst[2] > worst[1] * payload:
             worst = (name, excess, payload)
@@ -141,7 +174,7 @@ def rule_1152(frame: PackingFrame, chosen: Packing) -> RuleCheck | None:
     plane = frame.plane_bytes(mla_pages, state_pages)
     exact = plane == mla_pages * frame.mla_page_bytes
     worst_group, excess, payload = _worst(
-        _units(frame), frame.num_planes * plane, mla_pages, state_pages
+        _loads(frame), frame.num_planes, plane, mla_pages, state_pages
     )
     worst_padding = excess / payload
     is_chosen = (mla_pages, state_pages) == (chosen.mla_pages, chosen.state_pages)
@@ -248,8 +281,9 @@ def search_packing(frame: PackingFrame) -> Packing:
             hint=f"max_padding above {floor:.3f} would plan, or engine=vllm",
         )
     bound = _search_bound(frame)
-    units = _units(frame)
-    has_state = not all(on_mla_pages for _, on_mla_pages, _ in units)
+    loads = _loads(frame)
+    has_state = any(page == _STATE for _, page, _ in loads)
+    own_pages = tuple(page for _, page, _ in loads if page > 0)
     page, state, planes = frame.mla_page_bytes, frame.state_bytes, frame.num_planes
     # p_m * page is 256-aligned (an exact stride) exactly when p_m is a multiple of `step`.
     step = PARENT_ALIGNMENT_BYTES // math.gcd(PARENT_ALIGNMENT_BYTES, page)
@@ -259,8 +293,10 @@ def search_packing(frame: PackingFrame) -> Packing:
         state_pages = plane // state if has_state else 0
         if has_state and state_pages == 0:
             continue
+        if any(plane % own for own in own_pages):
+            continue  # a draft's own pages would not tile the plane: no exact stride for them
         # state_pages * S <= plane and plane is aligned: the plane is exactly p_m pages.
-        name, excess, payload = _worst(units, planes * plane, mla_pages, state_pages)
+        name, excess, payload = _worst(loads, planes, plane, mla_pages, state_pages)
         if limit is None or excess * limit_den <= limit_num * payload:
             return trusted(Packing, mla_pages=mla_pages, state_pages=state_pages, plane_bytes=plane)
         if best_near_miss is None or excess * best_near_miss[2] < best_near_miss[1] * payload:

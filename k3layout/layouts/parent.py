@@ -20,7 +20,7 @@ from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
 from ..sizes import RankSizes
-from .groups import Group, GroupKind, Stage, group_names, split_contiguous
+from .groups import Group, GroupKind, Stage, group_names, num_planes, split_contiguous
 from .packing import Packing, PackingFrame, RuleCheck, rule_1152, search_packing
 from .protocol import ByteRange, LayoutBase
 
@@ -110,6 +110,7 @@ class ParentPlan(LayoutBase):
             num_planes=self.num_planes,
             groups=self.groups,
             max_padding=self.max_padding,
+            own_pages=own_pages(self.groups, self.sizes),
         )
 
     def payload_bytes(self, group: Group) -> int:
@@ -117,8 +118,10 @@ class ParentPlan(LayoutBase):
         return self.frame.payload_bytes(group)
 
     def pages_per_parent(self, group: Group) -> int:
-        """``p_g``: pages of ``group`` one parent holds."""
-        return self.packing.mla_pages if group.kind == "attention" else self.packing.state_pages
+        """``p_g``: pages of ``group`` one parent holds (``p_m``, ``p_l``, or as many of a
+        draft's own pages as a plane holds)."""
+        packing = self.packing
+        return self.frame.pages_per_plane(group, packing.mla_pages, packing.state_pages)
 
     @property
     def packing_by_group(self) -> dict[str, int]:
@@ -215,8 +218,13 @@ class ParentPlan(LayoutBase):
             if g.kind == "kda"
         )
         spare = num_parents - state_parents
-        pages = spare * self.packing.mla_pages - (max_live - 1) - protected_pages
-        if spare < 0 or pages < 0:
+        extra = max_live - 1 + protected_pages  # attention pages beyond the tokens' own
+        per_parent = [self.pages_per_parent(g) for g in attention]
+
+        def attention_parents(pages: int) -> int:
+            return sum(-(-(pages + extra) // p) for p in per_parent)
+
+        if spare < 0 or attention_parents(0) > spare:
             raise Refusal(
                 "budget_too_small",
                 f"num_parents={num_parents} cannot hold the state of max_live={max_live} "
@@ -228,6 +236,16 @@ class ParentPlan(LayoutBase):
                 },
                 hint="give the cache more parents or admit fewer live requests",
             )
+        # The most token pages every attention group still has parents for: one group in K3
+        # (``spare * p_m - extra``); with a draft of its own pages, searched (monotone).
+        low, high = 0, spare * max(per_parent)
+        while low < high:
+            middle = (low + high + 1) // 2
+            if attention_parents(middle) <= spare:
+                low = middle
+            else:
+                high = middle - 1
+        pages = low
         return pages * PARENT_PAGE_TOKENS
 
     def parents_for_budget(self, budget_bytes: int, stage: int | None = None) -> int:
@@ -436,21 +454,49 @@ def _check_load(tokens: int, max_live: int, protected_pages: int) -> None:
             )
 
 
+def own_pages(groups: tuple[Group, ...], sizes: RankSizes) -> tuple[tuple[str, int], ...]:
+    """The attention groups whose 128-token page is not the target attention's (a GQA
+    draft), with their page bytes."""
+    primary = sizes.attention
+    pages: list[tuple[str, int]] = []
+    for group in groups:
+        if group.kind != "attention" or not group.layers:
+            continue
+        spec = sizes.spec_of(group.layers[0])
+        if spec != primary:
+            pages.append((group.name, spec.payload_bytes(sizes.attn_tp, PARENT_PAGE_TOKENS)))
+    return tuple(pages)
+
+
 def group_parent(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
     """``full_attention`` (MLA then draft) and the KDA layers split contiguously into
-    ``ceil(kda / planes)`` groups (K3: 69 over 24 planes -> 23, 23, 23)."""
+    ``ceil(kda / planes)`` groups (K3: 69 over 24 planes -> 23, 23, 23).
+
+    Draft layers of another attention kind (a GQA draft) form a group of their own,
+    ``full_attention_<kind>``, on the planes after the target's: one plane per attention
+    layer, as tokenspeed lays out draft planes."""
     attention = model.attention_layer_ids
-    kinds = {sizes.spec_of(layer).kind for layer in attention}
-    if len(kinds) > 1:
-        raise Refusal(
-            "mixed_layer_specs",
-            f"model {model.name}: attention layers of kinds {sorted(kinds)}; the parent "
-            "layout pages one attention kind",
-            facts={"model": model.name, "kinds": tuple(sorted(kinds))},
-            hint="use engine=vllm",
-        )
+    primary = sizes.attention
+    target = tuple(i for i in attention if sizes.spec_of(i) == primary)
     # Module layer ids and tokenspeed's names: built here, nothing to re-validate.
-    groups = [trusted(Group, name="full_attention", kind="attention", layers=attention)]
+    groups = [trusted(Group, name="full_attention", kind="attention", layers=target)]
+    first_plane = len(target)
+    others: dict[str, list[int]] = {}
+    for layer in attention:
+        spec = sizes.spec_of(layer)
+        if spec != primary:
+            others.setdefault(spec.kind, []).append(layer)
+    for kind, layers in others.items():
+        groups.append(
+            trusted(
+                Group,
+                name=f"full_attention_{kind}",
+                kind="attention",
+                layers=tuple(layers),
+                first_plane=first_plane,
+            )
+        )
+        first_plane += len(layers)
     kda = model.kda_layer_ids
     if kda:
         splits = split_contiguous(kda, -(-len(kda) // len(attention)))
@@ -493,9 +539,10 @@ def pack_parent(
         PackingFrame,
         mla_page_bytes=sizes.attention_page_bytes(PARENT_PAGE_TOKENS),
         state_bytes=sizes.state_bytes,
-        num_planes=len(groups[0].layers),
+        num_planes=num_planes(groups),
         groups=groups,
         max_padding=default_max_padding(model, deployment),
+        own_pages=own_pages(groups, sizes),
     )
     packing = search_packing(frame)
     return ParentPlan(
