@@ -27,12 +27,12 @@ from pydantic import NonNegativeInt, PositiveInt
 
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import EngineLayout, GroupKind, VllmPlan
+from ..layouts import EngineLayout, GroupKind, Plan
 from ..model import HybridModel
 from .image import CheckpointImage, checkpoint_image
 from .names import LayerNames, engine_layer_names
 from .plane_order import PlaneOrder, plane_order
-from .stage import ride_stage, vllm_plan_of
+from .stage import ridable
 
 MambaCacheMode: TypeAlias = Literal["all", "align", "none"]
 """vLLM's ``--mamba-cache-mode`` (``vllm/config/cache.py``)."""
@@ -78,7 +78,7 @@ class RidePlan(Frozen):
     moves the aliased ones first and ``image`` is the checkpoint image of one boundary.
     """
 
-    plan: VllmPlan
+    plan: Plan
     stage: NonNegativeInt
     options: RideOptions
     names: LayerNames
@@ -96,8 +96,12 @@ class RidePlan(Frozen):
 
     @property
     def block_tokens(self) -> int:
-        """Tokens of one block on a rank (one state checkpoint in ``align`` mode)."""
-        return self.plan.block_tokens
+        """Tokens of one block on a rank (one state checkpoint in ``align`` mode): the span
+        of a state group's block."""
+        state = self.plan.groups_of("kda")
+        return self.plan.span_tokens(state[0]) if state else self.plan.span_tokens(
+            self.plan.groups[0]
+        )
 
     @property
     def spans(self) -> tuple[GroupSpan, ...]:
@@ -106,13 +110,9 @@ class RidePlan(Frozen):
             GroupSpan(
                 group=group.name,
                 kind=group.kind,
-                span_tokens=(
-                    self.plan.attention_span_tokens
-                    if group.kind == "attention"
-                    else self.plan.kda_span_tokens
-                ),
+                span_tokens=self.plan.span_tokens(group),
             )
-            for group in ride_stage(self.plan, self.stage).groups
+            for group in self.plan.stage(self.stage).groups
             if group.layers
         )
 
@@ -262,13 +262,13 @@ def plan_ride(
     >>> ride.chunk_tokens, ride.capped_hit(5000), ride.load_destination(4608).row
     (1536, 4608, 2)
     """
-    vllm = vllm_plan_of(plan)
-    check_ridable(vllm.model)
+    plan = ridable(plan)
+    check_ridable(plan.model)
     options = options or RideOptions()
     check_options(options)
-    names = names or engine_layer_names(vllm.model)
-    order = plane_order(vllm, published, stage=stage, names=names)
-    ride = RidePlan(plan=vllm, stage=stage, options=options, names=names, published=order.given)
+    names = names or engine_layer_names(plan.model)
+    order = plane_order(plan, published, stage=stage, names=names)
+    ride = RidePlan(plan=plan, stage=stage, options=options, names=names, published=order.given)
     check_chunk(ride)
     _ = ride.image  # every refusal at startup, none on first use
     return ride
