@@ -38,3 +38,29 @@ REPLAYSSM_DEFAULT_CACHE_LEN: Final = 16
 
 MAX_PAGES_PER_PLANE: Final = 1 << 16
 """Upper bound of the parent packing search; a packing beyond it is refused, not searched."""
+
+MAX_MODULE_LAYERS: Final = 1 << 16
+"""Most module layers (target + draft) a model may have: 65,536. The largest published decoders
+have a few hundred layers; a plan keeps several tuples per layer, so an unbounded count (a
+``num_hidden_layers`` of 10**9, ``--draft-layers`` of 10**20) would exhaust memory before any
+rule could refuse it. Beyond it: ``size_limit``."""
+
+MAX_MODEL_DIM: Final = 1 << 20
+"""Largest head count or per-head / latent dimension a layer may have: 1,048,576 (K3: 96 heads,
+dims up to 1536). Bounding every factor keeps the per-rank byte products (heads x dim x dim x 4)
+within int64 and makes a divisor hint cheap. Beyond it: ``size_limit``."""
+
+MAX_CONV_KERNEL: Final = 1 << 10
+"""Largest short-convolution kernel a KDA layer may have (Kimi: 4). Beyond it: ``size_limit``."""
+
+MAX_PADDING_LIMIT: Final = 1000.0
+"""Largest ``max_padding`` a deployment may ask for: a group padded to 1001x its payload. A
+larger finite limit (1e308) means "no limit", which ``max_padding=None`` with draft layers
+already says; refusing it keeps the padding arithmetic far from float overflow."""
+
+INT64_MAX: Final = (1 << 63) - 1
+"""Engines index their caches with int64 (torch sizes, strides and offsets); a plan whose byte
+counts do not fit is refused (``size_limit``) instead of overflowing in the engine."""
+
+MAX_DIVISOR_HINTS: Final = 8
+"""Most values a refusal's hint lists when it suggests divisors (``use dcp in [...]``)."""

@@ -17,6 +17,7 @@ from typing import Literal, TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
+from ._divisors import nearest_divisors
 from ._frozen import Frozen
 from .constants import FLASHMLA_FP8_SCALE_GROUP, PARENT_PAGE_TOKENS
 from .deployment import Deployment
@@ -217,10 +218,6 @@ def check_uniform_layers(model: HybridModel) -> tuple[MLALayer, KDALayer | None]
     return mla[0], (kda[0] if kda else None)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def check_heads(model: HybridModel, attn_tp: int) -> None:
     """Refuse (``heads_not_divisible``) an attention TP that does not divide every head count.
 
@@ -232,9 +229,7 @@ def check_heads(model: HybridModel, attn_tp: int) -> None:
     for kind, heads in sorted(counts):
         if heads % attn_tp:
             common = reduce(math.gcd, (h for _, h in counts))
-            good = _divisors(common)
-            below = max((d for d in good if d < attn_tp), default=None)
-            above = min((d for d in good if d > attn_tp), default=None)
+            below, above = nearest_divisors(common, attn_tp)
             nearest = " or ".join(f"attn_tp={d}" for d in (below, above) if d is not None)
             raise Refusal(
                 "heads_not_divisible",

@@ -12,6 +12,7 @@ from typing import Annotated, Generic, TypeAlias, TypeVar
 
 from pydantic import Field, TypeAdapter
 
+from .._divisors import divisors_near
 from ..deployment import Deployment, EngineFlavour
 from ..errors import Refusal
 from ..model import HybridModel
@@ -51,7 +52,7 @@ PARENT_SEAMS = EngineSeams[ParentPlan](check=check_parent, group=group_parent, p
 def check_parallelism(model: HybridModel, deployment: Deployment) -> None:
     """Refusals common to both engines: DCP must divide attention TP."""
     if deployment.attn_tp % deployment.dcp:
-        good = [d for d in range(1, deployment.attn_tp + 1) if deployment.attn_tp % d == 0]
+        good = divisors_near(deployment.attn_tp, deployment.dcp)
         raise Refusal(
             "dcp_not_dividing_tp",
             f"dcp={deployment.dcp} must divide attn_tp={deployment.attn_tp} "
