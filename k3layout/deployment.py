@@ -7,8 +7,9 @@ from typing import Annotated, Literal, TypeAlias
 from pydantic import Field, PositiveInt, model_validator
 
 from ._frozen import Frozen
-from .constants import REPLAYSSM_DEFAULT_CACHE_LEN
+from .constants import MAX_PADDING_LIMIT, REPLAYSSM_DEFAULT_CACHE_LEN
 from .dtypes import KvCacheDtype
+from .errors import Refusal
 
 EngineFlavour: TypeAlias = Literal["vllm", "parent"]
 """``vllm``: vLLM's hybrid allocator (one page per layer per block, planes shared by groups).
@@ -43,15 +44,20 @@ class Deployment(Frozen):
     kv_dtype: KvCacheDtype = "fp8"
     spec_tokens: Annotated[int, Field(ge=0, le=64)] = 0
     block_tokens: PositiveInt | None = None
-    max_padding: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
+    max_padding: (
+        Annotated[float, Field(ge=0.0, le=MAX_PADDING_LIMIT, allow_inf_nan=False)] | None
+    ) = None
     replayssm: bool = False
     replayssm_cache_len: PositiveInt = REPLAYSSM_DEFAULT_CACHE_LEN
 
     @model_validator(mode="after")
     def _partition_matches_pp(self) -> Deployment:
         if self.pp_partition is not None and len(self.pp_partition) != self.pp:
-            raise ValueError(
-                f"pp_partition: {len(self.pp_partition)} stage sizes given for pp={self.pp}"
+            raise Refusal(
+                "invalid_argument",
+                f"pp_partition: {len(self.pp_partition)} stage sizes given for pp={self.pp}",
+                facts={"field": "pp_partition", "pp": self.pp},
+                hint="give one layer count per pipeline stage",
             )
         return self
 

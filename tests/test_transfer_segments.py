@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from k3layout import (
     Deployment,
@@ -103,7 +102,7 @@ def test_an_extent_the_tp_does_not_divide_is_refused_as_uneven() -> None:
 
 
 def test_a_placed_dimension_outside_the_shape_is_rejected() -> None:
-    with pytest.raises(ValidationError):
+    with pytest.raises(Refusal):
         FieldLayout(field="conv", shape=(3, 4), elem_bytes=2, tp=Shard(dim=2))
 
 
@@ -117,7 +116,7 @@ def test_copies_that_touch_end_to_end_become_one_copy() -> None:
 
 
 def test_overlapping_strided_copies_are_rejected() -> None:
-    with pytest.raises(ValidationError):
+    with pytest.raises(Refusal):
         Segment(
             field="conv", layer=0, src_offset_bytes=0, dst_offset_bytes=0, length_bytes=8,
             num_copies=2, src_stride_bytes=4, dst_stride_bytes=8,

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -104,20 +103,26 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
 
 
 def validated(kind: type[Deployment], fields: dict[str, object]) -> Deployment:
-    """``kind(**fields)`` with pydantic's errors turned into an ``invalid_argument`` refusal."""
+    """``kind(**fields)``; a refused field is named by its option (``--attn-tp``)."""
     try:
         return kind.model_validate(fields)
-    except ValidationError as error:
-        problems = "; ".join(
-            f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
-            for e in error.errors()
-        )
-        first = error.errors()[0]["loc"]
-        raise Refusal(
-            "invalid_argument",
-            f"deployment: {problems}",
-            facts={"field": ".".join(str(p) for p in first)},
-        ) from None
+    except Refusal as refusal:
+        raise option_refusal(refusal) from None
+
+
+def option_refusal(refusal: Refusal, options: Mapping[str, str] | None = None) -> Refusal:
+    """``refusal`` of a record built from options, its message led by the option of its field
+    (``attn_tp`` -> ``--attn-tp``, or as ``options`` maps it); the code is kept."""
+    field = str(refusal.facts.get("field", "")).split(".")[0]
+    if not field or field.startswith("<"):
+        return refusal
+    option = (options or {}).get(field, f"--{field.replace('_', '-')}")
+    return Refusal(
+        refusal.code,
+        f"{option}: {refusal.message}",
+        facts={**refusal.facts, "option": option},
+        hint=f"pass a valid {option}",
+    )
 
 
 def refused(refusal: Refusal, as_json: bool) -> int:

@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from .._frozen import Frozen
+from ..errors import Refusal
 from .layers import KDALayer, Layer, MLALayer
 
 
@@ -28,9 +29,12 @@ class HybridModel(Frozen):
     @model_validator(mode="after")
     def _needs_attention(self) -> HybridModel:
         if not any(isinstance(layer, MLALayer) for layer in self.layers):
-            raise ValueError(
+            raise Refusal(
+                "invalid_argument",
                 "layers: a hybrid model needs at least one MLA layer to page "
-                f"(got {len(self.layers)} KDA layers and no MLA layer)"
+                f"(got {len(self.layers)} KDA layers and no MLA layer)",
+                facts={"field": "layers", "kda_layers": len(self.layers)},
+                hint="give the model at least one MLA layer",
             )
         return self
 
