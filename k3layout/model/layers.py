@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import Field, PositiveInt
+from pydantic import Field
 
 from .._frozen import Frozen
+from ..constants import MAX_CONV_KERNEL, MAX_MODEL_DIM
+
+Dim: TypeAlias = Annotated[int, Field(gt=0, le=MAX_MODEL_DIM)]
+"""A head count or dimension: positive, at most ``MAX_MODEL_DIM`` (beyond it: ``size_limit``)."""
 
 
 class MLALayer(Frozen):
@@ -18,13 +22,13 @@ class MLALayer(Frozen):
     """
 
     kind: Literal["mla"] = "mla"
-    num_heads: PositiveInt
-    kv_lora_rank: PositiveInt = 512
-    qk_rope_head_dim: PositiveInt = 64
-    qk_nope_head_dim: PositiveInt = 128
-    v_head_dim: PositiveInt = 128
-    q_lora_rank: PositiveInt | None = None
-    index_bytes_per_token: Annotated[int, Field(ge=0)] = 0
+    num_heads: Dim
+    kv_lora_rank: Dim = 512
+    qk_rope_head_dim: Dim = 64
+    qk_nope_head_dim: Dim = 128
+    v_head_dim: Dim = 128
+    q_lora_rank: Dim | None = None
+    index_bytes_per_token: Annotated[int, Field(ge=0, le=MAX_MODEL_DIM)] = 0
 
     @property
     def latent_dim(self) -> int:
@@ -45,9 +49,9 @@ class KDALayer(Frozen):
     """
 
     kind: Literal["kda"] = "kda"
-    num_heads: PositiveInt
-    head_dim: PositiveInt
-    conv_kernel: Annotated[int, Field(ge=2)] = 4
+    num_heads: Dim
+    head_dim: Dim
+    conv_kernel: Annotated[int, Field(ge=2, le=MAX_CONV_KERNEL)] = 4
 
     @property
     def cache_geometry(self) -> tuple[int, int, int]:

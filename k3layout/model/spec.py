@@ -8,7 +8,9 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from .._frozen import Frozen
+from ..constants import MAX_MODULE_LAYERS
 from ..errors import Refusal
+from ..limits import check_bound
 from .layers import KDALayer, Layer, MLALayer
 
 
@@ -23,11 +25,17 @@ class HybridModel(Frozen):
 
     name: Annotated[str, Field(min_length=1)]
     model_type: Annotated[str, Field(min_length=1)]
-    layers: Annotated[tuple[Layer, ...], Field(min_length=1)]
+    layers: Annotated[tuple[Layer, ...], Field(min_length=1, max_length=MAX_MODULE_LAYERS)]
     draft_layers: tuple[MLALayer, ...] = ()
 
     @model_validator(mode="after")
     def _needs_attention(self) -> HybridModel:
+        check_bound(
+            "layers + draft_layers",
+            len(self.layers) + len(self.draft_layers),
+            MAX_MODULE_LAYERS,
+            why="module layers of target and draft",
+        )
         if not any(isinstance(layer, MLALayer) for layer in self.layers):
             raise Refusal(
                 "invalid_argument",
