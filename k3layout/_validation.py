@@ -73,11 +73,15 @@ def refusal_from_validation(
     field = field_path(first["loc"])
     inner: Any = (first.get("ctx") or {}).get("error")
     if isinstance(inner, Refusal):
+        # The inner refusal's field is relative to where its validator ran.
         where = "" if field == "<root>" else f"{field}: "
+        own = inner.facts.get("field")
+        if own is not None:
+            field = str(own) if field == "<root>" else f"{field}.{own}"
         return Refusal(
             inner.code,
             f"{subject}: {where}{inner.message}",
-            facts={**(facts or {}), "field": field, **inner.facts},
+            facts={**(facts or {}), **inner.facts, "field": field},
             hint=inner.hint or hint,
         )
     problems = "; ".join(_problem(e) for e in details[:MAX_LISTED])
