@@ -64,3 +64,15 @@ counts do not fit is refused (``size_limit``) instead of overflowing in the engi
 
 MAX_DIVISOR_HINTS: Final = 8
 """Most values a refusal's hint lists when it suggests divisors (``use dcp in [...]``)."""
+
+MAX_RANKS: Final = (1 << 31) - 1
+"""Largest parallel size (``attn_tp``, ``attn_dp``, ``pp``, ``dcp``) a deployment may name:
+torch.distributed and NCCL number ranks with int32. Beyond it: ``size_limit``."""
+
+MAX_BLOCK_TOKENS: Final = 1 << 32
+"""Largest requested block or DCP interleave, in tokens: above any context length (K3 serves
+2**20). Beyond it: ``size_limit``."""
+
+MAX_REPLAY_CACHE_LEN: Final = 1 << 16
+"""Largest ReplaySSM record length per slot (ATOM's default is 16); keeps the records' bytes
+within int64 for any head count. Beyond it: ``size_limit``."""

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, model_validator
 
 from ._frozen import Frozen
-from .constants import MAX_PADDING_LIMIT, REPLAYSSM_DEFAULT_CACHE_LEN
+from .constants import (
+    MAX_BLOCK_TOKENS,
+    MAX_MODULE_LAYERS,
+    MAX_PADDING_LIMIT,
+    MAX_RANKS,
+    MAX_REPLAY_CACHE_LEN,
+    REPLAYSSM_DEFAULT_CACHE_LEN,
+)
 from .dtypes import KvCacheDtype
 from .errors import Refusal
 
@@ -16,6 +23,12 @@ EngineFlavour: TypeAlias = Literal["vllm", "parent"]
 ``parent``: tokenspeed / ATOM native parent blocks (several pages per plane, searched packing)."""
 
 ENGINES: tuple[EngineFlavour, ...] = ("vllm", "parent")
+
+Ranks: TypeAlias = Annotated[int, Field(gt=0, le=MAX_RANKS)]
+"""A parallel size: positive, at most ``MAX_RANKS`` (int32 rank ids); beyond: ``size_limit``."""
+
+Tokens: TypeAlias = Annotated[int, Field(gt=0, le=MAX_BLOCK_TOKENS)]
+"""A block or interleave in tokens: positive, at most ``MAX_BLOCK_TOKENS``."""
 
 
 class Deployment(Frozen):
@@ -32,23 +45,28 @@ class Deployment(Frozen):
     - ``max_padding``: per-group padding limit of the ``parent`` engine; ``None`` is the
       engine's own default (0.25, no limit once draft layers join, as tokenspeed does).
     - ``replayssm``: ATOM ReplaySSM records beside each KDA state slot.
+
+    Sizes above the bounds of :mod:`k3layout.constants` (``MAX_RANKS``, ``MAX_BLOCK_TOKENS``,
+    ``MAX_PADDING_LIMIT``, ...) are refused with ``size_limit``.
     """
 
     engine: EngineFlavour = "vllm"
-    attn_tp: PositiveInt = 1
-    attn_dp: PositiveInt = 1
-    pp: PositiveInt = 1
-    pp_partition: tuple[PositiveInt, ...] | None = None
-    dcp: PositiveInt = 1
-    dcp_interleave: PositiveInt = 1
+    attn_tp: Ranks = 1
+    attn_dp: Ranks = 1
+    pp: Ranks = 1
+    pp_partition: tuple[Annotated[int, Field(gt=0, le=MAX_MODULE_LAYERS)], ...] | None = None
+    dcp: Ranks = 1
+    dcp_interleave: Tokens = 1
     kv_dtype: KvCacheDtype = "fp8"
     spec_tokens: Annotated[int, Field(ge=0, le=64)] = 0
-    block_tokens: PositiveInt | None = None
+    block_tokens: Tokens | None = None
     max_padding: (
         Annotated[float, Field(ge=0.0, le=MAX_PADDING_LIMIT, allow_inf_nan=False)] | None
     ) = None
     replayssm: bool = False
-    replayssm_cache_len: PositiveInt = REPLAYSSM_DEFAULT_CACHE_LEN
+    replayssm_cache_len: Annotated[int, Field(gt=0, le=MAX_REPLAY_CACHE_LEN)] = (
+        REPLAYSSM_DEFAULT_CACHE_LEN
+    )
 
     @model_validator(mode="after")
     def _partition_matches_pp(self) -> Deployment:

@@ -6,6 +6,8 @@ Every bound is a named constant in :mod:`k3layout.constants`; beyond it the plan
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from .constants import INT64_MAX
 from .errors import Refusal
 
@@ -37,3 +39,16 @@ def _show(value: int) -> str:
     if value.bit_length() > 128:
         return f"<an integer of {value.bit_length():,} bits>"
     return f"{value:,}"
+
+
+RecordT = TypeVar("RecordT")
+
+
+def checked_bytes(record: RecordT, *names: str) -> RecordT:
+    """``record`` once each byte count ``names`` (attributes of it) fits an int64; else refuse
+    (``size_limit``). A plan's largest byte count bounds the rest: check that one."""
+    for name in names:
+        value = getattr(record, name)
+        if isinstance(value, int):
+            check_int64(name, value)
+    return record

@@ -19,6 +19,7 @@ from .._frozen import Frozen
 from ..constants import DEFAULT_MAX_PADDING_FRACTION, PARENT_PAGE_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
+from ..limits import checked_bytes
 from ..model import HybridModel
 from ..sizes import RankSizes
 from .groups import (
@@ -356,13 +357,16 @@ def pack_parent(
         max_padding=default_max_padding(model, deployment),
     )
     packing = search_packing(frame)
-    return ParentPlan(
-        model=model,
-        deployment=deployment,
-        sizes=sizes,
-        groups=groups,
-        stages=stages,
-        packing=packing,
-        max_padding=frame.max_padding,
-        rule_1152=rule_1152(frame, packing),
+    return checked_bytes(
+        ParentPlan(
+            model=model,
+            deployment=deployment,
+            sizes=sizes,
+            groups=groups,
+            stages=stages,
+            packing=packing,
+            max_padding=frame.max_padding,
+            rule_1152=rule_1152(frame, packing),
+        ),
+        "parent_bytes",
     )

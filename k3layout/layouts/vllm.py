@@ -20,6 +20,7 @@ from pydantic import PositiveInt
 from ..constants import MLA_KERNEL_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
 from ..deployment import Deployment
 from ..errors import Refusal
+from ..limits import checked_bytes
 from ..model import HybridModel
 from ..placements import Interleave
 from ..sizes import RankSizes
@@ -100,7 +101,7 @@ def block_tokens_for(sizes: RankSizes, requested: int | None) -> int:
     align = max(MLA_KERNEL_BLOCK_TOKENS, requested or 0)
     if sizes.kda is None:
         return align
-    return align * math.ceil(sizes.kda.state_bytes / (align * sizes.attention.bytes_per_token))
+    return align * -(-sizes.kda.state_bytes // (align * sizes.attention.bytes_per_token))
 
 
 def group_vllm(model: HybridModel) -> tuple[Group, ...]:
@@ -145,12 +146,15 @@ def pack_vllm(
             hint=f"use a dcp_interleave that divides {block}, e.g. "
             f"dcp_interleave={math.gcd(block, deployment.dcp_interleave)}",
         )
-    return VllmPlan(
-        model=model,
-        deployment=deployment,
-        sizes=sizes,
-        block_tokens=block,
-        page_bytes=block * sizes.attention.bytes_per_token,
-        groups=groups,
-        stages=stages,
+    return checked_bytes(
+        VllmPlan(
+            model=model,
+            deployment=deployment,
+            sizes=sizes,
+            block_tokens=block,
+            page_bytes=block * sizes.attention.bytes_per_token,
+            groups=groups,
+            stages=stages,
+        ),
+        "block_bytes",
     )
