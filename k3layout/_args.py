@@ -8,7 +8,7 @@ somewhere inside with a ``TypeError`` or ``AttributeError``. ``bool`` is not an 
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
 from ._validation import describe
 from .errors import Refusal
@@ -42,3 +42,9 @@ def expect_args(*checks: tuple[str, object, Types]) -> None:
     """:func:`expect` each ``(name, value, types)`` in turn."""
     for name, value, types in checks:
         expect(name, value, types)
+
+
+def expect_int(name: str, value: object) -> int:
+    """``value`` for parameter ``name`` if it is an ``int`` (not a ``bool``); else refuse."""
+    expect(name, value, int)
+    return cast(int, value)
