@@ -8,6 +8,7 @@ somewhere inside with a ``TypeError`` or ``AttributeError``. ``bool`` is not an 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeAlias, cast
 
 from ._validation import describe
@@ -48,3 +49,13 @@ def expect_int(name: str, value: object) -> int:
     """``value`` for parameter ``name`` if it is an ``int`` (not a ``bool``); else refuse."""
     expect(name, value, int)
     return cast(int, value)
+
+
+def expect_items(name: str, value: object, item_types: Types, *, optional: bool = False) -> None:
+    """Refuse ``value`` unless it is a list or tuple (or ``None`` when ``optional``) of
+    ``item_types``; the first wrong item is named ``name[i]``."""
+    if optional and value is None:
+        return
+    expect(name, value, (list, tuple))
+    for i, item in enumerate(cast(Sequence[object], value)):
+        expect(f"{name}[{i}]", item, item_types)

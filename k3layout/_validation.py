@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import reprlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
 from .errors import Fact, Refusal, RefusalCode
+
+T = TypeVar("T")
 
 SIZE_ERRORS = frozenset({"less_than_equal", "less_than", "too_long"})
 """Pydantic error types that mean "above a bound": refused as ``size_limit``."""
@@ -55,6 +57,17 @@ def _problem(error: ErrorDetails) -> str:
         else f" (got {describe(error.get('input'))})"
     )
     return f"{field_path(error['loc'])}: {message}{shown}"
+
+
+def validate_json(adapter: TypeAdapter[T], data: str | bytes | bytearray, subject: str) -> T:
+    """``adapter.validate_json(data)``, a failure refused (``invalid_argument``) naming the
+    field. Pydantic's JSON parser bounds nesting depth, so deep JSON is refused too."""
+    try:
+        return adapter.validate_json(data)
+    except ValidationError as error:
+        raise refusal_from_validation(
+            error, subject, facts={"record": subject}, hint=f"pass the JSON of a {subject}"
+        ) from None
 
 
 def refusal_from_validation(

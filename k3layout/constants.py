@@ -76,3 +76,7 @@ MAX_BLOCK_TOKENS: Final = 1 << 32
 MAX_REPLAY_CACHE_LEN: Final = 1 << 16
 """Largest ReplaySSM record length per slot (ATOM's default is 16); keeps the records' bytes
 within int64 for any head count. Beyond it: ``size_limit``."""
+
+MAX_PROMPT_TOKENS: Final = 1 << 32
+"""Most prompt tokens one transfer may move: above any context length (K3 serves 2**20), and
+keeps a request's byte counts within int64. Beyond it: ``size_limit``."""

@@ -45,10 +45,10 @@ RecordT = TypeVar("RecordT")
 
 
 def checked_bytes(record: RecordT, *names: str) -> RecordT:
-    """``record`` once each byte count ``names`` (attributes of it) fits an int64; else refuse
-    (``size_limit``). A plan's largest byte count bounds the rest: check that one."""
+    """``record`` once each byte count ``names`` (attributes of it; absent ones are skipped)
+    fits an int64; else refuse (``size_limit``). A plan's largest byte count bounds the rest."""
     for name in names:
-        value = getattr(record, name)
+        value = getattr(record, name, None)
         if isinstance(value, int):
             check_int64(name, value)
     return record

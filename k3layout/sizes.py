@@ -17,6 +17,7 @@ from typing import Literal, TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
+from ._args import expect_args
 from ._divisors import nearest_divisors
 from ._frozen import Frozen
 from .constants import FLASHMLA_FP8_SCALE_GROUP, PARENT_PAGE_TOKENS
@@ -241,6 +242,7 @@ def check_heads(model: HybridModel, attn_tp: int) -> None:
 
 def rank_sizes(model: HybridModel, deployment: Deployment) -> RankSizes:
     """Per-rank sizes of ``model``'s layers under ``deployment`` (refuses what cannot shard)."""
+    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
     mla, kda = check_uniform_layers(model)
     check_heads(model, deployment.attn_tp)
     if deployment.kv_dtype == "fp8_ds_mla" and mla.kv_lora_rank % FLASHMLA_FP8_SCALE_GROUP:

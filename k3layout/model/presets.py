@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
+from .._args import expect_args
 from ..errors import Refusal
 from .layers import KDALayer, Layer, MLALayer
 from .spec import HybridModel
@@ -66,6 +67,7 @@ PRESETS: Final[dict[str, Callable[[], HybridModel]]] = {
 
 def preset(name: str) -> HybridModel:
     """The built-in model called ``name``; refuses (``unknown_model``) naming the known ones."""
+    expect_args(("name", name, str))
     try:
         build = PRESETS[name]
     except KeyError:

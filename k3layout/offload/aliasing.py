@@ -24,6 +24,7 @@ from typing import Literal, TypeAlias
 
 from pydantic import NonNegativeInt
 
+from .._args import expect_args, expect_items
 from .._frozen import Frozen
 from ..errors import Refusal
 from ..layouts import ParentPlan, VllmPlan
@@ -179,6 +180,13 @@ def check_aliasing(
     """Refuse (``aliasing``) a layout in which some KDA layer ``j`` does not start at published
     plane ``j`` with the page as stride; the message names the first such layer (group, layer,
     plane found, plane expected) and the layers that start outside the image."""
+    expect_args(
+        ("plan", plan, (VllmPlan, ParentPlan)),
+        ("views", views, Mapping),
+        ("stage", stage, int),
+        ("names", names, (LayerNames, type(None))),
+    )
+    expect_items("published", published, str)
     problems = aliasing_problems(plan, views, published, stage=stage, names=names)
     if not problems:
         return

@@ -22,6 +22,7 @@ from typing import Literal, TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
+from .._args import expect_args
 from .._frozen import Frozen
 from ..errors import Refusal
 from ..layouts import Group, ParentPlan, VllmPlan
@@ -202,6 +203,11 @@ def checkpoint_image(
     >>> image.num_units, image.num_planes, image.image_bytes, image.state_bytes
     (3, 23, 61046784, 57443328)
     """
+    expect_args(
+        ("plan", plan, (VllmPlan, ParentPlan)),
+        ("stage", stage, int),
+        ("names", names, (LayerNames, type(None))),
+    )
     vllm = vllm_plan_of(plan)
     order = plane_order(vllm, stage=stage, names=names)
     image_planes = order.image_planes

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import NonNegativeInt
 
+from .._args import expect_args, expect_items
 from .._frozen import Frozen
 from ..errors import Refusal
 from ..layouts import ParentPlan, PlaneMember, Stage, VllmPlan
@@ -189,6 +190,13 @@ def plane_order(
     (('draft.layers.0.self_attn.attn', 'draft.layers.1.self_attn.attn'), \
 ('model.layers.3.self_attn.attn', 'model.layers.7.self_attn.attn'), 23)
     """
+    expect_args(
+        ("plan", plan, (VllmPlan, ParentPlan)),
+        ("stage", stage, int),
+        ("names", names, (LayerNames, type(None))),
+        ("views", views, (Mapping, type(None))),
+    )
+    expect_items("published", published, str, optional=True)
     vllm = vllm_plan_of(plan)
     names = names or engine_layer_names(vllm.model)
     names.check_covers(vllm.model)

@@ -25,6 +25,7 @@ from typing import Final, Literal, TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
+from .._args import expect_args, expect_items
 from .._frozen import Frozen
 from ..errors import Refusal
 from ..layouts import GroupKind, ParentPlan, VllmPlan
@@ -262,6 +263,13 @@ def plan_ride(
     >>> ride.chunk_tokens, ride.capped_hit(5000), ride.load_destination(4608).row
     (1536, 4608, 2)
     """
+    expect_args(
+        ("plan", plan, (VllmPlan, ParentPlan)),
+        ("options", options, (RideOptions, type(None))),
+        ("stage", stage, int),
+        ("names", names, (LayerNames, type(None))),
+    )
+    expect_items("published", published, str, optional=True)
     vllm = vllm_plan_of(plan)
     check_ridable(vllm.model)
     options = options or RideOptions()

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import NonNegativeInt
 
+from .._args import expect_args, expect_items
 from .._frozen import Frozen
 from ..errors import Refusal
 from ..layouts import ParentPlan, VllmPlan
@@ -50,6 +51,13 @@ def vllm_views(
     >>> views["model.layers.4.self_attn"] == views["model.layers.7.self_attn.attn"]  # plane 1
     True
     """
+    expect_args(
+        ("plan", plan, (VllmPlan, ParentPlan)),
+        ("num_blocks", num_blocks, int),
+        ("stage", stage, int),
+        ("names", names, (LayerNames, type(None))),
+    )
+    expect_items("plane_bases", plane_bases, int)
     vllm = vllm_plan_of(plan)
     names = names or engine_layer_names(vllm.model)
     names.check_covers(vllm.model)

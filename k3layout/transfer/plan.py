@@ -22,10 +22,14 @@ from typing import get_args
 
 from pydantic import NonNegativeInt, PositiveInt
 
+from .._args import expect_args
 from .._frozen import Frozen
+from .._validation import describe
+from ..constants import MAX_PROMPT_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..layouts import Stage, plan, project_stages
+from ..limits import check_bound
 from ..model import HybridModel
 from ..placements import Interleave
 from ..sizes import ConvLayout, rank_sizes
@@ -234,20 +238,26 @@ def _check_inputs(
     if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
         raise Refusal(
             "invalid_argument",
-            f"prompt_tokens={prompt_tokens!r} must be an integer >= 1 (a transfer moves one "
-            "request)",
+            f"prompt_tokens={describe(prompt_tokens)} must be an integer >= 1 (a transfer moves "
+            "one request)",
             facts={
                 "prompt_tokens": prompt_tokens
-                if isinstance(prompt_tokens, int | float)
-                else repr(prompt_tokens)
+                if isinstance(prompt_tokens, int | float) and abs(prompt_tokens) < 2**63
+                else describe(prompt_tokens),
             },
             hint="pass the request's number of prompt tokens",
         )
+    check_bound("prompt_tokens", prompt_tokens, MAX_PROMPT_TOKENS, why="a request's tokens")
     if conv_layout not in get_args(ConvLayout):
         raise Refusal(
             "invalid_argument",
-            f"conv_layout={conv_layout!r} is not one of {', '.join(get_args(ConvLayout))}",
-            facts={"conv_layout": str(conv_layout), "allowed": get_args(ConvLayout)},
+            f"conv_layout={describe(conv_layout)} is not one of {', '.join(get_args(ConvLayout))}",
+            facts={
+                "conv_layout": conv_layout
+                if isinstance(conv_layout, str)
+                else describe(conv_layout),
+                "allowed": get_args(ConvLayout),
+            },
             hint="use channel_major (the default) or time_major",
         )
     if prefill.dcp > 1:
@@ -282,6 +292,12 @@ def plan_transfer(
     >>> p.num_pairs, p.bytes_per_consumer[0] == 69 * 814_080 + 24 * 512 * 576
     (64, True)
     """
+    expect_args(
+        ("model", model, HybridModel),
+        ("prefill", prefill, Deployment),
+        ("decode", decode, Deployment),
+        ("decode_model", decode_model, (HybridModel, type(None))),
+    )
     _check_inputs(prefill, decode, prompt_tokens, conv_layout)
     if decode_model is not None:
         check_same_model(model, decode_model)
