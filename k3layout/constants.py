@@ -80,3 +80,7 @@ within int64 for any head count. Beyond it: ``size_limit``."""
 MAX_PROMPT_TOKENS: Final = 1 << 32
 """Most prompt tokens one transfer may move: above any context length (K3 serves 2**20), and
 keeps a request's byte counts within int64. Beyond it: ``size_limit``."""
+
+MAX_KV_MEMORY_GIB: Final = float(1 << 30)
+"""Largest KV memory per rank the command line accepts, in GiB (an exbibyte): keeps the byte
+budget an exact int64. Beyond it (``--kv-memory-gib 1e400`` is infinity): ``size_limit``."""

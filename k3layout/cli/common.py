@@ -64,7 +64,8 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
 def model_from_args(args: argparse.Namespace) -> HybridModel:
     """The model ``--model`` names: a preset, else a config path."""
     name: str = args.model
-    if name in PRESETS and not Path(name).exists():
+    exists = path_exists(name, "--model")
+    if name in PRESETS and not exists:
         model = preset(name)
         if args.draft_layers is not None:
             raise Refusal(
@@ -74,7 +75,7 @@ def model_from_args(args: argparse.Namespace) -> HybridModel:
                 hint="use --model kimi-k3-dspark for K3 with its draft",
             )
         return model
-    if not Path(name).exists():
+    if not exists:
         raise Refusal(
             "unknown_model",
             f"model {name!r}: neither a preset nor an existing config path",
@@ -82,6 +83,21 @@ def model_from_args(args: argparse.Namespace) -> HybridModel:
             hint=f"use one of {', '.join(PRESETS)} or a path to a config.json",
         )
     return load_config(name, num_draft_layers=args.draft_layers)
+
+
+def path_exists(path: str, option: str) -> bool:
+    """Whether ``path`` exists; a path the OS cannot even look up (too long, a NUL) is refused
+    naming ``option``."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError) as error:
+        shown = path if len(path) <= 80 else f"{path[:77]}..."
+        raise Refusal(
+            "invalid_argument",
+            f"{option} {shown!r}: not a usable path ({getattr(error, 'strerror', None) or error})",
+            facts={"field": option.lstrip("-").replace("-", "_"), "option": option},
+            hint="pass a preset name or the path of a config.json",
+        ) from None
 
 
 def deployment_from_args(args: argparse.Namespace, **override: object) -> Deployment:
