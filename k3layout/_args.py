@@ -59,3 +59,17 @@ def expect_items(name: str, value: object, item_types: Types, *, optional: bool 
     expect(name, value, (list, tuple))
     for i, item in enumerate(cast(Sequence[object], value)):
         expect(f"{name}[{i}]", item, item_types)
+
+
+def expect_bounded_int(name: str, value: object, bound: int) -> int:
+    """``value`` for parameter ``name`` if it is an ``int`` with ``|value| <= bound``; refuse
+    a wrong type (``invalid_argument``) or a larger value (``size_limit``)."""
+    number = expect_int(name, value)
+    if abs(number) > bound:
+        raise Refusal(
+            "size_limit",
+            f"{name}={describe(number)} is beyond the bound {bound:,}",
+            facts={"field": name, "bound": bound},
+            hint=f"pass {name} between {-bound:,} and {bound:,}",
+        )
+    return number

@@ -14,7 +14,7 @@ from pydantic import Field, PositiveInt
 from ._args import expect, expect_args, expect_int
 from ._frozen import Frozen
 from ._validation import describe
-from .constants import MAX_MODULE_LAYERS
+from .constants import MAX_MODULE_LAYERS, MAX_RANKS
 from .errors import Refusal
 from .limits import check_bound
 
@@ -155,6 +155,7 @@ def pp_stage_bounds(
                 hint=f"pass {name} >= {low}",
             )
     check_bound("num_layers", num_layers, MAX_MODULE_LAYERS, why="module layers of a model")
+    check_bound("pp", pp, MAX_RANKS, why="pipeline stages")
     if partition is not None:
         for size in partition:
             expect("partition[]", size, int)

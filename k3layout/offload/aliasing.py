@@ -24,8 +24,9 @@ from typing import Literal, TypeAlias
 
 from pydantic import NonNegativeInt
 
-from .._args import expect_args, expect_items
+from .._args import expect_args, expect_bounded_int, expect_items
 from .._frozen import Frozen
+from ..constants import MAX_RANKS
 from ..errors import Refusal
 from ..layouts import ParentPlan, VllmPlan
 from .names import LayerNames, engine_layer_names
@@ -183,9 +184,9 @@ def check_aliasing(
     expect_args(
         ("plan", plan, (VllmPlan, ParentPlan)),
         ("views", views, Mapping),
-        ("stage", stage, int),
         ("names", names, (LayerNames, type(None))),
     )
+    expect_bounded_int("stage", stage, MAX_RANKS)
     expect_items("published", published, str)
     problems = aliasing_problems(plan, views, published, stage=stage, names=names)
     if not problems:

@@ -22,8 +22,9 @@ from typing import Literal, TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
-from .._args import expect_args
+from .._args import expect_args, expect_bounded_int
 from .._frozen import Frozen
+from ..constants import MAX_RANKS
 from ..errors import Refusal
 from ..layouts import Group, ParentPlan, VllmPlan
 from .names import LayerNames, index_region_name
@@ -205,9 +206,9 @@ def checkpoint_image(
     """
     expect_args(
         ("plan", plan, (VllmPlan, ParentPlan)),
-        ("stage", stage, int),
         ("names", names, (LayerNames, type(None))),
     )
+    expect_bounded_int("stage", stage, MAX_RANKS)
     vllm = vllm_plan_of(plan)
     order = plane_order(vllm, stage=stage, names=names)
     image_planes = order.image_planes

@@ -24,8 +24,9 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import NonNegativeInt
 
-from .._args import expect_args, expect_items
+from .._args import expect_args, expect_bounded_int, expect_items
 from .._frozen import Frozen
+from ..constants import MAX_RANKS
 from ..errors import Refusal
 from ..layouts import ParentPlan, PlaneMember, Stage, VllmPlan
 from .names import LayerNames, engine_layer_names, name_order
@@ -192,10 +193,10 @@ def plane_order(
     """
     expect_args(
         ("plan", plan, (VllmPlan, ParentPlan)),
-        ("stage", stage, int),
         ("names", names, (LayerNames, type(None))),
         ("views", views, (Mapping, type(None))),
     )
+    expect_bounded_int("stage", stage, MAX_RANKS)
     expect_items("published", published, str, optional=True)
     vllm = vllm_plan_of(plan)
     names = names or engine_layer_names(vllm.model)

@@ -25,8 +25,9 @@ from typing import Final, Literal, TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
-from .._args import expect_args, expect_items
+from .._args import expect_args, expect_bounded_int, expect_items
 from .._frozen import Frozen
+from ..constants import MAX_RANKS
 from ..errors import Refusal
 from ..layouts import GroupKind, ParentPlan, VllmPlan
 from ..model import HybridModel
@@ -266,9 +267,9 @@ def plan_ride(
     expect_args(
         ("plan", plan, (VllmPlan, ParentPlan)),
         ("options", options, (RideOptions, type(None))),
-        ("stage", stage, int),
         ("names", names, (LayerNames, type(None))),
     )
+    expect_bounded_int("stage", stage, MAX_RANKS)
     expect_items("published", published, str, optional=True)
     vllm = vllm_plan_of(plan)
     check_ridable(vllm.model)

@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import NonNegativeInt
 
-from .._args import expect_args, expect_items
+from .._args import expect_args, expect_bounded_int, expect_items
 from .._frozen import Frozen
+from ..constants import INT64_MAX, MAX_RANKS
 from ..errors import Refusal
 from ..layouts import ParentPlan, VllmPlan
 from .names import LayerNames, engine_layer_names
@@ -53,10 +54,10 @@ def vllm_views(
     """
     expect_args(
         ("plan", plan, (VllmPlan, ParentPlan)),
-        ("num_blocks", num_blocks, int),
-        ("stage", stage, int),
         ("names", names, (LayerNames, type(None))),
     )
+    expect_bounded_int("stage", stage, MAX_RANKS)
+    expect_bounded_int("num_blocks", num_blocks, INT64_MAX)
     expect_items("plane_bases", plane_bases, int)
     vllm = vllm_plan_of(plan)
     names = names or engine_layer_names(vllm.model)
