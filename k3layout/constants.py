@@ -38,3 +38,49 @@ REPLAYSSM_DEFAULT_CACHE_LEN: Final = 16
 
 MAX_PAGES_PER_PLANE: Final = 1 << 16
 """Upper bound of the parent packing search; a packing beyond it is refused, not searched."""
+
+MAX_MODULE_LAYERS: Final = 1 << 16
+"""Most module layers (target + draft) a model may have: 65,536. The largest published decoders
+have a few hundred layers; a plan keeps several tuples per layer, so an unbounded count (a
+``num_hidden_layers`` of 10**9, ``--draft-layers`` of 10**20) would exhaust memory before any
+rule could refuse it. Beyond it: ``size_limit``."""
+
+MAX_MODEL_DIM: Final = 1 << 20
+"""Largest head count or per-head / latent dimension a layer may have: 1,048,576 (K3: 96 heads,
+dims up to 1536). Bounding every factor keeps the per-rank byte products (heads x dim x dim x 4)
+within int64 and makes a divisor hint cheap. Beyond it: ``size_limit``."""
+
+MAX_CONV_KERNEL: Final = 1 << 10
+"""Largest short-convolution kernel a KDA layer may have (Kimi: 4). Beyond it: ``size_limit``."""
+
+MAX_PADDING_LIMIT: Final = 1000.0
+"""Largest ``max_padding`` a deployment may ask for: a group padded to 1001x its payload. A
+larger finite limit (1e308) means "no limit", which ``max_padding=None`` with draft layers
+already says; refusing it keeps the padding arithmetic far from float overflow."""
+
+INT64_MAX: Final = (1 << 63) - 1
+"""Engines index their caches with int64 (torch sizes, strides and offsets); a plan whose byte
+counts do not fit is refused (``size_limit``) instead of overflowing in the engine."""
+
+MAX_DIVISOR_HINTS: Final = 8
+"""Most values a refusal's hint lists when it suggests divisors (``use dcp in [...]``)."""
+
+MAX_RANKS: Final = (1 << 31) - 1
+"""Largest parallel size (``attn_tp``, ``attn_dp``, ``pp``, ``dcp``) a deployment may name:
+torch.distributed and NCCL number ranks with int32. Beyond it: ``size_limit``."""
+
+MAX_BLOCK_TOKENS: Final = 1 << 32
+"""Largest requested block or DCP interleave, in tokens: above any context length (K3 serves
+2**20). Beyond it: ``size_limit``."""
+
+MAX_REPLAY_CACHE_LEN: Final = 1 << 16
+"""Largest ReplaySSM record length per slot (ATOM's default is 16); keeps the records' bytes
+within int64 for any head count. Beyond it: ``size_limit``."""
+
+MAX_PROMPT_TOKENS: Final = 1 << 32
+"""Most prompt tokens one transfer may move: above any context length (K3 serves 2**20), and
+keeps a request's byte counts within int64. Beyond it: ``size_limit``."""
+
+MAX_KV_MEMORY_GIB: Final = float(1 << 30)
+"""Largest KV memory per rank the command line accepts, in GiB (an exbibyte): keeps the byte
+budget an exact int64. Beyond it (``--kv-memory-gib 1e400`` is infinity): ``size_limit``."""

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, model_validator
 
 from ._frozen import Frozen
-from .constants import REPLAYSSM_DEFAULT_CACHE_LEN
+from .constants import (
+    MAX_BLOCK_TOKENS,
+    MAX_MODULE_LAYERS,
+    MAX_PADDING_LIMIT,
+    MAX_RANKS,
+    MAX_REPLAY_CACHE_LEN,
+    REPLAYSSM_DEFAULT_CACHE_LEN,
+)
 from .dtypes import KvCacheDtype
+from .errors import Refusal
 
 EngineFlavour: TypeAlias = Literal["vllm", "parent"]
 """``vllm``: vLLM's hybrid allocator (one page per layer per block, planes shared by groups).
@@ -22,6 +30,11 @@ ConvLayout: TypeAlias = Literal["SD", "DS"]
 channel-major (what NIXL transfers need). ``dim`` is the q|k|v channels side by side."""
 
 CONV_LAYOUTS: tuple[ConvLayout, ...] = ("SD", "DS")
+Ranks: TypeAlias = Annotated[int, Field(gt=0, le=MAX_RANKS)]
+"""A parallel size: positive, at most ``MAX_RANKS`` (int32 rank ids); beyond: ``size_limit``."""
+
+Tokens: TypeAlias = Annotated[int, Field(gt=0, le=MAX_BLOCK_TOKENS)]
+"""A block or interleave in tokens: positive, at most ``MAX_BLOCK_TOKENS``."""
 
 
 class Deployment(Frozen):
@@ -40,28 +53,38 @@ class Deployment(Frozen):
     - ``replayssm``: ATOM ReplaySSM records beside each KDA state slot.
     - ``conv_layout``: the KDA conv state's layout, vLLM's ``VLLM_SSM_CONV_STATE_LAYOUT``
       (``SD``, the default, or ``DS``).
+
+    Sizes above the bounds of :mod:`k3layout.constants` (``MAX_RANKS``, ``MAX_BLOCK_TOKENS``,
+    ``MAX_PADDING_LIMIT``, ...) are refused with ``size_limit``.
     """
 
     engine: EngineFlavour = "vllm"
-    attn_tp: PositiveInt = 1
-    attn_dp: PositiveInt = 1
-    pp: PositiveInt = 1
-    pp_partition: tuple[PositiveInt, ...] | None = None
-    dcp: PositiveInt = 1
-    dcp_interleave: PositiveInt = 1
+    attn_tp: Ranks = 1
+    attn_dp: Ranks = 1
+    pp: Ranks = 1
+    pp_partition: tuple[Annotated[int, Field(gt=0, le=MAX_MODULE_LAYERS)], ...] | None = None
+    dcp: Ranks = 1
+    dcp_interleave: Tokens = 1
     kv_dtype: KvCacheDtype = "fp8"
     spec_tokens: Annotated[int, Field(ge=0, le=64)] = 0
-    block_tokens: PositiveInt | None = None
-    max_padding: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
+    block_tokens: Tokens | None = None
+    max_padding: (
+        Annotated[float, Field(ge=0.0, le=MAX_PADDING_LIMIT, allow_inf_nan=False)] | None
+    ) = None
     replayssm: bool = False
-    replayssm_cache_len: PositiveInt = REPLAYSSM_DEFAULT_CACHE_LEN
+    replayssm_cache_len: Annotated[int, Field(gt=0, le=MAX_REPLAY_CACHE_LEN)] = (
+        REPLAYSSM_DEFAULT_CACHE_LEN
+    )
     conv_layout: ConvLayout = "SD"
 
     @model_validator(mode="after")
     def _partition_matches_pp(self) -> Deployment:
         if self.pp_partition is not None and len(self.pp_partition) != self.pp:
-            raise ValueError(
-                f"pp_partition: {len(self.pp_partition)} stage sizes given for pp={self.pp}"
+            raise Refusal(
+                "invalid_argument",
+                f"pp_partition: {len(self.pp_partition)} stage sizes given for pp={self.pp}",
+                facts={"field": "pp_partition", "pp": self.pp},
+                hint="give one layer count per pipeline stage",
             )
         return self
 

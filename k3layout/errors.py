@@ -1,9 +1,10 @@
 """The one refusal type: a configuration the planner cannot serve, with the facts of why.
 
-Every rule the planner enforces raises :class:`Refusal`. It is a ``ValueError`` so that
-``except ValueError`` at an engine's startup catches it together with pydantic's
-``ValidationError`` (raised when a :class:`~k3layout.Model` or
-:class:`~k3layout.Deployment` is built from bad field values).
+Every rule the planner enforces raises :class:`Refusal`, and so does every bad input to the
+public API and the command line: a record built from bad field values (pydantic's validation
+of a :class:`~k3layout.HybridModel` or :class:`~k3layout.Deployment`, ``load_plan``), an
+argument of the wrong type, a size beyond the planner's bounds (``size_limit``). It is a
+``ValueError``, so ``except ValueError`` at an engine's startup catches it too.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ RefusalCode: TypeAlias = Literal[
     "invalid_argument",
     "uneven_split",
     "dtype_unsupported",
+    "size_limit",
 ]
 """Stable machine-readable refusal codes. New codes may be added; existing ones never change."""
 

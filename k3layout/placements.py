@@ -11,8 +11,12 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, PositiveInt
 
+from ._args import expect, expect_args, expect_int
 from ._frozen import Frozen
+from ._validation import describe
+from .constants import MAX_MODULE_LAYERS, MAX_RANKS
 from .errors import Refusal
+from .limits import check_bound
 
 
 class Shard(Frozen):
@@ -33,6 +37,7 @@ class Shard(Frozen):
 
     def local_size_and_offset(self, extent: int, num_ranks: int, rank: int) -> tuple[int, int]:
         """``(size, offset)`` of ``rank``'s share of ``extent``."""
+        expect_int("extent", extent)
         _check_rank(num_ranks, rank)
         if extent % num_ranks:
             raise Refusal(
@@ -52,6 +57,7 @@ class Replicate(Frozen):
 
     def local_size_and_offset(self, extent: int, num_ranks: int, rank: int) -> tuple[int, int]:
         """``(extent, 0)`` on every rank."""
+        expect_int("extent", extent)
         _check_rank(num_ranks, rank)
         return extent, 0
 
@@ -172,6 +178,21 @@ def pp_stage_bounds(
 
     ``partition`` (layers per stage) overrides the split, as ``VLLM_PP_LAYER_PARTITION`` does.
     """
+    expect_args(("num_layers", num_layers, int), ("pp", pp, int))
+    expect("partition", partition, (tuple, list, type(None)))
+    for name, value, low in (("num_layers", num_layers, 1), ("pp", pp, 1)):
+        if value < low:
+            raise Refusal(
+                "invalid_argument",
+                f"{name}={describe(value)} must be >= {low}",
+                facts={"field": name},
+                hint=f"pass {name} >= {low}",
+            )
+    check_bound("num_layers", num_layers, MAX_MODULE_LAYERS, why="module layers of a model")
+    check_bound("pp", pp, MAX_RANKS, why="pipeline stages")
+    if partition is not None:
+        for size in partition:
+            expect("partition[]", size, int)
     if pp > num_layers:
         raise Refusal(
             "pp_too_deep",
@@ -202,20 +223,21 @@ def pp_stage_bounds(
 
 
 def _check_token(name: str, value: int) -> None:
-    if value < 0:
+    if expect_int(name, value) < 0:
         raise Refusal(
             "invalid_argument",
-            f"{name}={value} must be >= 0",
+            f"{name}={describe(value)} must be >= 0",
             facts={name: value},
             hint="token positions count from 0",
         )
 
 
 def _check_rank(num_ranks: int, rank: int) -> None:
+    expect_args(("num_ranks", num_ranks, int), ("rank", rank, int))
     if num_ranks < 1 or not 0 <= rank < num_ranks:
         raise Refusal(
             "invalid_argument",
-            f"rank={rank} is not a rank of num_ranks={num_ranks}",
+            f"rank={describe(rank)} is not a rank of num_ranks={describe(num_ranks)}",
             facts={"rank": rank, "num_ranks": num_ranks},
             hint=f"use 0 <= rank < {max(num_ranks, 1)}",
         )

@@ -17,6 +17,8 @@ from functools import reduce
 
 from pydantic import NonNegativeInt, PositiveInt
 
+from ._args import expect_args
+from ._divisors import nearest_divisors
 from ._frozen import Frozen
 from .cache import LayerCacheSpec, cursor_spec
 from .constants import PARENT_PAGE_TOKENS
@@ -110,10 +112,6 @@ def check_uniform_layers(model: HybridModel, specs: tuple[LayerCacheSpec, ...]) 
             )
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def check_heads(model: HybridModel, attn_tp: int) -> None:
     """Refuse (``heads_not_divisible``) an attention TP that does not divide every head count.
 
@@ -124,9 +122,7 @@ def check_heads(model: HybridModel, attn_tp: int) -> None:
     for kind, heads in counts:
         if heads % attn_tp:
             common = reduce(math.gcd, (h for _, h in counts))
-            good = _divisors(common)
-            below = max((d for d in good if d < attn_tp), default=None)
-            above = min((d for d in good if d > attn_tp), default=None)
+            below, above = nearest_divisors(common, attn_tp)
             nearest = " or ".join(f"attn_tp={d}" for d in (below, above) if d is not None)
             raise Refusal(
                 "heads_not_divisible",
@@ -138,6 +134,7 @@ def check_heads(model: HybridModel, attn_tp: int) -> None:
 
 def rank_sizes(model: HybridModel, deployment: Deployment) -> RankSizes:
     """Per-rank sizes of ``model``'s layers under ``deployment`` (refuses what cannot shard)."""
+    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
     check_heads(model, deployment.attn_tp)
     by_layer: dict[object, int] = {}
     specs: list[LayerCacheSpec] = []

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
 from k3layout import HybridModel, KDALayer, MLALayer, Refusal, load_config, model_from_config
 from k3layout import preset as get_preset
@@ -187,13 +186,13 @@ def test_unknown_preset_names_the_presets() -> None:
 
 def test_models_are_frozen_and_validated() -> None:
     mla = MLALayer(num_heads=8)
-    with pytest.raises(ValidationError):
+    with pytest.raises(Refusal):
         MLALayer(num_heads=0)
-    with pytest.raises(ValidationError):
+    with pytest.raises(Refusal):
         KDALayer(num_heads=8, head_dim=64, conv_kernel=1)
-    with pytest.raises(ValidationError, match="at least one attention layer"):
+    with pytest.raises(Refusal, match="at least one attention layer"):
         HybridModel(name="x", model_type="x", layers=(KDALayer(num_heads=8, head_dim=64),))
-    with pytest.raises(ValidationError):
+    with pytest.raises(Refusal):
         mla.num_heads = 4  # type: ignore[misc]
 
 

@@ -11,7 +11,6 @@ pytest.importorskip("torch")
 
 import torch
 from hypothesis import given, settings
-from pydantic import ValidationError
 from torch_cases import small_plans
 
 from k3layout import (
@@ -203,8 +202,9 @@ def test_refuses_a_block_count_below_one_and_an_unknown_conv_layout(k3_plan: Vll
     assert (refused.value.code, refused.value.facts) == ("invalid_argument", {"num_blocks": "0"})
     # the layout is a deployment field now: an unknown one (or an old name) never plans
     for layout in ("diagonal", "time_major", "channel_major"):
-        with pytest.raises(ValidationError):
+        with pytest.raises(Refusal) as refused:
             Deployment.model_validate({"attn_tp": 8, "conv_layout": layout})
+        assert refused.value.facts["field"] == "conv_layout"
 
 
 def test_refuses_a_recurrent_state_that_starts_off_an_fp32_word() -> None:

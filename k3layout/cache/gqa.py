@@ -16,14 +16,12 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import PositiveInt
-
 from .._frozen import Frozen
 from ..deployment import Deployment
 from ..dtypes import KV_ELEMENT_DTYPE
 from ..errors import Refusal
 from ..placements import Interleave, ReplicaShard
-from .part import CachePart
+from .part import CachePart, Dim
 from .spec import LayerCacheSpec, Paging
 
 
@@ -33,9 +31,9 @@ class GQALayer(Frozen):
 
     kind: Literal["gqa"] = "gqa"
     paging: ClassVar[Paging] = "token"
-    num_heads: PositiveInt
-    num_kv_heads: PositiveInt
-    head_dim: PositiveInt = 128
+    num_heads: Dim
+    num_kv_heads: Dim
+    head_dim: Dim = 128
 
     def cache_spec(self, deployment: Deployment) -> LayerCacheSpec:
         """K then V rows of one token, KV heads sharded (or replicated) over TP."""

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field
 
 from .._frozen import Frozen
+from ..constants import MAX_CONV_KERNEL
 from ..deployment import Deployment
 from ..placements import Shard
-from .part import CachePart
+from .part import CachePart, Dim
 from .replay import replay_spec
 from .spec import LayerCacheSpec, Paging
 
@@ -42,9 +43,9 @@ class KDALayer(Frozen):
 
     kind: Literal["kda"] = "kda"
     paging: ClassVar[Paging] = "slot"
-    num_heads: PositiveInt
-    head_dim: PositiveInt
-    conv_kernel: Annotated[int, Field(ge=2)] = 4
+    num_heads: Dim
+    head_dim: Dim
+    conv_kernel: Annotated[int, Field(ge=2, le=MAX_CONV_KERNEL)] = 4
 
     def conv_rows(self, deployment: Deployment) -> int:
         """Rows of conv history: ``K - 1 + spec_tokens``."""

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field
 
 from .._frozen import Frozen
-from ..constants import FLASHMLA_FP8_SCALE_GROUP
+from ..constants import FLASHMLA_FP8_SCALE_GROUP, MAX_MODEL_DIM
 from ..deployment import Deployment
 from ..dtypes import DTYPE_BYTES, KV_ELEMENT_DTYPE
 from ..errors import Refusal
 from ..placements import Interleave, Replicate
-from .part import CachePart
+from .part import CachePart, Dim
 from .spec import LayerCacheSpec, Paging
 
 
@@ -36,13 +36,13 @@ class MLALayer(Frozen):
 
     kind: Literal["mla"] = "mla"
     paging: ClassVar[Paging] = "token"
-    num_heads: PositiveInt
-    kv_lora_rank: PositiveInt = 512
-    qk_rope_head_dim: PositiveInt = 64
-    qk_nope_head_dim: PositiveInt = 128
-    v_head_dim: PositiveInt = 128
-    q_lora_rank: PositiveInt | None = None
-    index_bytes_per_token: Annotated[int, Field(ge=0)] = 0
+    num_heads: Dim
+    kv_lora_rank: Dim = 512
+    qk_rope_head_dim: Dim = 64
+    qk_nope_head_dim: Dim = 128
+    v_head_dim: Dim = 128
+    q_lora_rank: Dim | None = None
+    index_bytes_per_token: Annotated[int, Field(ge=0, le=MAX_MODEL_DIM)] = 0
 
     @property
     def latent_dim(self) -> int:

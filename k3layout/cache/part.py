@@ -21,9 +21,14 @@ from typing import Annotated, Literal, TypeAlias
 from pydantic import Field, PositiveInt, model_validator
 
 from .._frozen import Frozen
+from ..constants import MAX_MODEL_DIM
 from ..dtypes import DTYPE_BYTES, DTypeName
 from ..errors import Refusal
 from ..placements import ReplicaShard, Replicate, Shard
+
+Dim: TypeAlias = Annotated[int, Field(gt=0, le=MAX_MODEL_DIM)]
+"""A head count or dimension of a layer: positive, at most ``MAX_MODEL_DIM`` (beyond it:
+``size_limit``), so that no byte count of a plan leaves int64."""
 
 ElementDtype: TypeAlias = DTypeName | Literal["uint8"]
 """Element dtypes of cache tensors: the planner's dtypes, and raw bytes (packed rows)."""

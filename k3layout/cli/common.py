@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
-
-from pydantic import ValidationError
 
 from ..deployment import CONV_LAYOUTS, ENGINES, Deployment
 from ..dtypes import KV_CACHE_DTYPES, KvCacheDtype
@@ -81,7 +79,8 @@ def add_conv_layout_option(parser: argparse.ArgumentParser) -> None:
 def model_from_args(args: argparse.Namespace) -> HybridModel:
     """The model ``--model`` names: a preset, else a config path."""
     name: str = args.model
-    if name in PRESETS and not Path(name).exists():
+    exists = path_exists(name, "--model")
+    if name in PRESETS and not exists:
         model = preset(name)
         if args.draft_layers is not None:
             raise Refusal(
@@ -91,7 +90,7 @@ def model_from_args(args: argparse.Namespace) -> HybridModel:
                 hint="use --model kimi-k3-dspark for K3 with its draft",
             )
         return model
-    if not Path(name).exists():
+    if not exists:
         raise Refusal(
             "unknown_model",
             f"model {name!r}: neither a preset nor an existing config path",
@@ -99,6 +98,21 @@ def model_from_args(args: argparse.Namespace) -> HybridModel:
             hint=f"use one of {', '.join(PRESETS)} or a path to a config.json",
         )
     return load_config(name, num_draft_layers=args.draft_layers)
+
+
+def path_exists(path: str, option: str) -> bool:
+    """Whether ``path`` exists; a path the OS cannot even look up (too long, a NUL) is refused
+    naming ``option``."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError) as error:
+        shown = path if len(path) <= 80 else f"{path[:77]}..."
+        raise Refusal(
+            "invalid_argument",
+            f"{option} {shown!r}: not a usable path ({getattr(error, 'strerror', None) or error})",
+            facts={"field": option.lstrip("-").replace("-", "_"), "option": option},
+            hint="pass a preset name or the path of a config.json",
+        ) from None
 
 
 def deployment_from_args(args: argparse.Namespace, **override: object) -> Deployment:
@@ -121,20 +135,26 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
 
 
 def validated(kind: type[Deployment], fields: dict[str, object]) -> Deployment:
-    """``kind(**fields)`` with pydantic's errors turned into an ``invalid_argument`` refusal."""
+    """``kind(**fields)``; a refused field is named by its option (``--attn-tp``)."""
     try:
         return kind.model_validate(fields)
-    except ValidationError as error:
-        problems = "; ".join(
-            f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
-            for e in error.errors()
-        )
-        first = error.errors()[0]["loc"]
-        raise Refusal(
-            "invalid_argument",
-            f"deployment: {problems}",
-            facts={"field": ".".join(str(p) for p in first)},
-        ) from None
+    except Refusal as refusal:
+        raise option_refusal(refusal) from None
+
+
+def option_refusal(refusal: Refusal, options: Mapping[str, str] | None = None) -> Refusal:
+    """``refusal`` of a record built from options, its message led by the option of its field
+    (``attn_tp`` -> ``--attn-tp``, or as ``options`` maps it); the code is kept."""
+    field = str(refusal.facts.get("field", "")).split(".")[0]
+    if not field or field.startswith("<"):
+        return refusal
+    option = (options or {}).get(field, f"--{field.replace('_', '-')}")
+    return Refusal(
+        refusal.code,
+        f"{option}: {refusal.message}",
+        facts={**refusal.facts, "option": option},
+        hint=f"pass a valid {option}",
+    )
 
 
 def refused(refusal: Refusal, as_json: bool) -> int:

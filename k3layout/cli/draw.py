@@ -19,6 +19,7 @@ import sys
 from typing import TYPE_CHECKING, TypeAlias
 
 from ..deployment import ENGINES
+from ..errors import Refusal
 from ..layouts import EngineLayout, plan
 from ..offload import checkpoint_image, plane_order
 from ..sweep import SweepCell, default_attn_tps, sweep
@@ -145,7 +146,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"k3layout draw: {error}", file=sys.stderr)
             return EXIT_MISSING_EXTRA
         target = picture_path(args.output)
-        print(save(picture(args, source, title), target))
+        figure = picture(args, source, title)
+        try:
+            written = save(figure, target)
+        except OSError as error:  # unwritable: permissions, a read-only or full disk
+            raise Refusal(
+                "invalid_argument",
+                f"-o {target}: cannot be written ({error.strerror or error})",
+                facts={"field": "output", "option": "--output", "path": str(target)},
+                hint="write the picture to a folder you can write to",
+            ) from None
+        print(written)
         return 0
 
     return run_refusing(action, False)

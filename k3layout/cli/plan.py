@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import TYPE_CHECKING
 
+from ..constants import MAX_KV_MEMORY_GIB
+from ..errors import Refusal
 from ..layouts import EngineLayout, plan
 from ..layouts.report import report
 from .common import (
@@ -50,11 +53,42 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(report(result).model_dump_json(indent=2))
             return 0
-        budget = None if args.kv_memory_gib is None else int(args.kv_memory_gib * GIB)
+        budget = None if args.kv_memory_gib is None else budget_bytes(args.kv_memory_gib)
+        if args.max_live < 1:
+            raise Refusal(
+                "invalid_argument",
+                f"--max-live={args.max_live}: must be >= 1 (live requests)",
+                facts={"field": "max_live", "option": "--max-live"},
+                hint="pass --max-live 1 or more",
+            )
         show(result, budget, args.max_live)
         return 0
 
     return run_refusing(action, args.json)
+
+
+def budget_bytes(gib: float) -> int:
+    """``--kv-memory-gib`` in bytes; NaN, infinity, a negative or an over-large value is
+    refused naming the option."""
+    if not math.isfinite(gib) or gib < 0:
+        raise Refusal(
+            "invalid_argument",
+            f"--kv-memory-gib={gib}: must be a finite number of GiB >= 0",
+            facts={"field": "kv_memory_gib", "option": "--kv-memory-gib"},
+            hint="pass the KV memory per rank in GiB, e.g. --kv-memory-gib 40",
+        )
+    if gib > MAX_KV_MEMORY_GIB:
+        raise Refusal(
+            "size_limit",
+            f"--kv-memory-gib={gib:g}: above the bound {MAX_KV_MEMORY_GIB:,.0f} GiB",
+            facts={
+                "field": "kv_memory_gib",
+                "option": "--kv-memory-gib",
+                "bound": MAX_KV_MEMORY_GIB,
+            },
+            hint=f"use --kv-memory-gib <= {MAX_KV_MEMORY_GIB:,.0f}",
+        )
+    return int(gib * GIB)
 
 
 def _size_rows(result: EngineLayout) -> list[tuple[str, str]]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import get_args
 
-from pydantic import ValidationError
-
 from ..errors import Refusal
 from ..layouts import plan
 from ..offload import (
@@ -28,6 +26,7 @@ from .common import (
     deployment_from_args,
     model_from_args,
     new_table,
+    option_refusal,
     run_refusing,
     summary_table,
     thousands,
@@ -77,16 +76,8 @@ def _options(args: argparse.Namespace) -> RideOptions:
     }
     try:
         return RideOptions.model_validate(fields)
-    except ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
-        option = "--chunk" if field == "chunk_tokens" else f"--{field.replace('_', '-')}"
-        raise Refusal(
-            "invalid_argument",
-            f"{option}={fields.get(field)!r}: {first['msg']}",
-            facts={"field": field},
-            hint=f"pass a valid {option}",
-        ) from None
+    except Refusal as refusal:
+        raise option_refusal(refusal, {"chunk_tokens": "--chunk"}) from None
 
 
 def _ride(args: argparse.Namespace) -> RidePlan:

@@ -163,7 +163,24 @@ def picture_path(path: str | Path) -> Path:
             facts={"path": str(target), "suffix": suffix, "formats": FORMATS},
             hint=f"name the file {target.stem}.png or {target.stem}.svg",
         )
-    if not target.parent.is_dir():
+    try:
+        folder_missing = not target.parent.is_dir()
+        is_folder = target.is_dir()
+    except (OSError, ValueError) as error:  # a name too long for the OS, a NUL
+        raise Refusal(
+            "invalid_argument",
+            f"picture {_short(target)}: not a usable path ({error})",
+            facts={"path": _short(target)},
+            hint="write the picture to a shorter path",
+        ) from None
+    if is_folder:
+        raise Refusal(
+            "invalid_argument",
+            f"picture {_short(target)}: is a folder",
+            facts={"path": _short(target)},
+            hint=f"name a file inside it, e.g. {_short(target / ('picture' + suffix))}",
+        )
+    if folder_missing:
         raise Refusal(
             "invalid_argument",
             f"picture {target}: folder {target.parent} does not exist",
@@ -171,6 +188,11 @@ def picture_path(path: str | Path) -> Path:
             hint="create the folder first, or write the picture elsewhere",
         )
     return target
+
+
+def _short(path: Path, most: int = 120) -> str:
+    text = str(path)
+    return text if len(text) <= most else f"{text[: most - 3]}..."
 
 
 def save(figure: Figure, path: str | Path) -> Path:

@@ -18,6 +18,7 @@ from .._frozen import Frozen, trusted
 from ..constants import DEFAULT_MAX_PADDING_FRACTION, PARENT_PAGE_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
+from ..limits import checked_bytes
 from ..model import HybridModel
 from ..sizes import RankSizes
 from .groups import Group, GroupKind, Stage, group_names, num_planes, split_contiguous
@@ -551,12 +552,15 @@ def pack_parent(
         own_pages=own_pages(groups, sizes),
     )
     packing = search_packing(frame)
-    return ParentPlan(
-        model=model,
-        deployment=deployment,
-        groups=groups,
-        stages=stages,
-        packing=packing,
-        max_padding=frame.max_padding,
-        rule_1152=rule_1152(frame, packing),
+    return checked_bytes(
+        ParentPlan(
+            model=model,
+            deployment=deployment,
+            groups=groups,
+            stages=stages,
+            packing=packing,
+            max_padding=frame.max_padding,
+            rule_1152=rule_1152(frame, packing),
+        ),
+        "parent_bytes",
     )

@@ -12,8 +12,12 @@ from typing import Annotated, Generic, TypeAlias, TypeVar
 
 from pydantic import ConfigDict, Field, TypeAdapter
 
+from .._args import expect_args
+from .._divisors import divisors_near
+from .._validation import validate_json
 from ..deployment import Deployment, EngineFlavour
 from ..errors import Refusal
+from ..limits import checked_bytes
 from ..model import HybridModel
 from ..sizes import RankSizes, rank_sizes
 from .groups import Group, Stage, project_stages
@@ -53,7 +57,7 @@ PARENT_SEAMS = EngineSeams[ParentPlan](check=check_parent, group=group_parent, p
 def check_parallelism(model: HybridModel, deployment: Deployment) -> None:
     """Refusals common to both engines: DCP must divide attention TP."""
     if deployment.attn_tp % deployment.dcp:
-        good = [d for d in range(1, deployment.attn_tp + 1) if deployment.attn_tp % d == 0]
+        good = divisors_near(deployment.attn_tp, deployment.dcp)
         raise Refusal(
             "dcp_not_dividing_tp",
             f"dcp={deployment.dcp} must divide attn_tp={deployment.attn_tp} "
@@ -73,6 +77,7 @@ def plan(model: HybridModel, deployment: Deployment) -> VllmPlan | ParentPlan:
     >>> p.block_tokens, p.page_bytes, p.num_planes, p.block_bytes
     (1536, 884736, 29, 25657344)
     """
+    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
     if deployment.engine == "parent":
         return _run(model, deployment, PARENT_SEAMS)
     return _run(model, deployment, VLLM_SEAMS)
@@ -89,16 +94,19 @@ def _run(model: HybridModel, deployment: Deployment, seams: EngineSeams[PlanT]) 
 
 def plan_vllm(model: HybridModel, deployment: Deployment) -> VllmPlan:
     """:func:`plan` with ``engine="vllm"`` whatever the deployment names."""
+    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
     return _run(model, with_engine(deployment, "vllm"), VLLM_SEAMS)
 
 
 def plan_parent(model: HybridModel, deployment: Deployment) -> ParentPlan:
     """:func:`plan` with ``engine="parent"`` whatever the deployment names."""
+    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
     return _run(model, with_engine(deployment, "parent"), PARENT_SEAMS)
 
 
 def with_engine(deployment: Deployment, engine: EngineFlavour) -> Deployment:
     """The same deployment for another engine (built anew, so it is validated)."""
+    expect_args(("deployment", deployment, Deployment), ("engine", engine, str))
     if deployment.engine == engine:
         return deployment
     fields = {name: getattr(deployment, name) for name in Deployment.model_fields}
@@ -106,5 +114,7 @@ def with_engine(deployment: Deployment, engine: EngineFlavour) -> Deployment:
 
 
 def load_plan(data: str | bytes) -> VllmPlan | ParentPlan:
-    """A plan back from its JSON (``plan.model_dump_json()``)."""
-    return PLAN_ADAPTER.validate_json(data)
+    """A plan back from its JSON (``plan.model_dump_json()``); bad JSON, a bad field or byte
+    counts beyond int64 are refused naming the field."""
+    expect_args(("data", data, (str, bytes, bytearray)))
+    return checked_bytes(validate_json(PLAN_ADAPTER, data, "plan"), "block_bytes", "parent_bytes")

@@ -21,6 +21,7 @@ from .._frozen import trusted
 from ..constants import MLA_KERNEL_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
 from ..deployment import Deployment
 from ..errors import Refusal
+from ..limits import checked_bytes
 from ..model import HybridModel
 from ..placements import Interleave
 from ..sizes import RankSizes
@@ -281,13 +282,16 @@ def pack_vllm(
             hint=f"use a dcp_interleave that divides {block}, e.g. "
             f"dcp_interleave={math.gcd(block, deployment.dcp_interleave)}",
         )
-    return VllmPlan(
-        model=model,
-        deployment=deployment,
-        block_tokens=block,
-        page_bytes=page,
-        groups=groups,
-        stages=stages,
+    return checked_bytes(
+        VllmPlan(
+            model=model,
+            deployment=deployment,
+            block_tokens=block,
+            page_bytes=page,
+            groups=groups,
+            stages=stages,
+        ),
+        "block_bytes",
     )
 
 

@@ -5,31 +5,66 @@ The backbone may sit at the top level (Kimi-Linear, ``model_type: kimi_linear``)
 layers **1-based**; a config without it is a pure MLA model (DeepSeek-V3.2, GLM-5.x), whose
 ``index_head_dim`` adds a DSA index row per attention layer and whose MTP layers
 (``num_nextn_predict_layers``) join as draft layers. Fields that do not shape the cache are
-ignored; inconsistent ones are refused with ``code="invalid_config"`` naming the field.
+ignored; inconsistent ones are refused with ``code="invalid_config"`` naming the field
+(``size_limit`` for a size above the bounds of :mod:`k3layout.constants`).
+
+The loader never guesses. It refuses:
+
+- a value of the wrong JSON type: integers are strict, so ``true`` or ``128.0`` where an
+  integer belongs is refused, and so is a non-string ``model_type``;
+- a Kimi config (``model_type`` ``kimi_k3`` or ``kimi_linear``, at the top level or under
+  ``text_config``) without ``linear_attn_config``: it would plan as a pure MLA model;
+- a field given both at the top level and under ``text_config`` with different values;
+- layer lists that do not tile ``1..num_hidden_layers``. With ``full_attn_layers`` given, the
+  two lists must be disjoint and cover every layer. Without it, the MLA layers would be
+  whatever ``kda_layers`` leaves out, so a shifted or emptied list, or a ``num_hidden_layers``
+  changed beside an unchanged list, would silently add or move MLA layers: the loader then
+  takes the complement only when ``kda_layers`` is exactly Kimi's published 3:1 pattern for
+  ``num_hidden_layers`` (MLA at every 4th layer and the last) and otherwise asks for
+  ``full_attn_layers``.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping
+from os import PathLike
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Final
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PositiveInt,
+    Strict,
+    StrictStr,
     ValidationError,
     ValidationInfo,
     field_validator,
 )
 
-from ..constants import DSA_INDEX_BYTES_PER_TOKEN
+from .._args import expect_args
+from .._validation import describe, refusal_from_validation
+from ..constants import (
+    DSA_INDEX_BYTES_PER_TOKEN,
+    MAX_CONV_KERNEL,
+    MAX_MODEL_DIM,
+    MAX_MODULE_LAYERS,
+)
 from ..dtypes import HF_TORCH_DTYPES
 from ..errors import Refusal
+from ..limits import check_bound
 from .layers import KDALayer, Layer, MLALayer
+from .presets import is_kimi_mla_layer
 from .spec import HybridModel
+
+KIMI_MODEL_TYPES: Final = frozenset({"kimi_k3", "kimi_linear"})
+"""Model types whose checkpoints are hybrid: a config of theirs must carry linear attention."""
+
+_Dim = Annotated[int, Strict(), Field(gt=0, le=MAX_MODEL_DIM)]
+_Layers = Annotated[int, Strict(), Field(gt=0, le=MAX_MODULE_LAYERS)]
+_LayerIds = Annotated[tuple[Annotated[int, Strict()], ...], Field(max_length=MAX_MODULE_LAYERS)]
 
 
 class _Lenient(BaseModel):
@@ -37,26 +72,26 @@ class _Lenient(BaseModel):
 
 
 class _LinearAttnConfig(_Lenient):
-    num_heads: PositiveInt
-    head_dim: PositiveInt
-    short_conv_kernel_size: Annotated[int, Field(ge=2)]
-    kda_layers: tuple[int, ...]
-    full_attn_layers: tuple[int, ...] | None = None
+    num_heads: _Dim
+    head_dim: _Dim
+    short_conv_kernel_size: Annotated[int, Strict(), Field(ge=2, le=MAX_CONV_KERNEL)]
+    kda_layers: _LayerIds
+    full_attn_layers: _LayerIds | None = None
 
 
 class _TextConfig(_Lenient):
-    model_type: str | None = None
-    num_hidden_layers: PositiveInt
-    num_attention_heads: PositiveInt
-    num_key_value_heads: PositiveInt | None = None
-    kv_lora_rank: PositiveInt
-    qk_rope_head_dim: PositiveInt
-    qk_nope_head_dim: PositiveInt
-    v_head_dim: PositiveInt
-    q_lora_rank: PositiveInt | None = None
-    index_head_dim: PositiveInt | None = None
-    num_nextn_predict_layers: Annotated[int, Field(ge=0)] = 0
-    torch_dtype: str | None = None
+    model_type: StrictStr | None = None
+    num_hidden_layers: _Layers
+    num_attention_heads: _Dim
+    num_key_value_heads: _Dim | None = None
+    kv_lora_rank: _Dim
+    qk_rope_head_dim: _Dim
+    qk_nope_head_dim: _Dim
+    v_head_dim: _Dim
+    q_lora_rank: _Dim | None = None
+    index_head_dim: _Dim | None = None
+    num_nextn_predict_layers: Annotated[int, Strict(), Field(ge=0, le=MAX_MODULE_LAYERS)] = 0
+    torch_dtype: StrictStr | None = None
     linear_attn_config: _LinearAttnConfig | None = None
 
     @field_validator("torch_dtype")
@@ -90,7 +125,12 @@ class _TextConfig(_Lenient):
 
 
 class _Nested(_Lenient):
+    model_type: StrictStr | None = None
     text_config: _TextConfig
+
+
+def _config_error(field: str, message: str, hint: str | None = None) -> Refusal:
+    return Refusal("invalid_config", message, facts={"field": field}, hint=hint)
 
 
 def _check_layer_lists(linear: _LinearAttnConfig, num_layers: int) -> None:
@@ -100,44 +140,75 @@ def _check_layer_lists(linear: _LinearAttnConfig, num_layers: int) -> None:
     for field, layers in lists.items():
         outside = sorted({n for n in layers if not 1 <= n <= num_layers})
         if outside:
-            raise ValueError(
-                f"{field}: layers {outside} are outside 1..num_hidden_layers={num_layers} "
-                "(the lists are 1-based)"
+            raise _config_error(
+                field,
+                f"{field}: layers {_few(outside)} are outside 1..num_hidden_layers={num_layers} "
+                "(the lists are 1-based)",
             )
-        repeated = sorted({n for n in layers if layers.count(n) > 1})
+        repeated = sorted(n for n, count in Counter(layers).items() if count > 1)
         if repeated:
-            raise ValueError(f"{field}: layers {repeated} are listed more than once")
+            raise _config_error(
+                field, f"{field}: layers {_few(repeated)} are listed more than once"
+            )
     if linear.full_attn_layers is None:
+        _check_kimi_pattern(linear.kda_layers, num_layers)
         return
     overlap = sorted(set(linear.kda_layers) & set(linear.full_attn_layers))
     if overlap:
-        raise ValueError(f"kda_layers and full_attn_layers overlap at layers {overlap}")
+        raise _config_error(
+            "kda_layers", f"kda_layers and full_attn_layers overlap at layers {_few(overlap)}"
+        )
     missing = sorted(
         set(range(1, num_layers + 1)) - set(linear.kda_layers) - set(linear.full_attn_layers)
     )
     if missing:
-        raise ValueError(
-            f"layers {missing} are in neither kda_layers nor full_attn_layers "
-            f"(together they must cover 1..{num_layers})"
+        raise _config_error(
+            "full_attn_layers",
+            f"layers {_few(missing)} are in neither kda_layers nor full_attn_layers "
+            f"(together they must cover 1..{num_layers})",
         )
 
 
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "<root>"
+def _check_kimi_pattern(kda_layers: tuple[int, ...], num_layers: int) -> None:
+    """Without ``full_attn_layers`` the MLA layers are the complement of ``kda_layers``: take
+    it only when ``kda_layers`` is Kimi's 3:1 pattern for ``num_layers``."""
+    kimi = {i + 1 for i in range(num_layers) if not is_kimi_mla_layer(i, num_layers)}
+    if set(kda_layers) == kimi:
+        return
+    mla = sorted(set(range(1, num_layers + 1)) - set(kda_layers))
+    raise _config_error(
+        "full_attn_layers",
+        "full_attn_layers is absent and kda_layers is not Kimi's 3:1 pattern for "
+        f"num_hidden_layers={num_layers} (it would make layers {_few(mla)} the "
+        f"{len(mla)} MLA layers)",
+        hint="list the MLA layers in linear_attn_config.full_attn_layers (1-based), so that "
+        "the two lists are checked to cover every layer",
+    )
 
 
-def _refuse(error: ValidationError, source: str) -> Refusal:
-    first = error.errors()[0]
-    field = _field_path(first["loc"])
-    problems = "; ".join(
-        f"{_field_path(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in error.errors()
-    )
-    return Refusal(
-        "invalid_config",
-        f"config {source}: {problems}",
-        facts={"source": source, "field": field},
-        hint="fix the named field of the config.json",
-    )
+def _few(values: list[int], most: int = 12) -> str:
+    shown = ", ".join(str(v) if abs(v) < 10**30 else describe(v) for v in values[:most])
+    more = f", ... ({len(values)} in all)" if len(values) > most else ""
+    return f"[{shown}{more}]"
+
+
+def _check_flat_against_nested(config: Mapping[str, object], source: str) -> None:
+    """A field at the top level and under ``text_config`` must agree (``model_type`` names the
+    checkpoint at the top and the backbone beneath, so it may differ)."""
+    text = config["text_config"]
+    if not isinstance(text, Mapping):  # refused by the caller before
+        return
+    for field in _TextConfig.model_fields:
+        if field == "model_type" or field not in config or field not in text:
+            continue
+        if config[field] != text[field]:
+            raise Refusal(
+                "invalid_config",
+                f"config {source}: {field}={describe(config[field])} at the top level "
+                f"conflicts with text_config.{field}={describe(text[field])}",
+                facts={"source": source, "field": field, "nested_field": f"text_config.{field}"},
+                hint=f"keep one {field}, under text_config",
+            )
 
 
 def model_from_config(
@@ -152,18 +223,74 @@ def model_from_config(
     ``num_draft_layers`` overrides the config's ``num_nextn_predict_layers`` (K3's DSpark draft
     is not in its config: pass 5). Refuses with ``code="invalid_config"`` naming the field.
     """
+    expect_args(
+        ("config", config, Mapping),
+        ("name", name, (str, type(None))),
+        ("num_draft_layers", num_draft_layers, (int, type(None))),
+        ("source", source, str),
+    )
     try:
-        if isinstance(config.get("text_config"), Mapping):
-            text = _Nested.model_validate(config).text_config
+        return _model_from_config(config, name, num_draft_layers, source)
+    except RecursionError:
+        raise Refusal(
+            "invalid_config",
+            f"config {source}: nested too deeply (or refers to itself)",
+            facts={"source": source, "field": "<root>"},
+            hint="pass the parsed config.json of a Hugging Face checkpoint",
+        ) from None
+
+
+def _model_from_config(
+    config: Mapping[str, object], name: str | None, num_draft_layers: int | None, source: str
+) -> HybridModel:
+    nested = "text_config" in config and config["text_config"] is not None
+    try:
+        if nested:
+            if not isinstance(config["text_config"], Mapping):
+                raise Refusal(
+                    "invalid_config",
+                    f"config {source}: text_config must be an object, got "
+                    f"{describe(config['text_config'])}",
+                    facts={"source": source, "field": "text_config"},
+                )
+            outer = _Nested.model_validate(config)
+            _check_flat_against_nested(config, source)
+            text, top_type = outer.text_config, outer.model_type
         else:
             text = _TextConfig.model_validate(config)
+            top_type = text.model_type
     except ValidationError as error:
-        raise _refuse(error, source) from None
+        raise refusal_from_validation(
+            error,
+            f"config {source}",
+            code="invalid_config",
+            facts={"source": source},
+            hint="fix the named field of the config.json",
+        ) from None
     if num_draft_layers is not None and num_draft_layers < 0:
         raise Refusal(
             "invalid_argument",
             f"num_draft_layers={num_draft_layers} must be >= 0",
-            facts={"num_draft_layers": num_draft_layers},
+            facts={"num_draft_layers": num_draft_layers, "field": "num_draft_layers"},
+        )
+    drafts = text.num_nextn_predict_layers if num_draft_layers is None else num_draft_layers
+    check_bound(
+        "num_draft_layers" if num_draft_layers is not None else "num_nextn_predict_layers",
+        drafts,
+        MAX_MODULE_LAYERS - text.num_hidden_layers,
+        why=f"{text.num_hidden_layers} target + draft layers <= {MAX_MODULE_LAYERS:,}",
+    )
+    model_type = top_type or text.model_type
+    prefix = "text_config." if nested else ""
+    linear = text.linear_attn_config
+    if linear is None and {top_type, text.model_type} & KIMI_MODEL_TYPES:
+        raise Refusal(
+            "invalid_config",
+            f"config {source}: model_type={model_type} is a hybrid Kimi model but "
+            f"{prefix}linear_attn_config is missing (it would plan as "
+            f"{text.num_hidden_layers} MLA layers)",
+            facts={"source": source, "field": f"{prefix}linear_attn_config"},
+            hint="restore linear_attn_config from the checkpoint's config.json",
         )
     index_bytes = 0
     if text.index_head_dim is not None:
@@ -179,7 +306,6 @@ def model_from_config(
         index_bytes_per_token=index_bytes,
     )
     layers: tuple[Layer, ...]
-    linear = text.linear_attn_config
     if linear is None:
         layers = (mla,) * text.num_hidden_layers
     else:
@@ -195,11 +321,8 @@ def model_from_config(
                 "invalid_config",
                 f"config {source}: linear_attn_config.kda_layers covers every layer; "
                 "a hybrid model needs at least one MLA layer",
-                facts={"source": source, "field": "linear_attn_config.kda_layers"},
+                facts={"source": source, "field": f"{prefix}linear_attn_config.kda_layers"},
             )
-    drafts = text.num_nextn_predict_layers if num_draft_layers is None else num_draft_layers
-    top_type = config.get("model_type")
-    model_type = top_type if isinstance(top_type, str) and top_type else text.model_type
     return HybridModel(
         name=name or model_type or "model",
         model_type=model_type or "unknown",
@@ -209,7 +332,7 @@ def model_from_config(
 
 
 def load_config(
-    path: str | Path, *, name: str | None = None, num_draft_layers: int | None = None
+    path: str | PathLike[str], *, name: str | None = None, num_draft_layers: int | None = None
 ) -> HybridModel:
     """Read a Hugging Face ``config.json`` (or a folder holding one) into a :class:`HybridModel`.
 
@@ -217,26 +340,37 @@ def load_config(
     >>> load_config("../shared/fixtures/kimi-k3.config.json").num_layers  # doctest: +SKIP
     93
     """
+    expect_args(("path", path, (str, PathLike)))
     file = Path(path)
-    if file.is_dir():
-        file = file / "config.json"
     try:
+        if file.is_dir():
+            file = file / "config.json"
         data = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        # ValueError: bad JSON, an integer above Python's 4,300-digit limit, a NUL in the path;
+        # RecursionError: JSON nested deeper than the parser's stack.
+        reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)
         raise Refusal(
             "invalid_config",
-            f"config {file}: cannot be read as JSON ({error})",
-            facts={"source": str(file), "field": "<file>"},
+            f"config {_short(file)}: cannot be read as JSON ({_short(reason)})",
+            facts={"source": _short(file), "field": "<file>"},
             hint="pass the path of a Hugging Face config.json",
         ) from None
     if not isinstance(data, dict):
         raise Refusal(
             "invalid_config",
-            f"config {file}: the top level must be a JSON object, got {type(data).__name__}",
-            facts={"source": str(file), "field": "<root>"},
+            f"config {_short(file)}: the top level must be a JSON object, got "
+            f"{type(data).__name__}",
+            facts={"source": _short(file), "field": "<root>"},
         )
     stem = file.name.removesuffix(".json").removesuffix(".config")
     default_name = file.parent.name if stem == "config" else stem
     return model_from_config(
-        data, name=name or default_name, num_draft_layers=num_draft_layers, source=str(file)
+        data, name=name or default_name, num_draft_layers=num_draft_layers, source=_short(file)
     )
+
+
+def _short(text: object, most: int = 200) -> str:
+    """A path or reason cut to ``most`` characters (a path too long for the OS is long)."""
+    value = str(text)
+    return value if len(value) <= most else f"{value[: most - 3]}..."

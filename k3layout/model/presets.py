@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
+from .._args import expect_args
 from ..errors import Refusal
 from .layers import KDALayer, Layer, MLALayer
 from .spec import HybridModel
@@ -17,9 +18,14 @@ DSPARK_DRAFT_LAYERS: Final = 5
 """Dense MLA layers of K3's DSpark speculative draft (module layers 93..97)."""
 
 
+def is_kimi_mla_layer(layer: int, num_layers: int) -> bool:
+    """Whether 0-based ``layer`` is MLA in Kimi's 3:1 pattern: every 4th layer and the last."""
+    return layer % 4 == 3 or layer == num_layers - 1
+
+
 def kimi_layer_pattern(num_layers: int, mla: MLALayer, kda: KDALayer) -> tuple[Layer, ...]:
     """Kimi's 3:1 hybrid pattern: MLA at every 4th layer (0-based 3, 7, ...) and at the last."""
-    return tuple(mla if (i % 4 == 3 or i == num_layers - 1) else kda for i in range(num_layers))
+    return tuple(mla if is_kimi_mla_layer(i, num_layers) else kda for i in range(num_layers))
 
 
 def kimi_k3() -> HybridModel:
@@ -61,6 +67,7 @@ PRESETS: Final[dict[str, Callable[[], HybridModel]]] = {
 
 def preset(name: str) -> HybridModel:
     """The built-in model called ``name``; refuses (``unknown_model``) naming the known ones."""
+    expect_args(("name", name, str))
     try:
         build = PRESETS[name]
     except KeyError:

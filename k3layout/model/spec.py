@@ -8,6 +8,9 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from .._frozen import Frozen
+from ..constants import MAX_MODULE_LAYERS
+from ..errors import Refusal
+from ..limits import check_bound
 from .layers import AnyLayer, KDALayer, Layer, MLALayer
 
 
@@ -22,21 +25,33 @@ class HybridModel(Frozen):
 
     name: Annotated[str, Field(min_length=1)]
     model_type: Annotated[str, Field(min_length=1)]
-    layers: Annotated[tuple[Layer, ...], Field(min_length=1)]
+    layers: Annotated[tuple[Layer, ...], Field(min_length=1, max_length=MAX_MODULE_LAYERS)]
     draft_layers: tuple[Layer, ...] = ()
 
     @model_validator(mode="after")
     def _needs_attention(self) -> HybridModel:
+        check_bound(
+            "layers + draft_layers",
+            len(self.layers) + len(self.draft_layers),
+            MAX_MODULE_LAYERS,
+            why="module layers of target and draft",
+        )
         if not any(layer.paging == "token" for layer in self.layers):
-            raise ValueError(
+            raise Refusal(
+                "invalid_argument",
                 "layers: a hybrid model needs at least one attention layer to page "
-                f"(got {len(self.layers)} state layers and no attention layer)"
+                f"(got {len(self.layers)} state layers and no attention layer)",
+                facts={"field": "layers", "state_layers": len(self.layers)},
+                hint="give the model at least one attention (MLA or GQA) layer",
             )
         slots = [i for i, layer in enumerate(self.draft_layers) if layer.paging != "token"]
         if slots:
-            raise ValueError(
+            raise Refusal(
+                "invalid_argument",
                 f"draft_layers: draft layers {slots} keep a state; a draft joins the attention "
-                "pool, so its layers must be attention layers (mla or gqa)"
+                "pool, so its layers must be attention layers (mla or gqa)",
+                facts={"field": "draft_layers", "state_layers": tuple(slots)},
+                hint="give the draft MLA or GQA layers",
             )
         return self
 

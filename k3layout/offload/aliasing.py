@@ -24,9 +24,11 @@ from typing import Literal, TypeAlias
 
 from pydantic import NonNegativeInt
 
+from .._args import expect_args, expect_bounded_int, expect_items
 from .._frozen import Frozen
+from ..constants import MAX_RANKS
 from ..errors import Refusal
-from ..layouts import EngineLayout
+from ..layouts import EngineLayout, LayoutBase
 from .names import LayerNames, engine_layer_names
 from .plane_order import check_permutation, stage_attention_names
 from .stage import image_attention_layers, kda_groups, page_bytes, ridable
@@ -179,6 +181,13 @@ def check_aliasing(
     """Refuse (``aliasing``) a layout in which some KDA layer ``j`` does not start at published
     plane ``j`` with the page as stride; the message names the first such layer (group, layer,
     plane found, plane expected) and the layers that start outside the image."""
+    expect_args(
+        ("plan", plan, (LayoutBase,)),
+        ("views", views, Mapping),
+        ("names", names, (LayerNames, type(None))),
+    )
+    expect_bounded_int("stage", stage, MAX_RANKS)
+    expect_items("published", published, str)
     problems = aliasing_problems(plan, views, published, stage=stage, names=names)
     if not problems:
         return

@@ -22,9 +22,11 @@ from typing import TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
+from .._args import expect_args, expect_bounded_int
 from .._frozen import Frozen
+from ..constants import MAX_RANKS
 from ..errors import Refusal
-from ..layouts import EngineLayout, Group
+from ..layouts import EngineLayout, Group, LayoutBase
 from .names import LayerNames, index_region_name
 from .plane_order import PlaneOrder, PlaneShare, plane_order
 from .stage import kda_groups, page_bytes, ridable
@@ -199,6 +201,11 @@ def checkpoint_image(
     >>> image.num_units, image.num_planes, image.image_bytes, image.state_bytes
     (3, 23, 61046784, 57443328)
     """
+    expect_args(
+        ("plan", plan, (LayoutBase,)),
+        ("names", names, (LayerNames, type(None))),
+    )
+    expect_bounded_int("stage", stage, MAX_RANKS)
     plan = ridable(plan)
     order = plane_order(plan, stage=stage, names=names)
     image_planes = order.image_planes

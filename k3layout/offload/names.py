@@ -25,6 +25,7 @@ from typing import Final
 
 from pydantic import model_validator
 
+from .._args import expect_args
 from .._frozen import Frozen
 from ..errors import Refusal
 from ..model import HybridModel
@@ -103,6 +104,7 @@ class LayerNames(Frozen):
 
 def engine_layer_names(model: HybridModel) -> LayerNames:
     """The convention's names for every module layer of ``model`` (target, then draft)."""
+    expect_args(("model", model, HybridModel))
     names: list[str] = []
     for layer_id, layer in enumerate(model.module_layers):
         if layer_id >= model.num_layers:

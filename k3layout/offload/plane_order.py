@@ -24,9 +24,11 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import NonNegativeInt
 
+from .._args import expect_args, expect_bounded_int, expect_items
 from .._frozen import Frozen
+from ..constants import MAX_RANKS
 from ..errors import Refusal
-from ..layouts import EngineLayout, PlaneMember, Stage
+from ..layouts import EngineLayout, LayoutBase, PlaneMember, Stage
 from .names import LayerNames, engine_layer_names, name_order
 from .stage import image_attention_layers, kda_groups, ridable
 from .views import TensorView, views_of
@@ -189,6 +191,13 @@ def plane_order(
     (('draft.layers.0.self_attn.attn', 'draft.layers.1.self_attn.attn'), \
 ('model.layers.3.self_attn.attn', 'model.layers.7.self_attn.attn'), 23)
     """
+    expect_args(
+        ("plan", plan, (LayoutBase,)),
+        ("names", names, (LayerNames, type(None))),
+        ("views", views, (Mapping, type(None))),
+    )
+    expect_bounded_int("stage", stage, MAX_RANKS)
+    expect_items("published", published, str, optional=True)
     plan = ridable(plan)
     names = names or engine_layer_names(plan.model)
     names.check_covers(plan.model)

@@ -25,9 +25,11 @@ from typing import Final, Literal, TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
+from .._args import expect_args, expect_bounded_int, expect_items
 from .._frozen import Frozen
+from ..constants import MAX_RANKS
 from ..errors import Refusal
-from ..layouts import EngineLayout, GroupKind, Plan
+from ..layouts import EngineLayout, GroupKind, LayoutBase, Plan
 from ..model import HybridModel
 from .image import CheckpointImage, checkpoint_image
 from .names import LayerNames, engine_layer_names
@@ -262,6 +264,13 @@ def plan_ride(
     >>> ride.chunk_tokens, ride.capped_hit(5000), ride.load_destination(4608).row
     (1536, 4608, 2)
     """
+    expect_args(
+        ("plan", plan, (LayoutBase,)),
+        ("options", options, (RideOptions, type(None))),
+        ("names", names, (LayerNames, type(None))),
+    )
+    expect_bounded_int("stage", stage, MAX_RANKS)
+    expect_items("published", published, str, optional=True)
     plan = ridable(plan)
     check_ridable(plan.model)
     options = options or RideOptions()

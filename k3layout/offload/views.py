@@ -12,9 +12,11 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import NonNegativeInt
 
+from .._args import expect_args, expect_bounded_int, expect_items
 from .._frozen import Frozen
+from ..constants import INT64_MAX, MAX_RANKS
 from ..errors import Refusal
-from ..layouts import EngineLayout
+from ..layouts import EngineLayout, LayoutBase
 from .names import LayerNames, engine_layer_names
 from .stage import page_bytes, ridable
 
@@ -50,6 +52,13 @@ def vllm_views(
     >>> views["model.layers.4.self_attn"] == views["model.layers.7.self_attn.attn"]  # plane 1
     True
     """
+    expect_args(
+        ("plan", plan, (LayoutBase,)),
+        ("names", names, (LayerNames, type(None))),
+    )
+    expect_bounded_int("stage", stage, MAX_RANKS)
+    expect_bounded_int("num_blocks", num_blocks, INT64_MAX)
+    expect_items("plane_bases", plane_bases, int)
     plan = ridable(plan)
     names = names or engine_layer_names(plan.model)
     names.check_covers(plan.model)

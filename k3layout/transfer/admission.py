@@ -9,6 +9,7 @@ chunked topologies it cannot serve.
 
 from __future__ import annotations
 
+from .._args import expect_args
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
@@ -23,6 +24,11 @@ def admission_refusal(
     model with KDA layers. A stateless (pure MLA) model, a DCP-free decode or a whole
     (unchunked) transfer is admitted.
     """
+    expect_args(
+        ("model", model, HybridModel),
+        ("decode", decode, Deployment),
+        ("chunked_transfer", chunked_transfer, bool),
+    )
     num_kda_layers = len(model.kda_layer_ids)
     if not (chunked_transfer and decode.dcp > 1 and num_kda_layers):
         return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .._args import expect_args
 from ..sizes import rank_sizes
 from .pairing import pairing_refusal
 from .plan import TransferPlan
@@ -44,6 +45,7 @@ def _tiling_violations(
 
 def transfer_violations(result: TransferPlan) -> list[str]:
     """Every invariant of ``result`` that does not hold, described (``[]`` when all hold)."""
+    expect_args(("result", result, TransferPlan))
     problems: list[str] = []
     sizes = rank_sizes(result.model, result.decode)
     producer_regions = [

@@ -19,8 +19,14 @@ rank is ``tp_rank % dcp``.
 
 from __future__ import annotations
 
+from .._args import expect_args, expect_int
+from .._validation import describe
+from ..constants import MAX_RANKS
 from ..errors import Refusal
 from ..placements import Shard
+
+MAX_LISTED_GROUP = 64
+"""A head group of at most this many consumers is listed whole in a refusal's facts."""
 
 
 def rank_of(stage: int, tp_rank: int, attn_tp: int) -> int:
@@ -44,6 +50,9 @@ def tp_multiple_refusal(prefill_tp: int, decode_tp: int) -> Refusal | None:
     Each consumer's heads must sit on one producer, so ``decode_tp`` must be a multiple of
     ``prefill_tp``. PP8 x TP2 -> TP3: a TP3 rank's 32 heads straddle both TP2 ranks.
     """
+    invalid = _size_refusal(prefill_tp=prefill_tp, decode_tp=decode_tp)
+    if invalid is not None:
+        return invalid
     if decode_tp % prefill_tp == 0:
         return None
     below = decode_tp // prefill_tp * prefill_tp
@@ -60,6 +69,7 @@ def tp_multiple_refusal(prefill_tp: int, decode_tp: int) -> Refusal | None:
 def head_group(producer_tp_rank: int, prefill_tp: int, decode_tp: int) -> range:
     """Consumer TP ranks fed by ``producer_tp_rank``: its :class:`~k3layout.Shard` of the
     ``decode_tp`` consumer shares. Refuses ``tp_not_multiple``."""
+    expect_int("producer_tp_rank", producer_tp_rank)
     refusal = tp_multiple_refusal(prefill_tp, decode_tp)
     if refusal is not None:
         raise refusal
@@ -86,6 +96,9 @@ def pairing_refusal(
     ``invalid_argument`` for a rank outside its TP group, ``head_group_mismatch`` when the
     consumer is outside the producer's head group.
     """
+    expect_args(
+        ("producer_tp_rank", producer_tp_rank, int), ("consumer_tp_rank", consumer_tp_rank, int)
+    )
     refusal = tp_multiple_refusal(prefill_tp, decode_tp)
     if refusal is not None:
         return refusal
@@ -109,7 +122,12 @@ def pairing_refusal(
             "consumer_tp_rank": consumer_tp_rank,
             "prefill_tp": prefill_tp,
             "decode_tp": decode_tp,
-            "head_group": tuple(group),
+            # every member of a small group; the bounds of a large one
+            **(
+                {"head_group": tuple(group)}
+                if len(group) <= MAX_LISTED_GROUP
+                else {"head_group_range": (group.start, group.stop)}
+            ),
         },
         hint=f"pair consumer tp_rank={consumer_tp_rank} with producer tp_rank={right}",
     )
@@ -124,15 +142,30 @@ def check_pairing(
         raise refusal
 
 
+def _size_refusal(**sizes: object) -> Refusal | None:
+    """Refuse a TP size of the wrong type (raised) or outside ``1..MAX_RANKS`` (returned)."""
+    for name, value in sizes.items():
+        size = expect_int(name, value)
+        if not 1 <= size <= MAX_RANKS:
+            return Refusal(
+                "invalid_argument" if size < 1 else "size_limit",
+                f"{name}={size if size.bit_length() <= 128 else '<huge>'} must be in "
+                f"1..{MAX_RANKS:,} (a TP size)",
+                facts={"field": name, "bound": MAX_RANKS},
+                hint=f"use 1 <= {name} <= {MAX_RANKS:,}",
+            )
+    return None
+
+
 def _rank_refusal(name: str, rank: int, size: int) -> Refusal:
     return Refusal(
         "invalid_argument",
-        f"{name}={rank} is not a rank of attn_tp={size}",
+        f"{name}={describe(rank)} is not a rank of attn_tp={size}",
         facts={name: rank, "attn_tp": size},
         hint=f"use 0 <= {name} < {size}",
     )
 
 
 def _check_tp_rank(name: str, rank: int, size: int) -> None:
-    if not 0 <= rank < size:
+    if not 0 <= expect_int(name, rank) < size:
         raise _rank_refusal(name, rank, size)

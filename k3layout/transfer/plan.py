@@ -21,11 +21,15 @@ from functools import cached_property
 
 from pydantic import NonNegativeInt, PositiveInt
 
+from .._args import expect_args
 from .._frozen import Frozen
+from .._validation import describe
 from ..cache import LayerCacheSpec
+from ..constants import MAX_PROMPT_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..layouts import Stage, plan, project_stages
+from ..limits import check_bound
 from ..model import HybridModel
 from ..placements import Interleave
 from ..sizes import rank_sizes
@@ -234,15 +238,16 @@ def _check_inputs(prefill: Deployment, decode: Deployment, prompt_tokens: int) -
     if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
         raise Refusal(
             "invalid_argument",
-            f"prompt_tokens={prompt_tokens!r} must be an integer >= 1 (a transfer moves one "
-            "request)",
+            f"prompt_tokens={describe(prompt_tokens)} must be an integer >= 1 (a transfer moves "
+            "one request)",
             facts={
                 "prompt_tokens": prompt_tokens
-                if isinstance(prompt_tokens, int | float)
-                else repr(prompt_tokens)
+                if isinstance(prompt_tokens, int | float) and abs(prompt_tokens) < 2**63
+                else describe(prompt_tokens),
             },
             hint="pass the request's number of prompt tokens",
         )
+    check_bound("prompt_tokens", prompt_tokens, MAX_PROMPT_TOKENS, why="a request's tokens")
     if prefill.dcp > 1:
         raise Refusal(
             "dcp_unsupported",
@@ -274,6 +279,12 @@ def plan_transfer(
     >>> p.num_pairs, p.bytes_per_consumer[0] == 69 * 814_080 + 24 * 512 * 576
     (64, True)
     """
+    expect_args(
+        ("model", model, HybridModel),
+        ("prefill", prefill, Deployment),
+        ("decode", decode, Deployment),
+        ("decode_model", decode_model, (HybridModel, type(None))),
+    )
     _check_inputs(prefill, decode, prompt_tokens)
     if decode_model is not None:
         check_same_model(model, decode_model)

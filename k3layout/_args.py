@@ -1,0 +1,75 @@
+"""Argument types of the public functions, refused rather than raised as ``TypeError``.
+
+Every public entry point checks its arguments first, so a wrong type (``plan("kimi-k3", ...)``,
+``rank_sizes(None, d)``, ``pp_stage_bounds(93, "8")``) is refused with
+``code="invalid_argument"`` naming the parameter and the type it takes, instead of failing
+somewhere inside with a ``TypeError`` or ``AttributeError``. ``bool`` is not an ``int`` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeAlias, cast
+
+from ._validation import describe
+from .errors import Refusal
+
+Types: TypeAlias = type | tuple[type, ...]
+
+
+def expect(name: str, value: object, types: Types) -> None:
+    """Refuse (``invalid_argument``) ``value`` for parameter ``name`` unless it is a ``types``.
+
+    >>> expect("pp", 8, int)
+    >>> expect("pp", True, int)
+    Traceback (most recent call last):
+    ...
+    k3layout.errors.Refusal: pp=True must be int, got bool; pass pp as int
+    """
+    allowed = types if isinstance(types, tuple) else (types,)
+    is_bool_for_int = isinstance(value, bool) and bool not in allowed
+    if isinstance(value, allowed) and not is_bool_for_int:
+        return
+    names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+    raise Refusal(
+        "invalid_argument",
+        f"{name}={describe(value)} must be {names}, got {type(value).__name__}",
+        facts={"field": name, "expected": names, "got": type(value).__name__},
+        hint=f"pass {name} as {names}",
+    )
+
+
+def expect_args(*checks: tuple[str, object, Types]) -> None:
+    """:func:`expect` each ``(name, value, types)`` in turn."""
+    for name, value, types in checks:
+        expect(name, value, types)
+
+
+def expect_int(name: str, value: object) -> int:
+    """``value`` for parameter ``name`` if it is an ``int`` (not a ``bool``); else refuse."""
+    expect(name, value, int)
+    return cast(int, value)
+
+
+def expect_items(name: str, value: object, item_types: Types, *, optional: bool = False) -> None:
+    """Refuse ``value`` unless it is a list or tuple (or ``None`` when ``optional``) of
+    ``item_types``; the first wrong item is named ``name[i]``."""
+    if optional and value is None:
+        return
+    expect(name, value, (list, tuple))
+    for i, item in enumerate(cast(Sequence[object], value)):
+        expect(f"{name}[{i}]", item, item_types)
+
+
+def expect_bounded_int(name: str, value: object, bound: int) -> int:
+    """``value`` for parameter ``name`` if it is an ``int`` with ``|value| <= bound``; refuse
+    a wrong type (``invalid_argument``) or a larger value (``size_limit``)."""
+    number = expect_int(name, value)
+    if abs(number) > bound:
+        raise Refusal(
+            "size_limit",
+            f"{name}={describe(number)} is beyond the bound {bound:,}",
+            facts={"field": name, "bound": bound},
+            hint=f"pass {name} between {-bound:,} and {bound:,}",
+        )
+    return number
