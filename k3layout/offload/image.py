@@ -18,11 +18,12 @@ folds the index into the page of the layer that owns it.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Literal, TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
-from .._frozen import Frozen
+from .._frozen import Frozen, trusted
 from ..errors import Refusal
 from ..layouts import Group, ParentPlan, VllmPlan
 from .names import LayerNames, index_region_name
@@ -162,33 +163,42 @@ class CheckpointImage(Frozen):
 def page_regions(plan: VllmPlan, order: PlaneOrder) -> tuple[PublishedPlane, ...]:
     """The PAGE object's regions in publish order: each attention layer's latent, then its DSA
     index region when it has one (K3: one region per layer; a DSA model: two)."""
+    return _regions(plan, order.planes)
+
+
+def _regions(plan: VllmPlan, shares: tuple[PlaneShare, ...]) -> tuple[PublishedPlane, ...]:
     attention = plan.sizes.attention
     latent_bytes = plan.block_tokens * attention.latent_bytes_per_token
     index_bytes = plan.block_tokens * attention.index_bytes_per_token
     regions: list[PublishedPlane] = []
-    for share in order.planes:
+    for share in shares:
         regions.append(
-            PublishedPlane(
-                name=share.attention_layer,
-                attention_layer=share.attention_layer,
-                module_layer=share.module_layer,
-                part="latent",
-                offset_bytes=0,
-                num_bytes=latent_bytes,
-            )
+            _region(share.attention_layer, share.module_layer, "latent", 0, latent_bytes)
         )
         if index_bytes:
             regions.append(
-                PublishedPlane(
-                    name=index_region_name(share.attention_layer),
-                    attention_layer=share.attention_layer,
-                    module_layer=share.module_layer,
-                    part="index",
-                    offset_bytes=latent_bytes,
-                    num_bytes=index_bytes,
+                _region(
+                    share.attention_layer, share.module_layer, "index", latent_bytes, index_bytes
                 )
             )
     return tuple(regions)
+
+
+@lru_cache(maxsize=4096)
+def _region(
+    attention_layer: str, module_layer: int, part: RegionPart, offset_bytes: int, num_bytes: int
+) -> PublishedPlane:
+    """One region record, shared between images (a frozen value: sharing is safe). Names and
+    sizes come from a validated plan and plane order: nothing to re-validate."""
+    return trusted(
+        PublishedPlane,
+        name=attention_layer if part == "latent" else index_region_name(attention_layer),
+        attention_layer=attention_layer,
+        module_layer=module_layer,
+        part=part,
+        offset_bytes=offset_bytes,
+        num_bytes=num_bytes,
+    )
 
 
 def checkpoint_image(
@@ -203,14 +213,19 @@ def checkpoint_image(
     (3, 23, 61046784, 57443328)
     """
     vllm = vllm_plan_of(plan)
-    order = plane_order(vllm, stage=stage, names=names)
+    return image_of_order(vllm, plane_order(vllm, stage=stage, names=names), stage)
+
+
+def image_of_order(vllm: VllmPlan, order: PlaneOrder, stage: int) -> CheckpointImage:
+    """The image of ``stage`` from a plane order already made for it (any publish order gives
+    the same image: the aliased planes lead in KDA-layer order whatever the given order)."""
     image_planes = order.image_planes
-    aliased = {share.attention_layer for share in image_planes}
-    return CheckpointImage(
+    return trusted(
+        CheckpointImage,
         stage=stage,
         page_bytes=vllm.page_bytes,
         layer_state_bytes=vllm.sizes.kda_state_bytes,
         groups=kda_groups(ride_stage(vllm, stage)),
         planes=image_planes,
-        regions=tuple(r for r in page_regions(vllm, order) if r.attention_layer in aliased),
+        regions=_regions(vllm, image_planes),
     )

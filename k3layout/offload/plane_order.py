@@ -20,13 +20,15 @@ K3 + DSpark, one stage::
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 
 from pydantic import NonNegativeInt
 
-from .._frozen import Frozen
+from .._frozen import Frozen, trusted
 from ..errors import Refusal
-from ..layouts import ParentPlan, PlaneMember, Stage, VllmPlan
+from ..layouts import GroupKind, ParentPlan, PlaneMember, Stage, VllmPlan
 from .names import LayerNames, engine_layer_names, name_order
 from .stage import image_attention_layers, kda_groups, ride_stage, vllm_plan_of
 from .views import TensorView, views_of
@@ -94,9 +96,10 @@ def stage_attention_names(stage: Stage, names: LayerNames) -> tuple[str, ...]:
 
 def check_permutation(given: Sequence[str], expected: Sequence[str], stage: int) -> None:
     """Refuse (``layer_names``) a publish order that is not the stage's attention layers."""
-    unknown = tuple(name for name in dict.fromkeys(given) if name not in set(expected))
-    missing = tuple(name for name in expected if name not in set(given))
-    repeated = tuple(sorted({name for name in given if list(given).count(name) > 1}))
+    expected_set, given_set = set(expected), set(given)
+    unknown = tuple(name for name in dict.fromkeys(given) if name not in expected_set)
+    missing = tuple(name for name in expected if name not in given_set)
+    repeated = tuple(sorted(name for name, count in Counter(given).items() if count > 1))
     if unknown or missing or repeated:
         raise Refusal(
             "layer_names",
@@ -167,6 +170,13 @@ def aliased_by_address(
     return tuple(aliased)
 
 
+@lru_cache(maxsize=4096)
+def _rider(group: str, kind: GroupKind, layer: int) -> PlaneMember:
+    """A rider record, shared between plane orders (a frozen value: sharing is safe, and every
+    plan of a model has the same riders)."""
+    return trusted(PlaneMember, group=group, kind=kind, layer=layer)
+
+
 def plane_order(
     plan: VllmPlan | ParentPlan,
     published: Sequence[str] | None = None,
@@ -199,22 +209,29 @@ def plane_order(
     aliased = tuple(names.name(layer) for layer in image_attention_layers(on_stage))
     if views is not None:
         aliased = aliased_by_address(on_stage, names, given, views, aliased)
-    rest = tuple(name for name in given if name not in set(aliased))
+    aliased_set = set(aliased)
+    rest = tuple(name for name in given if name not in aliased_set)
+    # Every name is a registered attention layer of the stage (checked above): look up module
+    # layers and allocation planes in tables built once, and build the records from them
+    # without re-validating.
+    layer_of = {name: layer for layer, name in enumerate(names.names)}
+    allocation_of: dict[int, int] = {}
+    for group in on_stage.groups:
+        for position, layer in enumerate(group.layers):
+            allocation_of.setdefault(layer, position)
+    state_groups = [group for group in on_stage.groups if group.kind == "kda"]
     planes: list[PlaneShare] = []
     for index, name in enumerate(aliased + rest):
-        module_layer = names.layer_of(name)
-        allocation = next(
-            group.layers.index(module_layer)
-            for group in on_stage.groups
-            if module_layer in group.layers
-        )
+        module_layer = layer_of[name]
+        allocation = allocation_of[module_layer]
         riders = tuple(
-            PlaneMember(group=group.name, kind=group.kind, layer=group.layers[allocation])
-            for group in on_stage.groups
-            if group.kind == "kda" and allocation < len(group.layers)
+            _rider(group.name, group.kind, group.layers[allocation])
+            for group in state_groups
+            if allocation < len(group.layers)
         )
         planes.append(
-            PlaneShare(
+            trusted(
+                PlaneShare,
                 plane=index,
                 attention_layer=name,
                 module_layer=module_layer,
@@ -222,4 +239,6 @@ def plane_order(
                 riders=riders,
             )
         )
-    return PlaneOrder(stage=stage, given=given, planes=tuple(planes), num_image_planes=len(aliased))
+    return trusted(
+        PlaneOrder, stage=stage, given=given, planes=tuple(planes), num_image_planes=len(aliased)
+    )

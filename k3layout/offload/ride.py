@@ -25,11 +25,11 @@ from typing import Final, Literal, TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
-from .._frozen import Frozen
+from .._frozen import Frozen, trusted
 from ..errors import Refusal
 from ..layouts import GroupKind, ParentPlan, VllmPlan
 from ..model import HybridModel
-from .image import CheckpointImage, checkpoint_image
+from .image import CheckpointImage, image_of_order
 from .names import LayerNames, engine_layer_names
 from .plane_order import PlaneOrder, plane_order
 from .stage import ride_stage, vllm_plan_of
@@ -92,7 +92,7 @@ class RidePlan(Frozen):
     @cached_property
     def image(self) -> CheckpointImage:
         """The checkpoint image of one boundary on this rank."""
-        return checkpoint_image(self.plan, stage=self.stage, names=self.names)
+        return image_of_order(self.plan, self.order, self.stage)
 
     @property
     def block_tokens(self) -> int:
@@ -103,7 +103,8 @@ class RidePlan(Frozen):
     def spans(self) -> tuple[GroupSpan, ...]:
         """The span of every group of the stage that holds layers."""
         return tuple(
-            GroupSpan(
+            trusted(
+                GroupSpan,
                 group=group.name,
                 kind=group.kind,
                 span_tokens=(
@@ -119,7 +120,16 @@ class RidePlan(Frozen):
     @property
     def grid_tokens(self) -> int:
         """The smallest valid chunk: the lcm of every group's span."""
-        return math.lcm(*(span.span_tokens for span in self.spans))
+        groups = ride_stage(self.plan, self.stage).groups
+        kinds = {group.kind for group in groups if group.layers}
+        return math.lcm(
+            *(
+                self.plan.attention_span_tokens
+                if kind == "attention"
+                else self.plan.kda_span_tokens
+                for kind in kinds
+            )
+        )
 
     @property
     def chunk_tokens(self) -> int:
@@ -269,6 +279,9 @@ def plan_ride(
     names = names or engine_layer_names(vllm.model)
     order = plane_order(vllm, published, stage=stage, names=names)
     ride = RidePlan(plan=vllm, stage=stage, options=options, names=names, published=order.given)
+    # ride.order would be plane_order(vllm, order.given, ...): this very order (a cached
+    # property keeps its value in the instance dict, so it is seeded there).
+    ride.__dict__["order"] = order
     check_chunk(ride)
     _ = ride.image  # every refusal at startup, none on first use
     return ride
