@@ -22,7 +22,7 @@ from typing import get_args
 
 from pydantic import NonNegativeInt, PositiveInt
 
-from .._frozen import Frozen
+from .._frozen import Frozen, trusted, trusted_variant
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..layouts import Stage, plan, project_stages
@@ -303,6 +303,12 @@ def plan_transfer(
     tokens = dcp_placement(decode)
     tp_p, tp_d = prefill.attn_tp, decode.attn_tp
     pairs: list[RankPair] = []
+    # A layer's segments differ from another layer of its kind only in the layer they name:
+    # each consumer TP rank's state segments and each DCP rank's latent segments are built
+    # (and checked) once, at the first layer that needs them, then copied for every other.
+    state_segments: dict[int, tuple[Segment, ...]] = {}
+    latent_segments: dict[int, tuple[Segment, ...]] = {}
+    kinds = [layer.kind for layer in model.module_layers]
     for stage in decode_plan.stages:
         for tp_rank in range(tp_d):
             source = paired_producer(tp_rank, tp_p, tp_d)
@@ -311,10 +317,24 @@ def plan_transfer(
             by_stage: dict[int, list[Segment]] = {}
             for layer in stage.layers:
                 into = by_stage.setdefault(producer_stage[layer], [])
-                if model.module_layers[layer].kind == "mla":
-                    into.extend(token_segments(layer, row_bytes, prompt_tokens, tokens, dcp_rank))
+                if kinds[layer] == "mla":
+                    first = latent_segments.get(dcp_rank)
+                    if first is None:
+                        first = token_segments(layer, row_bytes, prompt_tokens, tokens, dcp_rank)
+                        latent_segments[dcp_rank] = first
+                        into.extend(first)
+                    else:
+                        into.extend(trusted_variant(s, layer=layer) for s in first)
                 else:
-                    into.extend(f.segment(layer, (tp_p, source), (tp_d, tp_rank)) for f in fields)
+                    first = state_segments.get(tp_rank)
+                    if first is None:
+                        first = tuple(
+                            f.segment(layer, (tp_p, source), (tp_d, tp_rank)) for f in fields
+                        )
+                        state_segments[tp_rank] = first
+                        into.extend(first)
+                    else:
+                        into.extend(trusted_variant(s, layer=layer) for s in first)
             first_kda = next(
                 (i for i in stage.layers if model.module_layers[i].kind == "kda"), None
             )
@@ -323,8 +343,10 @@ def plan_transfer(
                     cursor.segment(None, (tp_p, source), (tp_d, tp_rank))
                 )
             consumer = rank_of(stage.index, tp_rank, tp_d)
+            # Segments built above from validated fields: nothing to re-validate.
             pairs.extend(
-                RankPair(
+                trusted(
+                    RankPair,
                     producer=rank_of(index, source, tp_p),
                     consumer=consumer,
                     segments=tuple(segments),
