@@ -18,12 +18,13 @@ folds the index into the page of the layer that owns it.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
 from .._args import expect_args, expect_bounded_int
-from .._frozen import Frozen
+from .._frozen import Frozen, trusted
 from ..constants import MAX_RANKS
 from ..errors import Refusal
 from ..layouts import EngineLayout, Group, LayoutBase
@@ -173,21 +174,48 @@ def part_region_name(attention_layer: str, part: str, first: bool) -> str:
 def page_regions(plan: EngineLayout, order: PlaneOrder) -> tuple[PageRegion, ...]:
     """The PAGE object's regions in publish order: every part of each attention layer's page
     (K3: its latent, one region per layer; a DSA model: the latent, then the index rows)."""
+    return _regions(plan, order.planes)
+
+
+def _regions(plan: EngineLayout, shares: tuple[PlaneShare, ...]) -> tuple[PageRegion, ...]:
     regions: list[PageRegion] = []
-    for share in order.planes:
+    for share in shares:
         ranges = plan.part_range_list(share.module_layer)
         regions.extend(
-            PageRegion(
-                name=part_region_name(share.attention_layer, r.part, i == 0),
-                attention_layer=share.attention_layer,
-                module_layer=share.module_layer,
-                part=r.part,
+            _region(
+                share.attention_layer,
+                share.module_layer,
+                r.part,
+                i == 0,
                 offset_bytes=r.offset_bytes,
                 num_bytes=r.size_bytes,
             )
             for i, r in enumerate(ranges)
         )
     return tuple(regions)
+
+
+@lru_cache(maxsize=4096)
+def _region(
+    attention_layer: str,
+    module_layer: int,
+    part: RegionPart,
+    first: bool,
+    *,
+    offset_bytes: int,
+    num_bytes: int,
+) -> PageRegion:
+    """One region record, shared between images (a frozen value: sharing is safe). Names and
+    sizes come from a validated plan and plane order: nothing to re-validate."""
+    return trusted(
+        PageRegion,
+        name=part_region_name(attention_layer, part, first),
+        attention_layer=attention_layer,
+        module_layer=module_layer,
+        part=part,
+        offset_bytes=offset_bytes,
+        num_bytes=num_bytes,
+    )
 
 
 def checkpoint_image(
@@ -207,14 +235,19 @@ def checkpoint_image(
     )
     expect_bounded_int("stage", stage, MAX_RANKS)
     plan = ridable(plan)
-    order = plane_order(plan, stage=stage, names=names)
+    return image_of_order(plan, plane_order(plan, stage=stage, names=names), stage)
+
+
+def image_of_order(plan: EngineLayout, order: PlaneOrder, stage: int) -> CheckpointImage:
+    """The image of ``stage`` from a plane order already made for it (any publish order gives
+    the same image: the aliased planes lead in KDA-layer order whatever the given order)."""
     image_planes = order.image_planes
-    aliased = {share.attention_layer for share in image_planes}
-    return CheckpointImage(
+    return trusted(
+        CheckpointImage,
         stage=stage,
         page_bytes=page_bytes(plan),
         layer_state_bytes=plan.sizes.state_bytes,
         groups=kda_groups(plan.stage(stage)),
         planes=image_planes,
-        regions=tuple(r for r in page_regions(plan, order) if r.attention_layer in aliased),
+        regions=_regions(plan, image_planes),
     )

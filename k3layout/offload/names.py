@@ -20,13 +20,15 @@ name: ``model.layers.11...`` sorts before ``model.layers.3...``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Final
 
 from pydantic import model_validator
 
 from .._args import expect_args
-from .._frozen import Frozen
+from .._frozen import Frozen, trusted
 from ..errors import Refusal
 from ..model import HybridModel
 
@@ -56,10 +58,10 @@ class LayerNames(Frozen):
 
     @model_validator(mode="after")
     def _unique(self) -> LayerNames:
-        repeated = sorted({name for name in self.names if self.names.count(name) > 1})
-        if repeated:
+        if len(set(self.names)) != len(self.names):
+            repeated = sorted(name for name, count in Counter(self.names).items() if count > 1)
             raise ValueError(f"names: {repeated} are given to more than one layer")
-        if any(not name for name in self.names):
+        if not all(self.names):
             raise ValueError("names: every layer needs a non-empty name")
         return self
 
@@ -105,15 +107,27 @@ class LayerNames(Frozen):
 def engine_layer_names(model: HybridModel) -> LayerNames:
     """The convention's names for every module layer of ``model`` (target, then draft)."""
     expect_args(("model", model, HybridModel))
-    names: list[str] = []
-    for layer_id, layer in enumerate(model.module_layers):
-        if layer_id >= model.num_layers:
-            names.append(DRAFT_ATTENTION_NAME.format(index=layer_id - model.num_layers))
-        elif layer.kind == "mla":
-            names.append(TARGET_ATTENTION_NAME.format(layer=layer_id))
-        else:
-            names.append(TARGET_KDA_NAME.format(layer=layer_id))
-    return LayerNames(names=tuple(names))
+    # The names depend only on which module layers are attention layers (the model caches
+    # their ids) and where the target ends: one LayerNames per such layout, shared.
+    return _names_of(model.num_layers, len(model.module_layers), model.attention_layer_ids)
+
+
+@lru_cache(maxsize=256)
+def _names_of(target: int, total: int, attention: tuple[int, ...]) -> LayerNames:
+    # The templates split once around their one field: a concatenation per layer.
+    attention_head, attention_tail = TARGET_ATTENTION_NAME.split("{layer}")
+    kda_head, kda_tail = TARGET_KDA_NAME.split("{layer}")
+    draft_head, draft_tail = DRAFT_ATTENTION_NAME.split("{index}")
+    is_attention = set(attention)
+    names = [
+        f"{attention_head}{layer_id}{attention_tail}"
+        if layer_id in is_attention
+        else f"{kda_head}{layer_id}{kda_tail}"
+        for layer_id in range(target)
+    ]
+    names.extend(f"{draft_head}{k}{draft_tail}" for k in range(total - target))
+    # One name per module layer id, distinct by construction: nothing to re-validate.
+    return trusted(LayerNames, names=tuple(names))
 
 
 def index_region_name(attention_name: str) -> str:

@@ -20,15 +20,17 @@ K3 + DSpark, one stage::
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 
 from pydantic import NonNegativeInt
 
 from .._args import expect_args, expect_bounded_int, expect_items
-from .._frozen import Frozen
+from .._frozen import Frozen, trusted
 from ..constants import MAX_RANKS
 from ..errors import Refusal
-from ..layouts import EngineLayout, LayoutBase, PlaneMember, Stage
+from ..layouts import EngineLayout, GroupKind, LayoutBase, PlaneMember, Stage
 from .names import LayerNames, engine_layer_names, name_order
 from .stage import image_attention_layers, kda_groups, ridable
 from .views import TensorView, views_of
@@ -91,14 +93,18 @@ def stage_attention_names(stage: Stage, names: LayerNames) -> tuple[str, ...]:
     layers = sorted(
         layer for group in stage.groups if group.kind == "attention" for layer in group.layers
     )
-    return tuple(names.name(layer) for layer in layers)
+    every_name = names.names
+    if layers and layers[-1] >= len(every_name):
+        return tuple(names.name(layer) for layer in layers)  # refuses the unnamed layer
+    return tuple(every_name[layer] for layer in layers)
 
 
 def check_permutation(given: Sequence[str], expected: Sequence[str], stage: int) -> None:
     """Refuse (``layer_names``) a publish order that is not the stage's attention layers."""
-    unknown = tuple(name for name in dict.fromkeys(given) if name not in set(expected))
-    missing = tuple(name for name in expected if name not in set(given))
-    repeated = tuple(sorted({name for name in given if list(given).count(name) > 1}))
+    expected_set, given_set = set(expected), set(given)
+    unknown = tuple(name for name in dict.fromkeys(given) if name not in expected_set)
+    missing = tuple(name for name in expected if name not in given_set)
+    repeated = tuple(sorted(name for name, count in Counter(given).items() if count > 1))
     if unknown or missing or repeated:
         raise Refusal(
             "layer_names",
@@ -169,6 +175,57 @@ def aliased_by_address(
     return tuple(aliased)
 
 
+@lru_cache(maxsize=4096)
+def _rider(group: str, kind: GroupKind, layer: int) -> PlaneMember:
+    """A rider record, shared between plane orders (a frozen value: sharing is safe, and every
+    plan of a model has the same riders)."""
+    return trusted(PlaneMember, group=group, kind=kind, layer=layer)
+
+
+@lru_cache(maxsize=256)
+def _planes(
+    on_stage: Stage, every_name: tuple[str, ...], ordered: tuple[str, ...]
+) -> tuple[PlaneShare, ...]:
+    """The plane shares of ``ordered`` (registered attention layers of ``on_stage``, checked by
+    the caller): a pure function of frozen values, so memoised; module layers and allocation
+    planes are looked up in tables built once."""
+    layer_of = {name: layer for layer, name in enumerate(every_name)}
+    allocation_of: dict[int, int] = {}
+    riders_at: dict[int, list[tuple[str, GroupKind, int]]] = {}
+    for group in on_stage.groups:
+        for position, layer in enumerate(group.layers):
+            allocation_of.setdefault(layer, position)
+            if group.kind == "kda":
+                riders_at.setdefault(position, []).append((group.name, group.kind, layer))
+    planes: list[PlaneShare] = []
+    for index, name in enumerate(ordered):
+        module_layer = layer_of[name]
+        allocation = allocation_of[module_layer]
+        riders = tuple(riders_at.get(allocation, ()))
+        planes.append(_share(index, name, module_layer, allocation, riders))
+    return tuple(planes)
+
+
+@lru_cache(maxsize=4096)
+def _share(
+    plane: int,
+    attention_layer: str,
+    module_layer: int,
+    allocation_plane: int,
+    riders: tuple[tuple[str, GroupKind, int], ...],
+) -> PlaneShare:
+    """A plane share record, shared between plane orders like its riders (keyed by plain
+    values: hashing them is cheaper than hashing records)."""
+    return trusted(
+        PlaneShare,
+        plane=plane,
+        attention_layer=attention_layer,
+        module_layer=module_layer,
+        allocation_plane=allocation_plane,
+        riders=tuple(_rider(*rider) for rider in riders),
+    )
+
+
 def plane_order(
     plan: EngineLayout,
     published: Sequence[str] | None = None,
@@ -205,30 +262,13 @@ def plane_order(
     registered = stage_attention_names(on_stage, names)
     given = name_order(registered) if published is None else tuple(published)
     check_permutation(given, registered, stage)
-    aliased = tuple(names.name(layer) for layer in image_attention_layers(on_stage))
+    every_name = names.names  # covers every module layer (checked above)
+    aliased = tuple(every_name[layer] for layer in image_attention_layers(on_stage))
     if views is not None:
         aliased = aliased_by_address(on_stage, names, given, views, aliased)
-    rest = tuple(name for name in given if name not in set(aliased))
-    planes: list[PlaneShare] = []
-    for index, name in enumerate(aliased + rest):
-        module_layer = names.layer_of(name)
-        allocation = next(
-            group.layers.index(module_layer)
-            for group in on_stage.groups
-            if module_layer in group.layers
-        )
-        riders = tuple(
-            PlaneMember(group=group.name, kind=group.kind, layer=group.layers[allocation])
-            for group in on_stage.groups
-            if group.kind == "kda" and allocation < len(group.layers)
-        )
-        planes.append(
-            PlaneShare(
-                plane=index,
-                attention_layer=name,
-                module_layer=module_layer,
-                allocation_plane=allocation,
-                riders=riders,
-            )
-        )
-    return PlaneOrder(stage=stage, given=given, planes=tuple(planes), num_image_planes=len(aliased))
+    aliased_set = set(aliased)
+    rest = tuple(name for name in given if name not in aliased_set)
+    planes = _planes(on_stage, every_name, aliased + rest)
+    return trusted(
+        PlaneOrder, stage=stage, given=given, planes=planes, num_image_planes=len(aliased)
+    )

@@ -26,12 +26,12 @@ from typing import Final, Literal, TypeAlias
 from pydantic import NonNegativeInt, PositiveInt
 
 from .._args import expect_args, expect_bounded_int, expect_items
-from .._frozen import Frozen
+from .._frozen import Frozen, trusted
 from ..constants import MAX_RANKS
 from ..errors import Refusal
 from ..layouts import EngineLayout, GroupKind, LayoutBase, Plan
 from ..model import HybridModel
-from .image import CheckpointImage, checkpoint_image
+from .image import CheckpointImage, image_of_order
 from .names import LayerNames, engine_layer_names
 from .plane_order import PlaneOrder, plane_order
 from .stage import ridable
@@ -94,22 +94,23 @@ class RidePlan(Frozen):
     @cached_property
     def image(self) -> CheckpointImage:
         """The checkpoint image of one boundary on this rank."""
-        return checkpoint_image(self.plan, stage=self.stage, names=self.names)
+        return image_of_order(self.plan, self.order, self.stage)
 
     @property
     def block_tokens(self) -> int:
         """Tokens of one block on a rank (one state checkpoint in ``align`` mode): the span
         of a state group's block."""
         state = self.plan.groups_of("kda")
-        return self.plan.span_tokens(state[0]) if state else self.plan.span_tokens(
-            self.plan.groups[0]
+        return (
+            self.plan.span_tokens(state[0]) if state else self.plan.span_tokens(self.plan.groups[0])
         )
 
     @property
     def spans(self) -> tuple[GroupSpan, ...]:
         """The span of every group of the stage that holds layers."""
         return tuple(
-            GroupSpan(
+            trusted(
+                GroupSpan,
                 group=group.name,
                 kind=group.kind,
                 span_tokens=self.plan.span_tokens(group),
@@ -121,7 +122,8 @@ class RidePlan(Frozen):
     @property
     def grid_tokens(self) -> int:
         """The smallest valid chunk: the lcm of every group's span."""
-        return math.lcm(*(span.span_tokens for span in self.spans))
+        groups = self.plan.stage(self.stage).groups
+        return math.lcm(*{self.plan.span_tokens(group) for group in groups if group.layers})
 
     @property
     def chunk_tokens(self) -> int:
@@ -278,6 +280,9 @@ def plan_ride(
     names = names or engine_layer_names(plan.model)
     order = plane_order(plan, published, stage=stage, names=names)
     ride = RidePlan(plan=plan, stage=stage, options=options, names=names, published=order.given)
+    # ride.order would be plane_order(plan, order.given, ...): this very order (a cached
+    # property keeps its value in the instance dict, so it is seeded there).
+    ride.__dict__["order"] = order
     check_chunk(ride)
     _ = ride.image  # every refusal at startup, none on first use
     return ride

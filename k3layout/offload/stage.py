@@ -55,8 +55,11 @@ def image_attention_layers(stage: Stage) -> tuple[int, ...]:
     the attention group); 92 and the draft's 93..97 are not aliased.
     """
     attention = attention_groups(stage)
+    planes = num_image_planes(stage)
+    if attention and len(attention[0].layers) >= planes:
+        return attention[0].layers[:planes]  # the first attention group owns every plane
     layers: list[int] = []
-    for plane in range(num_image_planes(stage)):
+    for plane in range(planes):
         owner = next((group for group in attention if plane < len(group.layers)), None)
         if owner is None:
             rider = next(group for group in kda_groups(stage) if plane < len(group.layers))

@@ -22,7 +22,7 @@ from functools import cached_property
 from pydantic import NonNegativeInt, PositiveInt
 
 from .._args import expect_args
-from .._frozen import Frozen
+from .._frozen import Frozen, trusted, trusted_variant
 from .._validation import describe
 from ..cache import LayerCacheSpec
 from ..constants import MAX_PROMPT_TOKENS
@@ -299,6 +299,10 @@ def plan_transfer(
     cursor = sizes.cursor
     tp_p, tp_d = prefill.attn_tp, decode.attn_tp
     pairs: list[RankPair] = []
+    # A layer's segments differ from another layer of its spec only in the layer they name:
+    # each consumer TP rank's segments of each spec are built (and checked) once, at the
+    # first layer that needs them, then copied for every other.
+    built: dict[tuple[int, int], tuple[Segment, ...]] = {}
     for stage in decode_plan.stages:
         for tp_rank in range(tp_d):
             source = paired_producer(tp_rank, tp_p, tp_d)
@@ -308,31 +312,33 @@ def plan_transfer(
             first_state: int | None = None
             for layer in stage.layers:
                 into = by_stage.setdefault(producer_stage[layer], [])
-                spec = sizes.spec_of(layer)
-                if spec.paging == "token":
-                    into.extend(
-                        _row_segments(
-                            spec,
-                            layer,
-                            prompt_tokens,
-                            (tp_p, source),
-                            (tp_d, tp_rank),
-                            dcp_rank=dcp_rank,
+                index = sizes.layer_specs[layer]
+                first = built.get((index, tp_rank))
+                if first is not None:
+                    into.extend(trusted_variant(s, layer=layer) for s in first)
+                else:
+                    spec = sizes.specs[index]
+                    src, dst = (tp_p, source), (tp_d, tp_rank)
+                    first = (
+                        _row_segments(spec, layer, prompt_tokens, src, dst, dcp_rank=dcp_rank)
+                        if spec.paging == "token"
+                        else tuple(
+                            part_segment(p, layer, src, dst) for p in slot_parts(sizes, layer)
                         )
                     )
-                    continue
-                first_state = layer if first_state is None else first_state
-                into.extend(
-                    part_segment(part, layer, (tp_p, source), (tp_d, tp_rank))
-                    for part in slot_parts(sizes, layer)
-                )
+                    built[(index, tp_rank)] = first
+                    into.extend(first)
+                if first_state is None and sizes.specs[index].paging == "slot":
+                    first_state = layer
             if cursor is not None and first_state is not None:
                 by_stage[producer_stage[first_state]].append(
                     part_segment(cursor.parts[0], None, (tp_p, source), (tp_d, tp_rank))
                 )
             consumer = rank_of(stage.index, tp_rank, tp_d)
+            # Segments built above from validated fields: nothing to re-validate.
             pairs.extend(
-                RankPair(
+                trusted(
+                    RankPair,
                     producer=rank_of(index, source, tp_p),
                     consumer=consumer,
                     segments=tuple(segments),

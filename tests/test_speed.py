@@ -1,0 +1,222 @@
+"""What keeps planning fast stays correct: integer arithmetic at any size, trusted records equal to
+validated ones, the grouping and packing shortcuts equal to their plain definitions, and the
+lazy imports (``import k3layout`` loads no submodule; ``plan --json`` never loads rich)."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from k3layout import (
+    Deployment,
+    Group,
+    HybridModel,
+    KDALayer,
+    MLALayer,
+    ParentPlan,
+    Refusal,
+    VllmPlan,
+    load_plan,
+    plan,
+    rank_sizes,
+)
+from k3layout._frozen import trusted, trusted_variant
+from k3layout.constants import MAX_PAGES_PER_PLANE, PARENT_ALIGNMENT_BYTES
+from k3layout.layouts.packing import PackingFrame, search_packing
+from k3layout.layouts.parent import group_parent
+from k3layout.layouts.vllm import group_vllm
+from k3layout.transfer import Segment
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def state_bytes(heads: int, head_dim: int, kernel: int, tp: int, spec: int) -> int:
+    """``S(tp, s)`` by the formula, in Python integers."""
+    return (3 * heads * head_dim // tp) * (kernel - 1 + spec) * 2 + (
+        heads // tp
+    ) * head_dim * head_dim * 4
+
+
+def huge_model(heads: int, head_dim: int, kv_lora_rank: int = 512) -> HybridModel:
+    kda = KDALayer(num_heads=heads, head_dim=head_dim)
+    mla = MLALayer(num_heads=heads, kv_lora_rank=kv_lora_rank)
+    return HybridModel(name="huge", model_type="kimi_k3", layers=(kda, mla))
+
+
+def test_a_state_near_2_to_the_60_raises_the_block_exactly() -> None:
+    # S = 864,691,149,393,100,866 (60 bits): float division would give a block 128 tokens short.
+    heads, head_dim = 3, (1 << 28) + 1
+    state = state_bytes(heads, head_dim, 4, 1, 0)
+    assert state.bit_length() == 60
+    per_token = 576  # fp8 latent
+    block = 128 * -(-state // (128 * per_token))
+    assert block != 128 * math.ceil(state / (128 * per_token))  # the float formula is off here
+    result = plan(huge_model(heads, head_dim), Deployment())
+    assert isinstance(result, VllmPlan)
+    assert result.sizes.kda_state_bytes == state
+    assert (result.block_tokens, result.page_bytes) == (block, block * per_token)
+    assert result.page_bytes >= state > result.page_bytes - 128 * per_token
+    assert result.kda_page_padding_bytes == block * per_token - state
+
+
+def reference_packing(
+    page: int, state: int, planes: int, lengths: list[int], limit: Fraction
+) -> tuple[int, int, int]:
+    """The packing rule written plainly, with exact fractions: the smallest p_m whose plane is
+    exactly p_m pages (256-aligned), p_l = plane // S, every group's padding within the limit."""
+    for mla_pages in range(1, MAX_PAGES_PER_PLANE + 1):
+        plane = mla_pages * page
+        if plane % PARENT_ALIGNMENT_BYTES:
+            continue
+        state_pages = plane // state
+        if not state_pages:
+            continue
+        parent = planes * plane
+        paddings = [Fraction(parent, mla_pages * planes * page) - 1]
+        paddings += [Fraction(parent, state_pages * n * state) - 1 for n in lengths]
+        if max(paddings) <= limit:
+            return mla_pages, state_pages, plane
+    raise AssertionError("no packing")
+
+
+@pytest.mark.parametrize(
+    ("heads", "head_dim", "kv_lora_rank"),
+    [(3, (1 << 20) + 1, 1 << 30), (5, (1 << 21) + 3, (1 << 31) + 64), (96, 128, 512)],
+)
+def test_the_packing_search_is_exact_at_any_size(
+    heads: int, head_dim: int, kv_lora_rank: int
+) -> None:
+    model = huge_model(heads, head_dim, kv_lora_rank)
+    result = plan(model, Deployment(engine="parent"))
+    assert isinstance(result, ParentPlan)
+    page = 128 * (kv_lora_rank + 64)
+    state = state_bytes(heads, head_dim, 4, 1, 0)
+    expected = reference_packing(page, state, 1, [1], Fraction(1, 4))
+    packing = result.packing
+    assert (packing.mla_pages, packing.state_pages, packing.plane_bytes) == expected
+    assert result.parent_bytes == expected[2]
+
+
+def test_paddings_are_compared_exactly_and_reported_from_exact_integers() -> None:
+    frame = PackingFrame(
+        mla_page_bytes=1 << 60,
+        state_bytes=(1 << 60) - 1,
+        num_planes=1,
+        groups=(
+            Group(name="full_attention", kind="attention", layers=(1,)),
+            Group(name="linear_attention_0", kind="kda", layers=(0,)),
+        ),
+        max_padding=0.0,
+    )
+    # (2^60 - (2^60 - 1)) / (2^60 - 1) > 0 exactly; a float quotient would round it to 0.
+    state_group = frame.groups[1]
+    assert frame.padding_ratio(state_group, 1, 1) == (1, (1 << 60) - 1)
+    assert frame.padding(state_group, 1, 1) == 1 / ((1 << 60) - 1)
+    assert frame.worst(1, 1) == ("linear_attention_0", 1 / ((1 << 60) - 1))
+    # Every p_m pads the state by p_m bytes: no packing meets a limit of 0 (a float search
+    # would take p_m = 1, its padding rounded to 0).
+    with pytest.raises(Refusal) as caught:
+        search_packing(frame)
+    assert caught.value.code == "packing_search_exhausted"
+
+
+def reference_vllm_groups(model: HybridModel) -> list[tuple[str, tuple[int, ...]]]:
+    """vLLM's grouping written plainly: buckets by kind in order of first appearance."""
+    buckets: dict[str, list[int]] = {}
+    for layer_id, layer in enumerate(model.module_layers):
+        buckets.setdefault("attention" if layer.kind == "mla" else "kda", []).append(layer_id)
+    smallest = min(len(ids) for ids in buckets.values())
+    largest = max(len(ids) for ids in buckets.values())
+    size = largest if 2 * largest < 3 * smallest else smallest
+    groups = []
+    for kind, ids in buckets.items():
+        count = math.ceil(len(ids) / size)
+        groups += [(kind, tuple(ids[i::count])) for i in range(count)]
+    return groups
+
+
+@pytest.mark.parametrize(
+    "pattern", ["kkkm" * 6 + "m", "mkkk" * 5, "mk", "km", "mmmmkk", "kkkkkkkm", "m"]
+)
+@pytest.mark.parametrize("draft", [0, 3])
+def test_grouping_from_cached_layer_ids_matches_its_definition(pattern: str, draft: int) -> None:
+    mla, kda = MLALayer(num_heads=8), KDALayer(num_heads=8, head_dim=16)
+    layers = tuple(mla if c == "m" else kda for c in pattern)
+    model = HybridModel(name="t", model_type="kimi_k3", layers=layers, draft_layers=(mla,) * draft)
+    sizes = rank_sizes(model, Deployment())
+    groups = group_vllm(model, sizes)
+    assert [(g.kind, g.layers) for g in groups] == reference_vllm_groups(model)
+    for group in (*groups, *group_parent(model, sizes)):
+        assert group == Group.model_validate(group.model_dump())
+
+
+def test_trusted_records_equal_validated_ones_field_for_field() -> None:
+    made = trusted(Group, name="g", kind="kda", layers=(0, 4))
+    checked = Group(name="g", kind="kda", layers=(0, 4))
+    assert made == checked
+    assert made.model_dump_json() == checked.model_dump_json()
+    assert made.model_fields_set == checked.model_fields_set
+    assert hash(made) == hash(checked)
+    segment = Segment(
+        field="conv", layer=3, kind="slot", src_offset_bytes=0, dst_offset_bytes=0, length_bytes=8
+    )
+    moved = trusted_variant(segment, layer=7)
+    assert moved == segment.model_copy(update={"layer": 7})
+    assert moved.model_dump_json() == Segment.model_validate(moved.model_dump()).model_dump_json()
+    with pytest.raises(TypeError, match="no fields"):
+        trusted(Group, name="g", kind="kda", layers=(), colour="red")
+    with pytest.raises(TypeError, match="required"):
+        trusted(Group, name="g", kind="kda")
+
+
+def test_plans_built_from_trusted_records_round_trip() -> None:
+    from k3layout import preset  # noqa: PLC0415
+
+    for deployment in (
+        Deployment(attn_tp=8, spec_tokens=2, pp=3),
+        Deployment(engine="parent", attn_tp=8, pp=2),
+    ):
+        result = plan(preset("kimi-k3-dspark"), deployment)
+        assert load_plan(result.model_dump_json()) == result
+        assert load_plan(result.model_dump_json()).model_dump_json() == result.model_dump_json()
+
+
+def run_python(code: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=ROOT
+    )
+    return done.stdout.strip()
+
+
+def test_import_k3layout_loads_no_submodule_and_plan_loads_only_the_planner() -> None:
+    heavy = ("rich", "k3layout.offload", "k3layout.transfer", "k3layout.torch", "torch")
+    code = (
+        "import sys, k3layout\n"
+        f"heavy = {heavy!r}\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "k3layout.plan(k3layout.preset('kimi-k3'), k3layout.Deployment(attn_tp=8))\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "print(k3layout.plan_ride.__module__, 'k3layout.offload' in sys.modules)\n"
+    )
+    at_import, after_plan, lazy = run_python(code).splitlines()
+    assert at_import == "[]"
+    assert after_plan == "[]"
+    assert lazy == "k3layout.offload.ride True"
+
+
+def test_plan_json_does_not_import_rich() -> None:
+    code = (
+        "import contextlib, io, sys\n"
+        "from k3layout.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    code = main(['plan', '--model', 'kimi-k3', '--json'])\n"
+        "print(code, out.getvalue().lstrip()[:1], 'rich' in sys.modules)\n"
+    )
+    assert run_python(code) == "0 { False"
