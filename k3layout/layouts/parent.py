@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import NonNegativeInt, PositiveInt
+from pydantic import NonNegativeInt, PositiveInt, model_validator
 
+from .._derivation import SelfChecked, is_deriving, mismatch
 from .._frozen import Frozen
 from ..constants import DEFAULT_MAX_PADDING_FRACTION, PARENT_PAGE_TOKENS
 from ..deployment import Deployment
@@ -59,8 +60,13 @@ class LayerBinding(Frozen):
         return self.base_offset + parent * self.parent_stride + slot * self.page_stride
 
 
-class Binding(Frozen):
-    """``bind(n)``: ``n`` usable parents plus the null parent, every layer's page addresses."""
+class Binding(SelfChecked):
+    """``bind(n)``: ``n`` usable parents plus the null parent, every layer's page addresses.
+
+    Built by hand (or loaded, or ``model_copy``'d), it is refused (``plan_mismatch``) unless
+    every address follows from ``(num_parents, num_planes, plane_bytes)`` and the groups' pages
+    per parent, as :meth:`ParentPlan.bind` lays them out.
+    """
 
     num_parents: NonNegativeInt
     num_planes: PositiveInt
@@ -68,13 +74,58 @@ class Binding(Frozen):
     groups: tuple[GroupPages, ...]
     layers: tuple[LayerBinding, ...]
 
+    @model_validator(mode="after")
+    def _addresses_follow(self) -> Binding:
+        thing = f"binding of {self.num_parents} parents"
+        per_parent: dict[str, int] = {}
+        for index, pages in enumerate(self.groups):
+            if pages.page_count != 1 + self.num_parents * pages.pages_per_parent:
+                raise mismatch(
+                    thing,
+                    f"groups[{index}].page_count",
+                    "a group numbers the null page and p_g pages per parent",
+                    pages.page_count,
+                    1 + self.num_parents * pages.pages_per_parent,
+                )
+            per_parent[pages.group] = pages.pages_per_parent
+        previous = -1
+        for index, bound in enumerate(self.layers):
+            expected = (
+                bound.layer if bound.layer > previous else previous + 1,
+                per_parent.get(bound.group, bound.pages_per_parent),
+                bound.plane % self.num_planes,
+                bound.plane * (self.num_parents + 1) * self.plane_bytes,
+                self.plane_bytes,
+                min(bound.page_stride, self.plane_bytes // bound.pages_per_parent),
+            )
+            stored = (
+                bound.layer,
+                bound.pages_per_parent,
+                bound.plane,
+                bound.base_offset,
+                bound.parent_stride,
+                bound.page_stride,
+            )
+            if bound.group not in per_parent or stored != expected:
+                raise mismatch(
+                    thing,
+                    f"layers[{index}]",
+                    "layers are listed once in order, in a bound group, and page p_g fits the "
+                    "plane at plane * (n + 1) * plane_bytes + parent * plane_bytes "
+                    "(layer, p_g, plane, base, parent stride, page stride)",
+                    stored,
+                    expected,
+                )
+            previous = bound.layer
+        return self
+
     @property
     def arena_bytes(self) -> int:
         """``(n + 1) * parent``: the arena one rank allocates."""
         return (self.num_parents + 1) * self.num_planes * self.plane_bytes
 
 
-class ParentPlan(GroupedLayout):
+class ParentPlan(SelfChecked, GroupedLayout):
     """The parent-block layout of one model under one deployment.
 
     ``groups``, ``num_planes`` (one per MLA layer plus one per draft layer: no state group is
@@ -92,6 +143,15 @@ class ParentPlan(GroupedLayout):
     packing: Packing
     max_padding: float | None
     rule_1152: RuleCheck | None
+
+    @model_validator(mode="after")
+    def _is_its_own_derivation(self) -> ParentPlan:
+        # Built outside the pipeline (by hand, load_plan, model_copy): re-plan and compare.
+        if not is_deriving():
+            from .rederive import check_plan  # noqa: PLC0415 - rederive imports the pipeline
+
+            check_plan(self)
+        return self
 
     @property
     def page_tokens(self) -> int:

@@ -12,6 +12,7 @@ from typing import Annotated, Generic, TypeAlias, TypeVar
 
 from pydantic import Field, TypeAdapter
 
+from .._derivation import deriving
 from ..deployment import Deployment, EngineFlavour
 from ..errors import Refusal
 from ..model import HybridModel
@@ -82,7 +83,8 @@ def _run(model: HybridModel, deployment: Deployment, seams: EngineSeams[PlanT]) 
     sizes = rank_sizes(model, deployment)
     groups = seams.group(model)
     stages = project_stages(model, deployment, groups)
-    return seams.pack(model, deployment, sizes, groups, stages)
+    with deriving():  # the plan is its own derivation: its validator need not re-plan
+        return seams.pack(model, deployment, sizes, groups, stages)
 
 
 def plan_vllm(model: HybridModel, deployment: Deployment) -> VllmPlan:
@@ -104,5 +106,6 @@ def with_engine(deployment: Deployment, engine: EngineFlavour) -> Deployment:
 
 
 def load_plan(data: str | bytes) -> VllmPlan | ParentPlan:
-    """A plan back from its JSON (``plan.model_dump_json()``)."""
+    """A plan back from its JSON (``plan.model_dump_json()``), re-planned from its own model and
+    deployment: a stored number the planner would not give is refused (``plan_mismatch``)."""
     return PLAN_ADAPTER.validate_json(data)

@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import PositiveInt
+from pydantic import PositiveInt, model_validator
 
+from .._derivation import SelfChecked, is_deriving
 from ..constants import MLA_KERNEL_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
 from ..deployment import Deployment
 from ..errors import Refusal
@@ -26,7 +27,7 @@ from ..sizes import RankSizes
 from .groups import Group, GroupedLayout, GroupKind, Stage, group_names, split_strided, stage_at
 
 
-class VllmPlan(GroupedLayout):
+class VllmPlan(SelfChecked, GroupedLayout):
     """The vLLM hybrid layout of one model under one deployment.
 
     ``groups`` and ``num_planes`` (``group_size``: 29 for K3 + DSpark) describe the whole
@@ -42,6 +43,15 @@ class VllmPlan(GroupedLayout):
     block_tokens: PositiveInt
     page_bytes: PositiveInt
     stages: tuple[Stage, ...]
+
+    @model_validator(mode="after")
+    def _is_its_own_derivation(self) -> VllmPlan:
+        # Built outside the pipeline (by hand, load_plan, model_copy): re-plan and compare.
+        if not is_deriving():
+            from .rederive import check_plan  # noqa: PLC0415 - rederive imports the pipeline
+
+            check_plan(self)
+        return self
 
     @property
     def block_bytes(self) -> int:
