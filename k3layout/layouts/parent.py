@@ -133,6 +133,10 @@ class ParentPlan(SelfChecked, GroupedLayout):
     (the packing is solved once so that every stage agrees); each of ``stages`` holds its
     projected groups and allocates one plane per position of its longest group
     (``stage_parent_bytes``).
+
+    A plan built outside :func:`~k3layout.plan` (by hand, :func:`~k3layout.load_plan`, or
+    ``model_copy(update=...)``, which re-validates here) is re-planned from its own ``model``
+    and ``deployment`` and refused (``plan_mismatch``) at the first field that differs.
     """
 
     engine: Literal["parent"] = "parent"

@@ -34,6 +34,10 @@ class VllmPlan(SelfChecked, GroupedLayout):
     model (vLLM groups globally); each of
     ``stages`` holds the groups projected onto one pipeline stage, which allocates its own
     planes (``stage_block_bytes``).
+
+    A plan built outside :func:`~k3layout.plan` (by hand, :func:`~k3layout.load_plan`, or
+    ``model_copy(update=...)``, which re-validates here) is re-planned from its own ``model``
+    and ``deployment`` and refused (``plan_mismatch``) at the first field that differs.
     """
 
     engine: Literal["vllm"] = "vllm"
