@@ -315,6 +315,18 @@ def test_a_binding_checks_every_address(parent_plan: ParentPlan) -> None:
     data["layers"][3]["base_offset"] += 256
     refused(lambda: Binding.model_validate_json(json.dumps(data)), "plan_mismatch", "layers[3]")
     refused(lambda: bound.model_copy(update={"num_parents": 11}), "plan_mismatch")
+    layer = bound.layers[0]
+    refused(
+        lambda: layer.model_copy(update={"page_stride": layer.parent_stride + 1}),
+        "plan_mismatch",
+        "page_stride",
+    )
+    pages = bound.groups[0]
+    refused(
+        lambda: pages.model_copy(update={"page_count": pages.page_count + 1}),
+        "plan_mismatch",
+        "page_count",
+    )
 
 
 # -- property: every plan round-trips, every tampered integer is refused -------------------------

@@ -16,7 +16,6 @@ from typing import Literal
 from pydantic import NonNegativeInt, PositiveInt, model_validator
 
 from .._derivation import SelfChecked, is_deriving, mismatch
-from .._frozen import Frozen
 from ..constants import DEFAULT_MAX_PADDING_FRACTION, PARENT_PAGE_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
@@ -34,15 +33,27 @@ from .groups import (
 from .packing import Packing, PackingFrame, RuleCheck, rule_1152, search_packing
 
 
-class GroupPages(Frozen):
+class GroupPages(SelfChecked):
     """How a group's pages are numbered in a bound arena: page 0 is the null page."""
 
     group: str
     pages_per_parent: PositiveInt
     page_count: PositiveInt
 
+    @model_validator(mode="after")
+    def _counts_whole_parents(self) -> GroupPages:
+        if (self.page_count - 1) % self.pages_per_parent:
+            raise mismatch(
+                f"group {self.group}",
+                "page_count",
+                "the pages are the null page and p_g per parent",
+                self.page_count,
+                1 + (self.page_count - 1) // self.pages_per_parent * self.pages_per_parent,
+            )
+        return self
 
-class LayerBinding(Frozen):
+
+class LayerBinding(SelfChecked):
     """Where one layer's pages live in a bound arena (planes laid out plane-major)."""
 
     layer: NonNegativeInt
@@ -53,6 +64,18 @@ class LayerBinding(Frozen):
     parent_stride: PositiveInt
     page_stride: PositiveInt
     pages_per_parent: PositiveInt
+
+    @model_validator(mode="after")
+    def _pages_fit_the_plane(self) -> LayerBinding:
+        if self.pages_per_parent * self.page_stride > self.parent_stride:
+            raise mismatch(
+                f"layer {self.layer}",
+                "page_stride",
+                "p_g pages fit one plane of a parent",
+                self.pages_per_parent * self.page_stride,
+                self.parent_stride,
+            )
+        return self
 
     def page_offset(self, page: int) -> int:
         """Arena byte offset of page ``page`` of this layer (``page // p`` picks the parent)."""
