@@ -368,6 +368,32 @@ def test_every_plan_round_trips_and_any_tampered_derived_integer_is_refused(
     assert root is not None and root.group(1) in DERIVED_FIELDS
 
 
+@given(inputs=plannable_inputs())
+def test_every_ride_order_image_and_binding_the_planners_build_passes_its_own_checks(
+    inputs: tuple[HybridModel, Deployment],
+) -> None:
+    # The planners build these records unchecked (they are their own derivation); loading
+    # them back runs the checks, which must accept every one of them.
+    model, deployment = inputs
+    try:
+        result = plan(model, deployment)
+    except Refusal:
+        assume(False)
+        return
+    for stage in range(len(result.stages)):
+        if isinstance(result, ParentPlan):
+            bound = result.bind(3, stage=stage)
+            assert Binding.model_validate_json(bound.model_dump_json()) == bound
+            continue
+        try:
+            ride = plan_ride(result, stage=stage)
+        except Refusal:
+            continue
+        assert RidePlan.model_validate_json(ride.model_dump_json()) == ride
+        assert PlaneOrder.model_validate_json(ride.order.model_dump_json()) == ride.order
+        assert CheckpointImage.model_validate_json(ride.image.model_dump_json()) == ride.image
+
+
 # -- the invariants need no hypothesis -----------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import NonNegativeInt, PositiveInt, model_validator
 
-from .._derivation import SelfChecked, is_deriving, mismatch
+from .._derivation import SelfChecked, deriving, is_deriving, mismatch
 from ..constants import DEFAULT_MAX_PADDING_FRACTION, PARENT_PAGE_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
@@ -99,6 +99,8 @@ class Binding(SelfChecked):
 
     @model_validator(mode="after")
     def _addresses_follow(self) -> Binding:
+        if is_deriving():
+            return self
         thing = f"binding of {self.num_parents} parents"
         per_parent: dict[str, int] = {}
         for index, pages in enumerate(self.groups):
@@ -370,13 +372,14 @@ class ParentPlan(SelfChecked, GroupedLayout):
                 )
                 for position, layer in enumerate(group.layers)
             )
-        return Binding(
-            num_parents=num_parents,
-            num_planes=held.num_planes,
-            plane_bytes=plane,
-            groups=tuple(pages),
-            layers=tuple(sorted(layers, key=lambda b: b.layer)),
-        )
+        with deriving():  # bind's own layout: its checks are for bindings built by hand
+            return Binding(
+                num_parents=num_parents,
+                num_planes=held.num_planes,
+                plane_bytes=plane,
+                groups=tuple(pages),
+                layers=tuple(sorted(layers, key=lambda b: b.layer)),
+            )
 
 
 def _check_load(tokens: int, max_live: int, protected_pages: int) -> None:
