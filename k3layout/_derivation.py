@@ -19,7 +19,7 @@ copy through ``model_validate`` instead, so a changed copy is checked like a new
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -92,8 +92,7 @@ def as_fact(value: object) -> Fact:
         or all(isinstance(item, str) for item in value)
     ):
         return value
-    text = repr(value)
-    return text if len(text) <= _MAX_FACT_CHARS else text[: _MAX_FACT_CHARS - 3] + "..."
+    return _short(value, repr)
 
 
 def check_derivation(thing: str, stored: BaseModel, derived: BaseModel, hint: str) -> None:
@@ -124,8 +123,11 @@ def mismatch(thing: str, field: str, rule: str, stored: object, derived: object)
     )
 
 
-def _short(value: object) -> str:
-    text = str(value)
+def _short(value: object, show: Callable[[object], str] = str) -> str:
+    try:
+        text = show(value)
+    except ValueError:  # an integer past Python's 4,300-digit printing limit
+        text = f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else "?"
     return text if len(text) <= _MAX_FACT_CHARS else text[: _MAX_FACT_CHARS - 3] + "..."
 
 

@@ -101,7 +101,7 @@ class Binding(SelfChecked):
     def _addresses_follow(self) -> Binding:
         if is_deriving():
             return self
-        thing = f"binding of {self.num_parents} parents"
+        thing = "parent binding"
         per_parent: dict[str, int] = {}
         for index, pages in enumerate(self.groups):
             if pages.page_count != 1 + self.num_parents * pages.pages_per_parent:

@@ -96,7 +96,7 @@ class TransferPlan(SelfChecked):
                 name: getattr(self, name) for name in type(self).model_fields if name != "pairs"
             }
             check_derivation(
-                f"transfer plan of {self.model.name} ({self.prompt_tokens} prompt tokens)",
+                f"transfer plan of {self.model.name}",
                 self,
                 plan_transfer(**inputs),
                 hint="build the transfer with k3layout.plan_transfer",
