@@ -6,94 +6,196 @@ per-rank :mod:`~k3layout.sizes`; :func:`plan` lays them out for an engine (``vll
 plan, :mod:`k3layout.offload` rides the KDA state on the PAGE object (:func:`plan_ride`) and
 :mod:`k3layout.transfer` moves a request from a prefill to a decode (:func:`plan_transfer`).
 The planner imports no torch; the adapter lives in ``k3layout.torch``.
+
+Every public name is imported on first use (PEP 562 ``__getattr__``): ``import k3layout``
+loads no submodule, and ``k3layout.plan`` loads the planner but not the offload, transfer or
+torch packages.
 """
 
-from .deployment import ENGINES, Deployment, EngineFlavour
-from .dtypes import DTYPE_BYTES, KV_CACHE_DTYPES, DTypeName, KvCacheDtype
-from .errors import Refusal, RefusalCode
-from .layouts import (
-    Binding,
-    Group,
-    GroupPages,
-    LayerBinding,
-    Packing,
-    ParentPlan,
-    Plan,
-    PlaneMember,
-    RuleCheck,
-    Stage,
-    VllmPlan,
-    load_plan,
-    plan,
-    plan_parent,
-    plan_vllm,
-    with_engine,
-)
-from .model import (
-    PRESETS,
-    HybridModel,
-    KDALayer,
-    Layer,
-    MLALayer,
-    load_config,
-    model_from_config,
-    preset,
-)
-from .offload import (
-    CheckpointImage,
-    LayerNames,
-    PlaneOrder,
-    RideOptions,
-    RidePlan,
-    TensorView,
-    check_aliasing,
-    checkpoint_image,
-    engine_layer_names,
-    plan_ride,
-    plane_order,
-    vllm_views,
-)
-from .placements import Interleave, Replicate, Shard, TokenRun, pp_stage_bounds
-from .sizes import KdaStateSizes, MlaCacheSizes, RankSizes, ReplayRecordSizes, rank_sizes
-from .transfer import (
-    RankPair,
-    Region,
-    Segment,
-    TransferPlan,
-    admission_refusal,
-    check_admission,
-    check_pairing,
-    pairing_refusal,
-    plan_transfer,
-    transfer_violations,
-)
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .cache import CachePart, GQALayer, LayerCacheSpec, PartRange, conv_channel_offset
+    from .deployment import CONV_LAYOUTS, ENGINES, ConvLayout, Deployment, EngineFlavour
+    from .dtypes import DTYPE_BYTES, KV_CACHE_DTYPES, DTypeName, KvCacheDtype
+    from .errors import Refusal, RefusalCode
+    from .layouts import (
+        Binding,
+        ByteRange,
+        EngineLayout,
+        Group,
+        GroupPages,
+        LayerBinding,
+        Packing,
+        ParentPlan,
+        Plan,
+        PlaneMember,
+        RuleCheck,
+        Stage,
+        VllmPlan,
+        load_plan,
+        plan,
+        plan_parent,
+        plan_vllm,
+        with_engine,
+    )
+    from .model import (
+        PRESETS,
+        HybridModel,
+        KDALayer,
+        Layer,
+        MLALayer,
+        load_config,
+        model_from_config,
+        preset,
+    )
+    from .offload import (
+        CheckpointImage,
+        LayerNames,
+        PlaneOrder,
+        RideOptions,
+        RidePlan,
+        TensorView,
+        check_aliasing,
+        checkpoint_image,
+        engine_layer_names,
+        plan_ride,
+        plane_order,
+        vllm_views,
+    )
+    from .placements import (
+        Interleave,
+        ReplicaShard,
+        Replicate,
+        Shard,
+        TokenRun,
+        pp_stage_bounds,
+    )
+    from .sizes import RankSizes, rank_sizes
+    from .transfer import (
+        RankPair,
+        Region,
+        Segment,
+        TransferPlan,
+        admission_refusal,
+        check_admission,
+        check_pairing,
+        pairing_refusal,
+        plan_transfer,
+        transfer_violations,
+    )
+
+_LAZY: dict[str, str] = {
+    "CachePart": "cache",
+    "GQALayer": "cache",
+    "LayerCacheSpec": "cache",
+    "PartRange": "cache",
+    "conv_channel_offset": "cache",
+    "CONV_LAYOUTS": "deployment",
+    "ConvLayout": "deployment",
+    "ByteRange": "layouts",
+    "EngineLayout": "layouts",
+    "ReplicaShard": "placements",
+    "ENGINES": "deployment",
+    "Deployment": "deployment",
+    "EngineFlavour": "deployment",
+    "DTYPE_BYTES": "dtypes",
+    "KV_CACHE_DTYPES": "dtypes",
+    "DTypeName": "dtypes",
+    "KvCacheDtype": "dtypes",
+    "Refusal": "errors",
+    "RefusalCode": "errors",
+    "Binding": "layouts",
+    "Group": "layouts",
+    "GroupPages": "layouts",
+    "LayerBinding": "layouts",
+    "Packing": "layouts",
+    "ParentPlan": "layouts",
+    "Plan": "layouts",
+    "PlaneMember": "layouts",
+    "RuleCheck": "layouts",
+    "Stage": "layouts",
+    "VllmPlan": "layouts",
+    "load_plan": "layouts",
+    "plan": "layouts",
+    "plan_parent": "layouts",
+    "plan_vllm": "layouts",
+    "with_engine": "layouts",
+    "PRESETS": "model",
+    "HybridModel": "model",
+    "KDALayer": "model",
+    "Layer": "model",
+    "MLALayer": "model",
+    "load_config": "model",
+    "model_from_config": "model",
+    "preset": "model",
+    "CheckpointImage": "offload",
+    "LayerNames": "offload",
+    "PlaneOrder": "offload",
+    "RideOptions": "offload",
+    "RidePlan": "offload",
+    "TensorView": "offload",
+    "check_aliasing": "offload",
+    "checkpoint_image": "offload",
+    "engine_layer_names": "offload",
+    "plan_ride": "offload",
+    "plane_order": "offload",
+    "vllm_views": "offload",
+    "Interleave": "placements",
+    "Replicate": "placements",
+    "Shard": "placements",
+    "TokenRun": "placements",
+    "pp_stage_bounds": "placements",
+    "RankSizes": "sizes",
+    "rank_sizes": "sizes",
+    "RankPair": "transfer",
+    "Region": "transfer",
+    "Segment": "transfer",
+    "TransferPlan": "transfer",
+    "admission_refusal": "transfer",
+    "check_admission": "transfer",
+    "check_pairing": "transfer",
+    "pairing_refusal": "transfer",
+    "plan_transfer": "transfer",
+    "transfer_violations": "transfer",
+}
+"""Every public name, and the submodule that defines it."""
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CONV_LAYOUTS",
     "DTYPE_BYTES",
     "ENGINES",
     "KV_CACHE_DTYPES",
     "PRESETS",
     "Binding",
+    "ByteRange",
+    "CachePart",
     "CheckpointImage",
+    "ConvLayout",
     "DTypeName",
     "Deployment",
     "EngineFlavour",
+    "EngineLayout",
+    "GQALayer",
     "Group",
     "GroupPages",
     "HybridModel",
     "Interleave",
     "KDALayer",
-    "KdaStateSizes",
     "KvCacheDtype",
     "Layer",
     "LayerBinding",
+    "LayerCacheSpec",
     "LayerNames",
     "MLALayer",
-    "MlaCacheSizes",
     "Packing",
     "ParentPlan",
+    "PartRange",
     "Plan",
     "PlaneMember",
     "PlaneOrder",
@@ -102,7 +204,7 @@ __all__ = [
     "Refusal",
     "RefusalCode",
     "Region",
-    "ReplayRecordSizes",
+    "ReplicaShard",
     "Replicate",
     "RideOptions",
     "RidePlan",
@@ -120,6 +222,7 @@ __all__ = [
     "check_aliasing",
     "check_pairing",
     "checkpoint_image",
+    "conv_channel_offset",
     "engine_layer_names",
     "load_config",
     "load_plan",
@@ -138,3 +241,17 @@ __all__ = [
     "vllm_views",
     "with_engine",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its submodule on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

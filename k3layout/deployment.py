@@ -16,6 +16,13 @@ EngineFlavour: TypeAlias = Literal["vllm", "parent"]
 
 ENGINES: tuple[EngineFlavour, ...] = ("vllm", "parent")
 
+ConvLayout: TypeAlias = Literal["SD", "DS"]
+"""The KDA conv state's layout, named as vLLM's ``VLLM_SSM_CONV_STATE_LAYOUT`` names it:
+``SD`` = ``(state_len, dim)``, time-major, vLLM's default; ``DS`` = ``(dim, state_len)``,
+channel-major (what NIXL transfers need). ``dim`` is the q|k|v channels side by side."""
+
+CONV_LAYOUTS: tuple[ConvLayout, ...] = ("SD", "DS")
+
 
 class Deployment(Frozen):
     """Parallelism and cache settings of one deployment (all sizes are per rank).
@@ -31,6 +38,8 @@ class Deployment(Frozen):
     - ``max_padding``: per-group padding limit of the ``parent`` engine; ``None`` is the
       engine's own default (0.25, no limit once draft layers join, as tokenspeed does).
     - ``replayssm``: ATOM ReplaySSM records beside each KDA state slot.
+    - ``conv_layout``: the KDA conv state's layout, vLLM's ``VLLM_SSM_CONV_STATE_LAYOUT``
+      (``SD``, the default, or ``DS``).
     """
 
     engine: EngineFlavour = "vllm"
@@ -46,6 +55,7 @@ class Deployment(Frozen):
     max_padding: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
     replayssm: bool = False
     replayssm_cache_len: PositiveInt = REPLAYSSM_DEFAULT_CACHE_LEN
+    conv_layout: ConvLayout = "SD"
 
     @model_validator(mode="after")
     def _partition_matches_pp(self) -> Deployment:

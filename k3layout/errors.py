@@ -24,6 +24,7 @@ RefusalCode: TypeAlias = Literal[
     "padding_limit",
     "packing_search_exhausted",
     "budget_too_small",
+    "page_size",
     # offload (LMCache MP ride)
     "engine_mismatch",
     "model_not_ridable",

@@ -56,6 +56,38 @@ class Replicate(Frozen):
         return extent, 0
 
 
+class ReplicaShard(Frozen):
+    """Shard axis ``dim`` when it has at least as many entries as ranks; when it has fewer,
+    each entry is replicated on ``n / E`` consecutive ranks (vLLM's GQA KV heads when the
+    attention TP exceeds ``num_kv_heads``).
+
+    8 KV heads over TP 16 (each head on two ranks)::
+
+        rank    0       1       2       3       ...  15
+        heads   [0, 1)  [0, 1)  [1, 2)  [1, 2)  ...  [7, 8)
+
+    An extent that neither divides nor is divided by ``n`` is refused (``uneven_split``).
+    """
+
+    kind: Literal["replica_shard"] = "replica_shard"
+    dim: Annotated[int, Field(ge=0)] = 0
+
+    def local_size_and_offset(self, extent: int, num_ranks: int, rank: int) -> tuple[int, int]:
+        """``(size, offset)`` of ``rank``'s share of ``extent``."""
+        _check_rank(num_ranks, rank)
+        if extent >= num_ranks:
+            return Shard(dim=self.dim).local_size_and_offset(extent, num_ranks, rank)
+        if num_ranks % extent:
+            raise Refusal(
+                "uneven_split",
+                f"extent {extent} can be neither sharded nor replicated evenly over "
+                f"{num_ranks} ranks",
+                facts={"extent": extent, "num_ranks": num_ranks},
+                hint=f"use a rank count that divides {extent} or is a multiple of it",
+            )
+        return 1, rank // (num_ranks // extent)
+
+
 class TokenRun(Frozen):
     """Consecutive tokens ``[start, start + length)`` that sit at ``local_start ..`` on a rank."""
 
@@ -122,7 +154,9 @@ class Interleave(Frozen):
         return tuple(runs)
 
 
-Placement: TypeAlias = Annotated[Shard | Replicate | Interleave, Field(discriminator="kind")]
+Placement: TypeAlias = Annotated[
+    Shard | Replicate | ReplicaShard | Interleave, Field(discriminator="kind")
+]
 
 
 def pp_stage_bounds(

@@ -10,7 +10,7 @@ from ._frozen import Frozen
 from .deployment import ENGINES, Deployment, EngineFlavour
 from .dtypes import KvCacheDtype
 from .errors import Refusal, RefusalCode
-from .layouts import ParentPlan, VllmPlan, plan
+from .layouts import plan
 from .model import HybridModel
 
 
@@ -25,7 +25,7 @@ class SweepCell(Frozen):
     packing: str | None = None
     padding: float | None = None
     bytes_per_token: float | None = None
-    unit_bytes: int | None = None
+    block_bytes: int | None = None
 
     @property
     def plannable(self) -> bool:
@@ -53,32 +53,13 @@ def sweep_cell(model: HybridModel, deployment: Deployment) -> SweepCell:
         result = plan(model, deployment)
     except Refusal as refusal:
         return SweepCell.model_validate({**base, "refusal": refusal.code, "message": str(refusal)})
-    if isinstance(result, VllmPlan):
-        padding = (
-            result.kda_page_padding_bytes / result.sizes.kda_state_bytes
-            if result.sizes.kda is not None
-            else 0.0
-        )
-        return SweepCell.model_validate(
-            {
-                **base,
-                "packing": f"block {result.block_tokens}",
-                "padding": padding,
-                "bytes_per_token": result.bytes_per_token,
-                "unit_bytes": result.block_bytes,
-            }
-        )
-    return _parent_cell(base, result)
-
-
-def _parent_cell(base: dict[str, object], result: ParentPlan) -> SweepCell:
     return SweepCell.model_validate(
         {
             **base,
-            "packing": f"{result.packing.mla_pages}/{result.packing.state_pages}",
-            "padding": max(result.padding_fraction.values()),
+            "packing": result.packing_label,
+            "padding": result.worst_padding,
             "bytes_per_token": result.bytes_per_token,
-            "unit_bytes": result.parent_bytes,
+            "block_bytes": result.block_bytes,
         }
     )
 

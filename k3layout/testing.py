@@ -22,7 +22,7 @@ from functools import reduce
 
 from hypothesis import strategies as st
 
-from .deployment import ENGINES, Deployment, EngineFlavour
+from .deployment import CONV_LAYOUTS, ENGINES, Deployment, EngineFlavour
 from .dtypes import KV_CACHE_DTYPES
 from .errors import RefusalCode
 from .layouts.invariants import plan_invariant_violations
@@ -141,6 +141,7 @@ def deployments(
         block_tokens=block,
         max_padding=draw(st.one_of(st.none(), st.floats(0.05, 1.0))),
         replayssm=draw(st.booleans()),
+        conv_layout=draw(st.sampled_from(CONV_LAYOUTS)),
     )
 
 

@@ -45,7 +45,9 @@ def test_kimi_linear_has_7_mla_and_20_kda(kimi_linear: HybridModel) -> None:
 def test_dspark_adds_five_mla_layers_after_the_target(k3_dspark: HybridModel) -> None:
     assert k3_dspark.draft_layer_ids == (93, 94, 95, 96, 97)
     assert k3_dspark.attention_layer_ids[-5:] == (93, 94, 95, 96, 97)
-    assert all(layer.latent_dim == 576 for layer in k3_dspark.draft_layers)
+    assert all(
+        isinstance(layer, MLALayer) and layer.latent_dim == 576 for layer in k3_dspark.draft_layers
+    )
 
 
 def test_config_draft_layers_join_a_loaded_model() -> None:
@@ -189,7 +191,7 @@ def test_models_are_frozen_and_validated() -> None:
         MLALayer(num_heads=0)
     with pytest.raises(ValidationError):
         KDALayer(num_heads=8, head_dim=64, conv_kernel=1)
-    with pytest.raises(ValidationError, match="at least one MLA layer"):
+    with pytest.raises(ValidationError, match="at least one attention layer"):
         HybridModel(name="x", model_type="x", layers=(KDALayer(num_heads=8, head_dim=64),))
     with pytest.raises(ValidationError):
         mla.num_heads = 4  # type: ignore[misc]

@@ -213,7 +213,7 @@ def test_a_chunk_is_valid_exactly_when_every_span_divides_it(ride: RidePlan, chu
 @given(rides())
 def test_dsa_index_regions_fold_into_their_planes(ride: RidePlan) -> None:
     image = ride.image
-    has_index = ride.plan.sizes.attention.index_bytes_per_token > 0
+    has_index = "index" in ride.plan.sizes.attention.part_names
     assert image.num_regions == image.num_planes * (2 if has_index else 1)
     assert image.plane_movable_bytes == (ride.plan.page_bytes,) * image.num_planes
 

@@ -11,9 +11,11 @@ pytest.importorskip("torch")
 
 import torch
 from hypothesis import given, settings
+from pydantic import ValidationError
 from torch_cases import small_plans
 
 from k3layout import (
+    ConvLayout,
     Deployment,
     HybridModel,
     KDALayer,
@@ -21,6 +23,7 @@ from k3layout import (
     ParentPlan,
     Refusal,
     VllmPlan,
+    conv_channel_offset,
     plan_parent,
     plan_vllm,
     preset,
@@ -36,29 +39,29 @@ def k3_plan() -> VllmPlan:
     return plan_vllm(preset("kimi-k3-dspark"), K3_TP8)
 
 
-def test_k3_tp8_kda_views_are_conv_q_k_v_then_the_state_from_the_page_start(
+def test_k3_tp8_kda_views_are_one_conv_tensor_then_the_state_from_the_page_start(
     k3_plan: VllmPlan,
 ) -> None:
     cache = allocate(k3_plan, num_blocks=2)
-    conv_q, conv_k, conv_v, state = cache.layers["model.layers.0.self_attn"]
+    conv, state = cache.layers["model.layers.0.self_attn"]
     rows = 4 - 1 + 2  # K - 1 + s
-    channels = 96 // 8 * 128  # heads on the rank x head dim
-    assert conv_q.shape == (2, rows, channels)  # time-major, vLLM's "DS" layout
+    channels = 3 * 96 // 8 * 128  # q|k|v side by side: 3 x heads on the rank x head dim
+    assert conv.shape == (2, rows, channels)  # time-major, vLLM's default "SD" layout
     assert state.shape == (2, 96 // 8, 128, 128)
-    assert (conv_q.dtype, state.dtype) == (torch.bfloat16, torch.float32)
+    assert (conv.dtype, state.dtype) == (torch.bfloat16, torch.float32)
     page = 1536 * 576  # block 1,536 tokens x 576 B fp8 = 884,736
     plane = cache.planes[0].data_ptr()
-    part = rows * channels * 2  # 15,360 B of bf16
-    assert [t.data_ptr() - plane for t in (conv_q, conv_k, conv_v, state)] == [
+    conv_bytes = rows * channels * 2  # 46,080 B of bf16: 3 * 96 // 8 * 128 * 5 * 2
+    assert conv_bytes == 3 * 96 // 8 * 128 * 5 * 2
+    assert [t.data_ptr() - plane for t in (conv, state)] == [
         0,
-        part,
-        2 * part,
-        3 * part,  # 46,080: the recurrent state follows the three conv parts
+        conv_bytes,  # 46,080: the recurrent state follows the one conv tensor
     ]
-    assert conv_q[1].data_ptr() - conv_q[0].data_ptr() == page  # the page is the block stride
+    assert conv[1].data_ptr() - conv[0].data_ptr() == page  # the page is the block stride
+    assert conv.stride() == (page // 2, channels, 1)
     assert state.stride(0) * 4 == page
     # 832,512 B of state, the rest of the page is padding at its end
-    assert 3 * part + state[0].numel() * 4 == 832_512 < page
+    assert conv_bytes + state[0].numel() * 4 == 832_512 < page
 
 
 def test_k3_tp8_mla_is_latent_rows_in_the_cache_dtype(k3_plan: VllmPlan) -> None:
@@ -88,10 +91,45 @@ def test_the_views_are_the_ones_the_offload_plans_from_the_plane_addresses(
     assert dict(validate(k3_plan, cache.registered).views) == planned
 
 
-def test_channel_major_conv_parts_are_channels_by_rows(k3_plan: VllmPlan) -> None:
-    cache = allocate(k3_plan, num_blocks=1, conv_layout="channel_major")
-    conv_q = cache.layers["model.layers.0.self_attn"][0]
-    assert conv_q.shape == (1, 96 // 8 * 128, 4 - 1 + 2)
+def test_a_ds_conv_state_is_channels_by_rows() -> None:
+    p = plan_vllm(preset("kimi-k3-dspark"), Deployment(attn_tp=8, spec_tokens=2, conv_layout="DS"))
+    conv, state = allocate(p, num_blocks=1).layers["model.layers.0.self_attn"]
+    assert conv.shape == (1, 3 * 96 // 8 * 128, 4 - 1 + 2)
+    assert conv.stride()[1:] == (4 - 1 + 2, 1)
+    # the recurrent state still follows the whole conv tensor
+    assert state.data_ptr() - conv.data_ptr() == 3 * 96 // 8 * 128 * 5 * 2
+
+
+@pytest.mark.parametrize("conv_layout", ["SD", "DS"])
+def test_the_k_channels_of_row_0_sit_where_conv_channel_offset_says(
+    conv_layout: ConvLayout,
+) -> None:
+    deployment = Deployment(attn_tp=8, spec_tokens=2, conv_layout=conv_layout)
+    p = plan_vllm(preset("kimi-k3-dspark"), deployment)
+    cache = allocate(p, num_blocks=2)
+    conv, _ = cache.layers["model.layers.0.self_attn"]
+    spec = p.sizes.spec_of(0)
+    offset = conv_channel_offset(spec, "k", 8)
+    channels = 96 // 8 * 128  # one of q, k, v on the rank
+    # SD [rows, q|k|v]: row 0's k follows row 0's q; DS [q|k|v, rows]: k follows every q row
+    rows = 4 - 1 + 2
+    assert offset == (channels * 2 if conv_layout == "SD" else channels * rows * 2)
+    block = 1
+    if conv_layout == "SD":
+        conv[block, 0, channels : 2 * channels] = torch.arange(channels).to(torch.bfloat16)
+    else:
+        conv[block, channels : 2 * channels, 0] = torch.arange(channels).to(torch.bfloat16)
+    # read the plane's bytes where the k channel c of row 0 should be: the conv tensor's start
+    # in the block, plus the offset, plus c channels further (row-major SD, or c rows in DS)
+    start = conv[block].data_ptr() - cache.planes[0].data_ptr()
+    plane = cache.planes[0].view(-1)
+    step = 2 if conv_layout == "SD" else rows * 2
+    for c in (0, 1, channels - 1):
+        at = start + offset + c * step
+        got = plane[at : at + 2].view(torch.bfloat16).item()
+        assert got == float(torch.tensor(c).to(torch.bfloat16))
+    # ...and nothing before the offset was written: the q channels of row 0 stay zero
+    assert not plane[start : start + offset].any()
 
 
 def test_a_dsa_index_region_follows_the_latent_rows_in_the_page() -> None:
@@ -150,7 +188,7 @@ def test_every_part_sits_at_its_offset_on_its_plane_back_to_back_inside_one_page
             assert tensor.data_ptr() - plane.data_ptr() == part.offset_bytes == end
             end += math.prod(tensor.shape[page_axes:]) * tensor.element_size()
         if layer.kind == "kda":
-            assert end == p.sizes.kda_state_bytes  # conv q, k, v, recurrent: S, nothing else
+            assert end == p.sizes.kda_state_bytes  # conv (q|k|v), recurrent: S, nothing else
         first = cache.layers[layer.name][0]
         # a page's parts never spill into the next page (vllm: the page; parent: p_l states)
         assert end <= first.stride(page_axes - 1) * first.element_size()
@@ -161,13 +199,16 @@ def test_refuses_a_block_count_below_one_and_an_unknown_conv_layout(k3_plan: Vll
         allocate(k3_plan, num_blocks=0)
     assert (refused.value.code, refused.value.facts) == ("invalid_argument", {"num_blocks": "0"})
     with pytest.raises(Refusal) as refused:
-        cache_spec(k3_plan, 1, conv_layout="diagonal")  # type: ignore[arg-type]
-    assert refused.value.code == "invalid_argument"
-    assert refused.value.facts == {"conv_layout": "'diagonal'"}
+        cache_spec(k3_plan, 0)
+    assert (refused.value.code, refused.value.facts) == ("invalid_argument", {"num_blocks": "0"})
+    # the layout is a deployment field now: an unknown one (or an old name) never plans
+    for layout in ("diagonal", "time_major", "channel_major"):
+        with pytest.raises(ValidationError):
+            Deployment.model_validate({"attn_tp": 8, "conv_layout": layout})
 
 
 def test_refuses_a_recurrent_state_that_starts_off_an_fp32_word() -> None:
-    # conv: 3 parts x 1 head x 1 channel x (4 - 1) rows x 2 B = 18 B: the fp32 state would
+    # conv: q|k|v x 1 head x 1 channel x (4 - 1) rows x 2 B = 18 B: the fp32 state would
     # start at byte 18, not a multiple of 4, and vLLM cannot cut it (nor can we).
     kda = KDALayer(num_heads=1, head_dim=1, conv_kernel=4)
     model = HybridModel(

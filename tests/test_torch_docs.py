@@ -12,12 +12,18 @@ pytest.importorskip("torch")
 
 import k3layout.torch
 
-MODULES = ("specs", "allocation", "live", "images", "tables")
+MODULES = (
+    "k3layout.layouts.tensors",
+    "k3layout.torch.allocation",
+    "k3layout.torch.live",
+    "k3layout.torch.images",
+    "k3layout.torch.tables",
+)
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_the_docstring_examples_hold(name: str) -> None:
-    module = importlib.import_module(f"k3layout.torch.{name}")
+    module = importlib.import_module(name)
     failures, attempted = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert attempted > 0 and failures == 0
 

@@ -25,7 +25,7 @@ from k3layout.torch import (
     image_units,
     kv_units,
     pack_units,
-    plane_bytes,
+    plane_view,
     restore_prefix,
     restore_units,
     store_prefix,
@@ -76,16 +76,20 @@ def test_the_image_is_views_of_the_kda_state_no_byte_copied(k3_plan: VllmPlan) -
     for g, group in enumerate(k3_plan.groups[:3]):
         for j, layer in enumerate(group.layers):
             page = units.page(g, j)
-            conv_q = cache.layers[names.name(layer)][0]
+            conv = cache.layers[names.name(layer)][0]
             attention = cache.registered[f"model.layers.{4 * j + 3}.self_attn.attn"]
             assert isinstance(attention, torch.Tensor)
             # the page starts where the layer's state starts: the attention layer's page
-            assert page.data_ptr() == conv_q[blocks[g]].data_ptr()
+            assert page.data_ptr() == conv[blocks[g]].data_ptr()
             assert page.data_ptr() == attention.data_ptr() + blocks[g] * PAGE
             assert page.untyped_storage().data_ptr() == cache.planes[j].data_ptr()
     # a write into a layer's state is a write into the image: one set of bytes
-    cache.layers["model.layers.21.self_attn"][3][0].fill_(2.0)  # group 1 layer 5, block 0
-    assert units.page(1, 5)[-PAGE + 15_360 * 3 : -PAGE + 15_360 * 3 + 4].view(torch.float32) == 2
+    conv, recurrent = cache.layers["model.layers.21.self_attn"]  # group 1 layer 5
+    recurrent[0].fill_(2.0)  # block 0
+    at = 3 * 96 // 8 * 128 * 5 * 2  # 46,080: the recurrent state follows the one conv tensor
+    assert units.page(1, 5)[at : at + 4].view(torch.float32) == 2
+    conv[0, 0, 0] = 3.0  # q channel 0 of row 0: the page's first bytes
+    assert units.page(1, 5)[:2].view(torch.bfloat16) == 3
 
 
 def test_the_packed_tier_holds_each_layers_state_at_its_planned_range() -> None:
@@ -215,7 +219,7 @@ def test_image_refusals_name_units_blocks_and_sizes(k3_plan: VllmPlan) -> None:
     }
     refused = refusal(lambda: PageUnits(planes=(cache.planes[0], cache.planes[0][:1]), blocks=()))
     assert refused.code == "tensor_mismatch"
-    refused = refusal(lambda: plane_bytes(cache.planes[0], 3, PAGE))
+    refused = refusal(lambda: plane_view(cache.planes[0], 3, PAGE))
     assert refused.code == "tensor_mismatch"
     assert refused.facts["storage_bytes"] == 2 * PAGE
 

@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 import torch
 
 from k3layout import (
+    ConvLayout,
     Deployment,
     HybridModel,
     KDALayer,
@@ -22,7 +23,6 @@ from k3layout import (
     plan_vllm,
 )
 from k3layout.model import kimi_layer_pattern
-from k3layout.sizes import ConvLayout
 from k3layout.torch import (
     Allocation,
     BlockTables,
@@ -50,8 +50,8 @@ def small_model(index_bytes: int = 0) -> HybridModel:
     return HybridModel(name="small", model_type="kimi_k3", layers=kimi_layer_pattern(8, mla, kda))
 
 
-def random_cache(p: VllmPlan, seed: int, conv_layout: ConvLayout, stage: int = 0) -> Allocation:
-    cache = allocate(p, NUM_BLOCKS, conv_layout=conv_layout, stage=stage)
+def random_cache(p: VllmPlan, seed: int, stage: int = 0) -> Allocation:
+    cache = allocate(p, NUM_BLOCKS, stage=stage)
     gen = torch.Generator().manual_seed(seed)
     for plane in cache.planes:
         plane.copy_(torch.randint(0, 256, plane.shape, generator=gen, dtype=torch.uint8))
@@ -76,8 +76,9 @@ class Case:
         **common: object,
     ) -> None:
         self.model = small_model(index_bytes)
-        self.prefill = Deployment.model_validate({"attn_tp": tp_p, "pp": pp, **common})
-        self.decode = Deployment.model_validate({"attn_tp": tp_d, **common})
+        both = {"conv_layout": conv_layout, **common}
+        self.prefill = Deployment.model_validate({"attn_tp": tp_p, "pp": pp, **both})
+        self.decode = Deployment.model_validate({"attn_tp": tp_d, **both})
         self.p_plan, self.d_plan = (
             plan_vllm(self.model, self.prefill),
             plan_vllm(self.model, self.decode),
@@ -85,10 +86,9 @@ class Case:
         self.conv_layout = conv_layout
         self.tokens = 2 * self.p_plan.block_tokens
         self.producers = [
-            random_cache(self.p_plan, rank, conv_layout, stage=rank // tp_p)
-            for rank in range(pp * tp_p)
+            random_cache(self.p_plan, rank, stage=rank // tp_p) for rank in range(pp * tp_p)
         ]
-        self.consumers = [random_cache(self.d_plan, 99 + rank, conv_layout) for rank in range(tp_d)]
+        self.consumers = [random_cache(self.d_plan, 99 + rank) for rank in range(tp_d)]
         self.p_tables = [
             block_tables(self.p_plan, self.tokens, range(NUM_BLOCKS), stage=stage)
             for stage in range(pp)
@@ -96,7 +96,7 @@ class Case:
         self.d_tables = block_tables(self.d_plan, self.tokens, range(NUM_BLOCKS - 1, -1, -1))
         self.tiers = [
             store_prefix(
-                validate(self.p_plan, c.registered, conv_layout=conv_layout, stage=rank // tp_p),
+                validate(self.p_plan, c.registered, stage=rank // tp_p),
                 c.registered,
                 self.p_tables[rank // tp_p],
                 self.tokens,
@@ -112,22 +112,13 @@ class Case:
         return self.producers[rank], self.p_tables[stage]
 
     def transfer(self) -> None:
-        plan = plan_transfer(
-            self.model,
-            self.prefill,
-            self.decode,
-            prompt_tokens=self.tokens,
-            conv_layout=self.conv_layout,
-        )
+        plan = plan_transfer(self.model, self.prefill, self.decode, prompt_tokens=self.tokens)
+        assert plan.decode.conv_layout == self.conv_layout
         restore_across_tp(plan, self.tiers, self.targets())
 
     def targets(self) -> list[tuple[LiveLayout, Registered, BlockTables]]:
         return [
-            (
-                validate(self.d_plan, c.registered, conv_layout=self.conv_layout),
-                c.registered,
-                self.d_tables,
-            )
+            (validate(self.d_plan, c.registered), c.registered, self.d_tables)
             for c in self.consumers
         ]
 
@@ -135,11 +126,11 @@ class Case:
 @pytest.mark.parametrize(
     ("pp", "tp_p", "tp_d", "conv_layout", "spec_tokens"),
     [
-        (1, 1, 2, "time_major", 0),
-        (1, 1, 4, "channel_major", 2),
-        (1, 2, 4, "time_major", 1),
-        (1, 2, 2, "channel_major", 0),
-        (2, 1, 2, "time_major", 2),  # each stage stores its own layers' prefix
+        (1, 1, 2, "SD", 0),
+        (1, 1, 4, "DS", 2),
+        (1, 2, 4, "SD", 1),
+        (1, 2, 2, "DS", 0),
+        (2, 1, 2, "SD", 2),  # each stage stores its own layers' prefix
     ],
 )
 def test_each_consumer_gets_its_heads_of_the_state_and_every_latent_row(
@@ -164,23 +155,33 @@ def test_each_consumer_gets_its_heads_of_the_state_and_every_latent_row(
                             as_bytes(producer.layers[name][0][src_block[r]]),
                         )
                     continue
-                *convs, state = producer.layers[name]
-                *got_convs, got_state = consumer.layers[name]
+                conv, state = producer.layers[name]
+                got_conv, got_state = consumer.layers[name]
                 heads = state.shape[1] // k
                 mine = slice(d % k * heads, (d % k + 1) * heads)
                 assert torch.equal(
                     as_bytes(got_state[dst_block[row]]), as_bytes(state[src_block[row]][mine])
                 )
-                width = got_convs[0].shape[2 if conv_layout == "time_major" else 1]
-                cols = slice(d % k * width, (d % k + 1) * width)
-                for part, got in zip(convs, got_convs, strict=True):
-                    source = part[src_block[row]]
-                    want = source[:, cols] if conv_layout == "time_major" else source[cols]
-                    assert torch.equal(as_bytes(got[dst_block[row]]), as_bytes(want))
+                # ONE conv tensor, q|k|v side by side on its channel axis (SD: axis 1 of a
+                # block, DS: axis 0): the consumer's share of each of q, k and v, in order
+                axis = 1 if conv_layout == "SD" else 0
+                source = conv[src_block[row]]
+                got = got_conv[dst_block[row]]
+                width = got.shape[axis] // 3  # a consumer's channels of one of q, k, v
+                held = source.shape[axis] // 3  # the producer's
+                assert held == k * width
+                want = torch.cat(
+                    [
+                        source.narrow(axis, g * held + d % k * width, width)
+                        for g in range(3)  # q, k, v
+                    ],
+                    dim=axis,
+                )
+                assert torch.equal(as_bytes(got), as_bytes(want))
 
 
 def test_dsa_index_rows_travel_with_their_latent_rows() -> None:
-    case = Case(1, 2, "time_major", index_bytes=6)
+    case = Case(1, 2, "SD", index_bytes=6)
     case.transfer()
     name = "model.layers.3.self_attn.attn.indexer.k_cache"
     src = case.producers[0].layers[name][0]
@@ -198,22 +199,20 @@ def refusal(action: Callable[[], object]) -> Refusal:
 
 
 def test_a_transfer_planned_for_another_conv_layout_or_prefix_is_refused() -> None:
-    case = Case(1, 2, "time_major")
+    case = Case(1, 2, "SD")
+    ds = {"conv_layout": "DS"}
     other = plan_transfer(
         case.model,
-        case.prefill,
-        case.decode,
+        case.prefill.model_copy(update=ds),
+        case.decode.model_copy(update=ds),
         prompt_tokens=case.tokens,
-        conv_layout="channel_major",
     )
     refused = refusal(lambda: restore_across_tp(other, case.tiers, case.targets()))
     assert (refused.code, refused.facts) == (
         "tensor_mismatch",
-        {"side": "producer", "conv_layout": "time_major", "transfer_conv_layout": "channel_major"},
+        {"side": "producer", "conv_layout": "SD", "transfer_conv_layout": "DS"},
     )
-    shorter = plan_transfer(
-        case.model, case.prefill, case.decode, prompt_tokens=128, conv_layout="time_major"
-    )
+    shorter = plan_transfer(case.model, case.prefill, case.decode, prompt_tokens=128)
     refused = refusal(lambda: restore_across_tp(shorter, case.tiers, case.targets()))
     assert (refused.code, refused.facts) == (
         "invalid_argument",
@@ -232,10 +231,8 @@ def test_a_transfer_planned_for_another_conv_layout_or_prefix_is_refused() -> No
 
 
 def test_rank_counts_must_match_the_transfer() -> None:
-    case = Case(1, 2, "time_major")
-    plan = plan_transfer(
-        case.model, case.prefill, case.decode, prompt_tokens=case.tokens, conv_layout="time_major"
-    )
+    case = Case(1, 2, "SD")
+    plan = plan_transfer(case.model, case.prefill, case.decode, prompt_tokens=case.tokens)
     refused = refusal(lambda: restore_across_tp(plan, case.tiers, case.targets()[:1]))
     assert (refused.code, refused.facts) == (
         "invalid_argument",
@@ -249,15 +246,9 @@ def test_rank_counts_must_match_the_transfer() -> None:
 
 
 def test_replayssm_records_have_no_bytes_in_the_vllm_layout() -> None:
-    case = Case(1, 2, "time_major")
+    case = Case(1, 2, "SD")
     replay = Deployment(attn_tp=2, replayssm=True)
-    plan = plan_transfer(
-        case.model,
-        Deployment(replayssm=True),
-        replay,
-        prompt_tokens=case.tokens,
-        conv_layout="time_major",
-    )
+    plan = plan_transfer(case.model, Deployment(replayssm=True), replay, prompt_tokens=case.tokens)
     regions = plan.producer_regions(0)
     refused = refusal(lambda: tier_regions(case.tiers[0], regions))
     assert refused.code == "tensor_mismatch"

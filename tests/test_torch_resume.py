@@ -11,9 +11,8 @@ pytest.importorskip("torch")
 
 import torch
 
-from k3layout import Deployment, Refusal, VllmPlan, plan_transfer, plan_vllm
+from k3layout import ConvLayout, Deployment, Refusal, VllmPlan, plan_transfer, plan_vllm
 from k3layout.offload import name_order
-from k3layout.sizes import ConvLayout
 from k3layout.torch import (
     BlockTables,
     PageUnits,
@@ -21,7 +20,7 @@ from k3layout.torch import (
     boundary_blocks,
     pack_units,
     parts_of,
-    plane_bytes,
+    plane_view,
     restore_across_tp,
     restore_prefix,
     restore_units,
@@ -47,24 +46,23 @@ def rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 class Setting:
-    """The tiny model in ``dtype`` on a ``vllm`` plan, a prompt and a boundary of 2 blocks."""
+    """The tiny model in ``dtype`` on a ``vllm`` plan, a prompt and a boundary of 2 blocks
+    (the conv layout is the deployment's)."""
 
     def __init__(
         self,
         dtype: torch.dtype,
         deployment: Deployment,
         config: TinyK3Config | None = None,
-        conv_layout: ConvLayout = "time_major",
     ) -> None:
         self.config = config or TinyK3Config()
         self.model = TinyK3.build(self.config, dtype)
         self.plan = plan_vllm(self.config.model(), deployment)
-        self.conv_layout = conv_layout
         self.tokens = prompt(self.config, self.plan.block_tokens)
         self.boundary = 2 * self.plan.block_tokens
 
     def ranks(self, plan: VllmPlan | None = None, fill: int = 0) -> tuple[Rank, ...]:
-        return tp_ranks(plan or self.plan, NUM_BLOCKS, fill=fill, conv_layout=self.conv_layout)
+        return tp_ranks(plan or self.plan, NUM_BLOCKS, fill=fill)
 
     def cold(self, plan: VllmPlan | None = None) -> torch.Tensor:
         plan = plan or self.plan
@@ -82,16 +80,18 @@ class Setting:
 @pytest.mark.parametrize(
     ("dtype", "kv_dtype", "conv_layout"),
     [
-        (torch.float64, "bf16", "time_major"),
-        (torch.float64, "fp8", "channel_major"),
-        (torch.float32, "bf16", "channel_major"),
-        (torch.float32, "fp8", "time_major"),
+        (torch.float64, "bf16", "SD"),
+        (torch.float64, "fp8", "DS"),
+        (torch.float32, "bf16", "DS"),
+        (torch.float32, "fp8", "SD"),
     ],
 )
 def test_a_prefix_restored_into_other_blocks_resumes_to_the_cold_outputs_bit_for_bit(
     dtype: torch.dtype, kv_dtype: str, conv_layout: ConvLayout
 ) -> None:
-    setting = Setting(dtype, Deployment.model_validate({"kv_dtype": kv_dtype}), None, conv_layout)
+    deployment = Deployment.model_validate({"kv_dtype": kv_dtype, "conv_layout": conv_layout})
+    setting = Setting(dtype, deployment)
+    assert setting.plan.deployment.conv_layout == conv_layout
     cold = setting.cold()
     ranks, prefix_logits, tables = setting.prefix()
     assert torch.equal(prefix_logits, cold[: setting.boundary])
@@ -112,24 +112,30 @@ def test_a_prefix_restored_into_other_blocks_resumes_to_the_cold_outputs_bit_for
     assert (unrestored - cold[setting.boundary :]).abs().max() > 0.1
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize(("tp_p", "tp_d"), [(1, 2), (2, 4)])
+@pytest.mark.parametrize(
+    ("dtype", "tp_p", "tp_d", "conv_layout"),
+    [
+        (torch.float64, 1, 2, "SD"),
+        (torch.float64, 2, 4, "SD"),
+        (torch.float32, 1, 2, "SD"),
+        (torch.float32, 2, 4, "SD"),
+        (torch.float64, 2, 4, "DS"),  # channel-major conv: each rank's q, k, v shares moved
+    ],
+)
 def test_a_prefix_moved_across_tp_by_the_transfer_plan_resumes_to_the_cold_outputs(
-    dtype: torch.dtype, tp_p: int, tp_d: int
+    dtype: torch.dtype, tp_p: int, tp_d: int, conv_layout: ConvLayout
 ) -> None:
-    setting = Setting(dtype, Deployment(attn_tp=tp_p, kv_dtype="bf16"))
-    decode = Deployment(attn_tp=tp_d, kv_dtype="bf16")
+    prefill = Deployment(attn_tp=tp_p, kv_dtype="bf16", conv_layout=conv_layout)
+    setting = Setting(dtype, prefill)
+    decode = Deployment(attn_tp=tp_d, kv_dtype="bf16", conv_layout=conv_layout)
     d_plan = plan_vllm(setting.config.model(), decode)
     assert d_plan.block_tokens == setting.plan.block_tokens  # tiny dims: 128 on both sides
     ranks, _, tables = setting.prefix()
     tiers = [store_prefix(r.layout, r.registered, tables, setting.boundary) for r in ranks]
     transfer = plan_transfer(
-        setting.config.model(),
-        Deployment(attn_tp=tp_p, kv_dtype="bf16"),
-        decode,
-        prompt_tokens=setting.boundary,
-        conv_layout="time_major",
+        setting.config.model(), prefill, decode, prompt_tokens=setting.boundary
     )
+    assert transfer.decode.conv_layout == conv_layout
     resumed_ranks = setting.ranks(d_plan, fill=NAN_BYTES)
     other = block_tables(d_plan, len(setting.tokens), range(NUM_BLOCKS - 1, -1, -1))
     restore_across_tp(transfer, tiers, [(r.layout, r.registered, other) for r in resumed_ranks])
@@ -175,7 +181,7 @@ def test_planes_published_in_name_order_resume_wrong_and_validation_refuses_them
         """What an engine publishing by name would take as the PAGE planes (unchecked)."""
         page = setting.plan.page_bytes
         return tuple(
-            plane_bytes(parts_of(target.registered[name])[0], NUM_BLOCKS, page) for name in order
+            plane_view(parts_of(target.registered[name])[0], NUM_BLOCKS, page) for name in order
         )
 
     n = setting.boundary

@@ -95,17 +95,21 @@ def test_a_missing_and_an_extra_layer_are_named(k3_plan: VllmPlan, cache: Alloca
     }
 
 
-def test_a_kda_layer_needs_its_four_tensors(k3_plan: VllmPlan, cache: Allocation) -> None:
+def test_a_kda_layer_needs_its_two_tensors(k3_plan: VllmPlan, cache: Allocation) -> None:
     registered: Registered = dict(cache.registered)
-    registered["model.layers.4.self_attn"] = cache.layers["model.layers.4.self_attn"][:3]
+    conv, state = cache.layers["model.layers.4.self_attn"]
+    registered["model.layers.4.self_attn"] = (conv,)
     refused = refusal(lambda: validate(k3_plan, registered))
     assert refused.code == "tensor_mismatch"
     # module layer 4 is layer 1 of KDA group 0 (the groups are strided: 0, 4, 8, ...)
     assert refused.facts == {
         **where("model.layers.4.self_attn", "linear_attention_0", 1),
-        "num_tensors": 3,
-        "expected_tensors": 4,
+        "num_tensors": 1,
+        "expected_tensors": 2,
     }
+    # the old three-part conv state: four tensors where the plan has (conv, recurrent)
+    registered["model.layers.4.self_attn"] = (conv, conv, conv, state)
+    assert refusal(lambda: validate(k3_plan, registered)).facts["num_tensors"] == 4
     registered["model.layers.4.self_attn"] = ("conv", "state")  # type: ignore[assignment]
     assert refusal(lambda: validate(k3_plan, registered)).facts["type"] == "tuple"
 
@@ -128,26 +132,33 @@ def test_a_dtype_that_is_not_the_plans(k3_plan: VllmPlan, cache: Allocation) -> 
 def test_a_conv_state_in_the_other_layout_is_a_shape_mismatch(
     k3_plan: VllmPlan, cache: Allocation
 ) -> None:
-    # channel-major views registered where the plan was validated time-major
-    channel_major = allocate(k3_plan, num_blocks=1, conv_layout="channel_major")
-    refused = refusal(lambda: validate(k3_plan, channel_major.registered))
+    # DS (channel-major) views registered where the plan was validated SD (time-major)
+    ds_plan = plan_vllm(k3_plan.model, Deployment(attn_tp=8, spec_tokens=2, conv_layout="DS"))
+    ds = allocate(ds_plan, num_blocks=1)
+    refused = refusal(lambda: validate(k3_plan, ds.registered))
     assert refused.code == "tensor_mismatch"
-    rows, channels = 4 - 1 + 2, 96 // 8 * 128
+    rows, channels = 4 - 1 + 2, 3 * 96 // 8 * 128  # one tensor: q|k|v channels
     assert refused.facts == {
         **where("model.layers.0.self_attn", "linear_attention_0", 0),
-        "part": "conv_q",
+        "part": "conv",
         "shape": (1, channels, rows),
         "expected_shape": (1, rows, channels),
     }
-    validate(k3_plan, channel_major.registered, conv_layout="channel_major")
+    validate(ds_plan, ds.registered)
+    # ...and SD views where the plan is DS, the other way round
+    refused = refusal(lambda: validate(ds_plan, cache.registered))
+    assert (refused.facts["shape"], refused.facts["expected_shape"]) == (
+        (1, rows, channels),
+        (1, channels, rows),
+    )
 
 
 def test_a_wrong_stride_is_refused(k3_plan: VllmPlan) -> None:
     cache = allocate(k3_plan, num_blocks=2)
     registered: Registered = dict(cache.registered)
-    conv_q, conv_k, conv_v, state = cache.layers["model.layers.8.self_attn"]
+    conv, state = cache.layers["model.layers.8.self_attn"]
     # the state copied into its own tensor: the block stride is the state, not the page
-    registered["model.layers.8.self_attn"] = (conv_q, conv_k, conv_v, state.contiguous())
+    registered["model.layers.8.self_attn"] = (conv, state.contiguous())
     refused = refusal(lambda: validate(k3_plan, registered))
     assert refused.code == "tensor_mismatch"
     page = 1536 * 576
@@ -168,7 +179,7 @@ def test_a_kda_layer_cut_from_the_wrong_plane_names_both_planes(
     assert refused.code == "aliasing"
     assert refused.facts == {
         **where("model.layers.5.self_attn", "linear_attention_1", 1),
-        "part": "conv_q",
+        "part": "conv",
         "found_plane": 2,
         "offset_bytes": 0,
         "expected_offset_bytes": 0,
@@ -227,7 +238,7 @@ def test_two_attention_layers_on_one_plane_are_refused(
     assert refused.facts == {
         **where("model.layers.7.self_attn.attn", "full_attention", 1),
         "other_plane": 0,
-        "plane_bytes": 1536 * 576,
+        "plane_span_bytes": 1536 * 576,
     }
 
 
@@ -283,7 +294,7 @@ def test_the_parent_arena_validates_and_refuses_a_misplaced_state() -> None:
 def test_vllms_list_of_state_tensors_is_accepted_and_views_are_named(
     k3_plan: VllmPlan, cache: Allocation
 ) -> None:
-    # vLLM hands a mamba layer's state as a list [conv_q, conv_k, conv_v, recurrent]
+    # vLLM hands a mamba layer's state as a list [conv, recurrent]
     registered = {name: list(parts) for name, parts in cache.layers.items()}
     live = validate(k3_plan, registered)
     view = live.view("model.layers.4.self_attn")

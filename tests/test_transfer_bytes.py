@@ -15,9 +15,8 @@ from hypothesis import given, settings
 from numpy.typing import NDArray
 from test_transfer_properties import TransferInputs, transfer_inputs
 
-from k3layout import Deployment, HybridModel, KDALayer, MLALayer
+from k3layout import ConvLayout, Deployment, HybridModel, KDALayer, MLALayer
 from k3layout.model import kimi_layer_pattern
-from k3layout.sizes import ConvLayout
 from k3layout.transfer import RankPair, RegionField, TransferPlan, plan_transfer
 
 Bytes = NDArray[np.uint8]
@@ -32,15 +31,18 @@ def global_fields(
     unit = model.module_layers[layer]
     if isinstance(unit, MLALayer):
         element = 1 if decode.kv_dtype == "fp8" else 2
-        row = (unit.kv_lora_rank + unit.qk_rope_head_dim) * element + unit.index_bytes_per_token
+        row = (unit.kv_lora_rank + unit.qk_rope_head_dim) * element
         yield "latent", (inputs.prompt_tokens, row), 1, None
+        if unit.index_bytes_per_token:  # a DSA index row is a part of its own
+            yield "index", (inputs.prompt_tokens, unit.index_bytes_per_token), 1, None
         return
+    assert isinstance(unit, KDALayer)  # the small models are MLA and KDA only
     heads, dim = unit.num_heads, unit.head_dim
     rows = unit.conv_kernel - 1 + decode.spec_tokens
-    if inputs.conv_layout == "channel_major":
+    if decode.conv_layout == "DS":
         yield "conv", (3, heads, dim, rows), 2, 1  # q|k|v, head, channel, time; bf16
-    else:
-        yield "conv", (3, rows, heads, dim), 2, 2  # q|k|v, time, head, channel; bf16
+    else:  # SD: ONE tensor (time, q|k|v channels), each group split by heads
+        yield "conv", (rows, 3, heads, dim), 2, 2  # time, q|k|v, head, channel; bf16
     yield "recurrent", (heads, dim, dim), 4, 0  # fp32
     if decode.replayssm:
         length = max(decode.replayssm_cache_len, 2 * (decode.spec_tokens + 1))
@@ -112,7 +114,7 @@ def expected_consumer(
     want: dict[Key, bytes] = {}
     for region in result.consumer_regions(rank):
         array = state[region.key]
-        if region.field == "latent":
+        if region.kind == "page":
             want[region.key] = array[owned].tobytes()
         else:
             want[region.key] = shard(array, axes[region.field], decode.attn_tp, tp_rank)
@@ -146,9 +148,7 @@ def check(
     destination: Callable[[int, Key], Key] = lambda producer, key: key,
 ) -> bool:
     """Whether applying ``pairs`` (the plan's by default) gives every consumer its share."""
-    inputs = TransferInputs(
-        result.model, result.prefill, result.decode, result.prompt_tokens, result.conv_layout
-    )
+    inputs = TransferInputs(result.model, result.prefill, result.decode, result.prompt_tokens)
     state, axes = fill(inputs), head_axes(inputs)
     sources = producer_buffers(result, state, axes)
     got = apply(result, result.pairs if pairs is None else pairs, sources, destination)
@@ -176,17 +176,17 @@ def small_k3_like() -> HybridModel:
     )
 
 
-def pp4_to_tp8_dcp8(conv_layout: ConvLayout = "channel_major") -> TransferPlan:
+def pp4_to_tp8_dcp8(conv_layout: ConvLayout = "SD") -> TransferPlan:
+    shared = {"spec_tokens": 2, "replayssm": True, "conv_layout": conv_layout}
     return plan_transfer(
         small_k3_like(),
-        Deployment(pp=4, attn_tp=2, spec_tokens=2, replayssm=True),
-        Deployment(attn_tp=8, dcp=4, dcp_interleave=2, spec_tokens=2, replayssm=True),
+        Deployment.model_validate({"pp": 4, "attn_tp": 2, **shared}),
+        Deployment.model_validate({"attn_tp": 8, "dcp": 4, "dcp_interleave": 2, **shared}),
         prompt_tokens=37,
-        conv_layout=conv_layout,
     )
 
 
-@pytest.mark.parametrize("conv_layout", ["channel_major", "time_major"])
+@pytest.mark.parametrize("conv_layout", ["SD", "DS"])
 def test_a_pp4_tp2_prefill_lands_byte_for_byte_on_a_tp8_dcp4_decode(
     conv_layout: ConvLayout,
 ) -> None:
@@ -221,9 +221,7 @@ def test_tp_rank_mod_remote_tp_is_right_for_the_latent_only() -> None:
         _, consumer_tp = result.consumer_coords(pair.consumer)
         wrong = stage * tp_p + consumer_tp % tp_p  # tp_rank % remote_tp_size
         modulo.append(RankPair(producer=wrong, consumer=pair.consumer, segments=pair.segments))
-    inputs = TransferInputs(
-        result.model, result.prefill, result.decode, result.prompt_tokens, result.conv_layout
-    )
+    inputs = TransferInputs(result.model, result.prefill, result.decode, result.prompt_tokens)
     state, axes = fill(inputs), head_axes(inputs)
     got = apply(result, tuple(modulo), producer_buffers(result, state, axes))
     for rank in range(tp_d):

@@ -215,16 +215,11 @@ def test_a_side_the_planner_refuses_is_refused_with_the_planners_code(
 
 
 @pytest.mark.parametrize(
-    ("prompt_tokens", "conv_layout", "facts"),
-    [
-        (0, "channel_major", {"prompt_tokens": 0}),
-        (2.5, "channel_major", {"prompt_tokens": 2.5}),
-        (None, "channel_major", {"prompt_tokens": "None"}),
-        (8, "row_major", {"conv_layout": "row_major", "allowed": ("channel_major", "time_major")}),
-    ],
+    ("prompt_tokens", "facts"),
+    [(0, {"prompt_tokens": 0}), (2.5, {"prompt_tokens": 2.5}), (None, {"prompt_tokens": "None"})],
 )
 def test_bad_request_inputs_are_invalid_arguments(
-    k3: HybridModel, prompt_tokens: object, conv_layout: str, facts: dict[str, object]
+    k3: HybridModel, prompt_tokens: object, facts: dict[str, object]
 ) -> None:
     with pytest.raises(Refusal) as refused:
         plan_transfer(
@@ -232,10 +227,16 @@ def test_bad_request_inputs_are_invalid_arguments(
             Deployment(),
             Deployment(),
             prompt_tokens=prompt_tokens,  # type: ignore[arg-type]
-            conv_layout=conv_layout,  # type: ignore[arg-type]
         )
     assert refused.value.code == "invalid_argument"
     assert refused.value.facts == facts
+
+
+def test_conv_layouts_that_differ_between_the_sides_are_refused(k3: HybridModel) -> None:
+    with pytest.raises(Refusal) as refused:
+        plan_transfer(k3, Deployment(conv_layout="DS"), Deployment(), prompt_tokens=8)
+    assert refused.value.code == "model_mismatch"
+    assert refused.value.facts == {"field": "conv_layout", "prefill": "DS", "decode": "SD"}
 
 
 def test_rank_lookups_outside_the_plan_are_invalid_arguments(k3: HybridModel) -> None:

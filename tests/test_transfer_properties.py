@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from k3layout import Deployment, HybridModel, KDALayer, MLALayer, Refusal
 from k3layout.model import kimi_layer_pattern
-from k3layout.sizes import ConvLayout
 from k3layout.transfer import (
     RankPair,
     Segment,
@@ -34,15 +33,10 @@ class TransferInputs(NamedTuple):
     prefill: Deployment
     decode: Deployment
     prompt_tokens: int
-    conv_layout: ConvLayout
 
     def plan(self) -> TransferPlan:
         return plan_transfer(
-            self.model,
-            self.prefill,
-            self.decode,
-            prompt_tokens=self.prompt_tokens,
-            conv_layout=self.conv_layout,
+            self.model, self.prefill, self.decode, prompt_tokens=self.prompt_tokens
         )
 
 
@@ -86,6 +80,7 @@ def transfer_inputs(draw: st.DrawFn) -> TransferInputs:
         "spec_tokens": draw(st.integers(0, 3)),
         "replayssm": draw(st.booleans()),
         "replayssm_cache_len": draw(st.sampled_from((2, 16))),
+        "conv_layout": draw(st.sampled_from(("SD", "DS"))),
     }
     prefill = Deployment.model_validate(
         {
@@ -109,7 +104,6 @@ def transfer_inputs(draw: st.DrawFn) -> TransferInputs:
         prefill,
         decode,
         draw(st.integers(1, 80)),
-        draw(st.sampled_from(("channel_major", "time_major"))),
     )
 
 
@@ -190,10 +184,11 @@ def test_replicated_regions_arrive_whole(inputs: TransferInputs) -> None:
 
 
 def _row_bytes(result: TransferPlan) -> int:
-    """Latent row: (kv_lora_rank + rope) elements of 1 (fp8) or 2 (bf16) bytes, + index row."""
+    """Latent row: (kv_lora_rank + rope) elements of 1 (fp8) or 2 (bf16) bytes (a DSA index
+    row is a region of its own)."""
     mla = result.model.mla_layers[0]
     element = 1 if result.decode.kv_dtype == "fp8" else 2
-    return (mla.kv_lora_rank + mla.qk_rope_head_dim) * element + mla.index_bytes_per_token
+    return (mla.kv_lora_rank + mla.qk_rope_head_dim) * element
 
 
 @settings(max_examples=60, deadline=None)

@@ -7,22 +7,26 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 
-from ..deployment import ENGINES, Deployment
+from ..deployment import CONV_LAYOUTS, ENGINES, Deployment
 from ..dtypes import KV_CACHE_DTYPES, KvCacheDtype
 from ..errors import Refusal
 from ..model import PRESETS, HybridModel, load_config, preset
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 EXIT_REFUSED = 2
 
 
 def console() -> Console:
     """stdout console; wide enough for the tables when stdout is not a terminal."""
+    from rich.console import Console  # noqa: PLC0415 - rich only when tables are printed
+
     return Console(highlight=False, width=None if sys.stdout.isatty() else 132)
 
 
@@ -60,6 +64,18 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
         help="padding limit per group (parent; default 0.25, none with draft layers)",
     )
     parser.add_argument("--replayssm", action="store_true", help="ATOM ReplaySSM records")
+    add_conv_layout_option(parser)
+
+
+def add_conv_layout_option(parser: argparse.ArgumentParser) -> None:
+    """``--conv-layout SD|DS``: vLLM's ``VLLM_SSM_CONV_STATE_LAYOUT``."""
+    parser.add_argument(
+        "--conv-layout",
+        choices=CONV_LAYOUTS,
+        default="SD",
+        help="KDA conv state layout, as VLLM_SSM_CONV_STATE_LAYOUT (SD: time-major, the "
+        "default; DS: channel-major)",
+    )
 
 
 def model_from_args(args: argparse.Namespace) -> HybridModel:
@@ -99,6 +115,7 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
         "block_tokens": args.block_tokens,
         "max_padding": args.max_padding,
         "replayssm": args.replayssm,
+        "conv_layout": args.conv_layout,
     }
     return validated(Deployment, {**fields, **override})
 
@@ -166,9 +183,17 @@ def thousands(value: int) -> str:
     return f"{value:,}"
 
 
+def new_table(title: str | None = None, *, show_header: bool = True) -> Table:
+    """An empty table, its title on the left: rich is imported here, only when a command
+    prints tables (``--json`` never does)."""
+    from rich.table import Table  # noqa: PLC0415 - rich only when tables are printed
+
+    return Table(title=title, title_justify="left", show_header=show_header)
+
+
 def summary_table(rows: Sequence[tuple[str, str]]) -> Table:
     """A two-column table of (quantity, value) rows, values right-aligned."""
-    table = Table(show_header=False)
+    table = new_table(show_header=False)
     table.add_column("quantity")
     table.add_column("value", justify="right")
     for quantity, value in rows:

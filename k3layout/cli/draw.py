@@ -19,7 +19,7 @@ import sys
 from typing import TYPE_CHECKING, TypeAlias
 
 from ..deployment import ENGINES
-from ..layouts import ParentPlan, VllmPlan, plan
+from ..layouts import EngineLayout, plan
 from ..offload import checkpoint_image, plane_order
 from ..sweep import SweepCell, default_attn_tps, sweep
 from ..transfer import TransferPlan
@@ -94,7 +94,7 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
     )
 
 
-Planned: TypeAlias = TransferPlan | tuple[SweepCell, ...] | VllmPlan | ParentPlan
+Planned: TypeAlias = TransferPlan | tuple[SweepCell, ...] | EngineLayout
 
 
 def planned(args: argparse.Namespace) -> tuple[Planned, str]:

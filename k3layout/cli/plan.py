@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from rich.table import Table
-
-from ..layouts import ParentPlan, VllmPlan, plan
+from ..layouts import EngineLayout, plan
 from ..layouts.report import report
 from .common import (
     add_deployment_options,
@@ -15,10 +14,14 @@ from .common import (
     deployment_from_args,
     format_layers,
     model_from_args,
+    new_table,
     run_refusing,
     summary_table,
     thousands,
 )
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 GIB = 1 << 30
 
@@ -54,107 +57,58 @@ def run(args: argparse.Namespace) -> int:
     return run_refusing(action, args.json)
 
 
-def _size_rows(result: VllmPlan | ParentPlan) -> list[tuple[str, str]]:
+def _size_rows(result: EngineLayout) -> list[tuple[str, str]]:
     sizes = result.sizes
+    tp = sizes.attn_tp
     rows = [
-        ("MLA bytes / token / layer", thousands(sizes.attention.bytes_per_token)),
-        ("MLA page (128 tokens)", thousands(sizes.attention.page_bytes())),
+        ("attention bytes / token / layer", thousands(sizes.attention_bytes_per_token)),
+        ("attention page (128 tokens)", thousands(sizes.attention_page_bytes())),
     ]
-    if sizes.kda is not None:
-        kda = sizes.kda
-        rows += [
-            (
-                "KDA conv state (q|k|v)",
-                f"{thousands(kda.conv_bytes)}  {kda.conv_shape('channel_major')}",
-            ),
-            ("KDA recurrent state", f"{thousands(kda.recurrent_bytes)}  {kda.recurrent_shape}"),
-            ("KDA state S(tp, s) / layer", thousands(kda.state_bytes)),
-        ]
+    for spec in sizes.specs:
+        per = "token" if spec.paging == "token" else "slot"
+        for part in spec.parts:
+            rows.append(
+                (
+                    f"{spec.kind.upper()} {part.name} / {per}",
+                    f"{thousands(part.local_bytes(tp))}  {part.engine_shape(tp)} {part.dtype}",
+                )
+            )
+    if sizes.state is not None:
+        rows.append(
+            (f"{sizes.state.kind.upper()} state S(tp, s) / layer", thousands(sizes.state_bytes))
+        )
     return rows
 
 
-def _layout_rows(result: VllmPlan | ParentPlan) -> list[tuple[str, str]]:
-    if isinstance(result, VllmPlan):
-        return [
-            ("block tokens", thousands(result.block_tokens)),
-            ("page bytes (per layer)", thousands(result.page_bytes)),
-            ("planes (group_size)", thousands(result.num_planes)),
-            ("block bytes", thousands(result.block_bytes)),
-            ("KDA page padding bytes", thousands(result.kda_page_padding_bytes)),
-            (
-                "spans: attention / KDA tokens",
-                f"{thousands(result.attention_span_tokens)} / {thousands(result.kda_span_tokens)}",
-            ),
-        ]
-    rows = [
-        ("planes", thousands(result.num_planes)),
-        ("packing p_m / p_l", f"{result.packing.mla_pages} / {result.packing.state_pages}"),
-        ("plane bytes", thousands(result.packing.plane_bytes)),
-        ("parent bytes", thousands(result.parent_bytes)),
-        ("padding limit", "none" if result.max_padding is None else f"{result.max_padding:g}"),
-    ]
-    rule = result.rule_1152
-    if rule is not None:
-        verdict = "chosen" if rule.chosen else f"passed over: {rule.reason}"
-        rows.append(("#1152 rule", f"{rule.mla_pages}/{rule.state_pages}, {verdict}"))
-    return rows
-
-
-def _capacity_rows(
-    result: VllmPlan | ParentPlan, budget_bytes: int, max_live: int
-) -> list[tuple[str, str]]:
-    if isinstance(result, VllmPlan):
-        blocks = result.num_blocks(budget_bytes)
-        return [
-            ("blocks in budget", thousands(blocks)),
-            ("attention tokens", thousands(blocks * result.attention_span_tokens)),
-        ]
-    parents = result.parents_for_budget(budget_bytes)
-    return [
-        ("parents in budget (+1 null)", thousands(parents)),
-        (
-            f"token capacity (max_live {max_live})",
-            thousands(result.token_capacity(parents, max_live)),
-        ),
-    ]
-
-
-def _groups_table(result: VllmPlan | ParentPlan) -> Table:
-    table = Table(title="groups", title_justify="left")
+def _groups_table(result: EngineLayout) -> Table:
+    table = new_table("groups")
     for column in ("group", "kind", "layers", "module layers"):
         table.add_column(column)
-    if isinstance(result, ParentPlan):
-        for column in ("pages / parent", "padding", "utilization"):
-            table.add_column(column, justify="right")
+    extra = result.group_columns()
+    columns = list(next(iter(extra.values()), {}))
+    for column in columns:
+        table.add_column(column, justify="right")
     for group in result.groups:
         row = [group.name, group.kind, str(len(group.layers)), format_layers(group.layers)]
-        if isinstance(result, ParentPlan):
-            row += [
-                str(result.packing_by_group[group.name]),
-                f"{result.padding_fraction[group.name]:.3f}",
-                f"{result.utilization[group.name]:.3f}",
-            ]
-        table.add_row(*row)
+        table.add_row(*row, *(extra[group.name][c] for c in columns))
     return table
 
 
-def _stages_table(result: VllmPlan | ParentPlan) -> Table:
-    table = Table(title="pipeline stages", title_justify="left")
+def _stages_table(result: EngineLayout) -> Table:
+    table = new_table("pipeline stages")
     for column in ("stage", "module layers", "planes", "bytes / block or parent"):
         table.add_column(column)
     for stage in result.stages:
-        unit = (
-            result.stage_block_bytes(stage.index)
-            if isinstance(result, VllmPlan)
-            else result.stage_parent_bytes(stage.index)
-        )
         table.add_row(
-            str(stage.index), format_layers(stage.layers), str(stage.num_planes), thousands(unit)
+            str(stage.index),
+            format_layers(stage.layers),
+            str(stage.num_planes),
+            thousands(result.stage_block_bytes(stage.index)),
         )
     return table
 
 
-def show(result: VllmPlan | ParentPlan, budget_bytes: int | None, max_live: int) -> None:
+def show(result: EngineLayout, budget_bytes: int | None, max_live: int) -> None:
     """Print a plan as tables: sizes and layout, groups, and stages (with PP)."""
     out = console()
     d = result.deployment
@@ -163,10 +117,10 @@ def show(result: VllmPlan | ParentPlan, budget_bytes: int | None, max_live: int)
         f"pp {d.pp} | dcp {d.dcp} | {d.kv_dtype} | spec {d.spec_tokens}",
         style="bold",
     )
-    rows = _size_rows(result) + _layout_rows(result)
+    rows = _size_rows(result) + result.summary()
     rows.append(("bytes / token", f"{result.bytes_per_token:,.1f}"))
     if budget_bytes is not None:
-        rows += _capacity_rows(result, budget_bytes, max_live)
+        rows += result.capacity_summary(budget_bytes, max_live)
     out.print(summary_table(rows))
     out.print(_groups_table(result))
     if len(result.stages) > 1:

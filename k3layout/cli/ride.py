@@ -6,7 +6,6 @@ import argparse
 from typing import get_args
 
 from pydantic import ValidationError
-from rich.table import Table
 
 from ..errors import Refusal
 from ..layouts import plan
@@ -28,6 +27,7 @@ from .common import (
     console,
     deployment_from_args,
     model_from_args,
+    new_table,
     run_refusing,
     summary_table,
     thousands,
@@ -149,7 +149,7 @@ def show(report: RideReport) -> None:
             ("load destination row", "none" if load is None else f"{load.row} in every KDA group"),
         ]
     out.print(summary_table(rows))
-    table = Table(title="PAGE planes in publish order", title_justify="left")
+    table = new_table("PAGE planes in publish order")
     for column in ("plane", "given plane", "attention layer", "module layer", "allocation plane"):
         table.add_column(column)
     table.add_column("riders (KDA group:module layer)")

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from rich.table import Table
-
 from ..deployment import ENGINES
 from ..sweep import SweepCell, default_attn_tps, sweep
 from .common import (
@@ -15,6 +13,7 @@ from .common import (
     console,
     deployment_from_args,
     model_from_args,
+    new_table,
     parse_dtypes,
     parse_ints,
     run_refusing,
@@ -49,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps([cell.model_dump(mode="json") for cell in cells], indent=2))
             return 0
-        table = Table(title=f"{model.name}: attention TP x dtype", title_justify="left")
+        table = new_table(f"{model.name}: attention TP x dtype")
         table.add_column("attn_tp", justify="right")
         for dtype in dtypes:
             for engine in ENGINES:

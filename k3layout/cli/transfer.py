@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import get_args
-
-from rich.table import Table
 
 from ..deployment import ENGINES, Deployment
 from ..dtypes import KV_CACHE_DTYPES
 from ..errors import Refusal
-from ..sizes import ConvLayout
 from ..transfer import (
     TransferPlan,
     TransferReport,
@@ -27,9 +23,11 @@ from ..transfer import (
 )
 from ..transfer.pairing import coords_of, dcp_rank_of
 from .common import (
+    add_conv_layout_option,
     add_model_options,
     console,
     model_from_args,
+    new_table,
     run_refusing,
     summary_table,
     thousands,
@@ -69,12 +67,7 @@ def add_transfer_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-dtype", choices=KV_CACHE_DTYPES, default="fp8")
     parser.add_argument("--spec-tokens", type=int, default=0, help="speculative tokens per step")
     parser.add_argument("--dcp-interleave", type=int, default=1, help="decode DCP interleave")
-    parser.add_argument(
-        "--conv-layout",
-        choices=get_args(ConvLayout),
-        default="channel_major",
-        help="KDA conv state layout on both sides",
-    )
+    add_conv_layout_option(parser)
     parser.add_argument("--replayssm", action="store_true", help="ATOM ReplaySSM records")
     parser.add_argument(
         "--chunked",
@@ -108,6 +101,7 @@ def deployments_from_args(args: argparse.Namespace) -> tuple[Deployment, Deploym
         "kv_dtype": args.kv_dtype,
         "spec_tokens": args.spec_tokens,
         "replayssm": args.replayssm,
+        "conv_layout": args.conv_layout,
     }
     prefill = validated(Deployment, {**shared, **parse_topology(args.prefill, "--prefill")})
     decode = validated(
@@ -127,9 +121,7 @@ def transfer_from_args(args: argparse.Namespace) -> TransferPlan:
     prefill, decode = deployments_from_args(args)
     if args.chunked:
         check_admission(model, decode, chunked_transfer=True)
-    return plan_transfer(
-        model, prefill, decode, prompt_tokens=args.prompt_tokens, conv_layout=args.conv_layout
-    )
+    return plan_transfer(model, prefill, decode, prompt_tokens=args.prompt_tokens)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -160,7 +152,7 @@ def show(
     out.print(
         f"{report.model} | prefill {prefill_text} -> decode {decode_text} "
         f"(dcp interleave {decode.dcp_interleave}) | {thousands(report.prompt_tokens)} tokens | "
-        f"{decode.kv_dtype} | spec {decode.spec_tokens} | conv {report.conv_layout}"
+        f"{decode.kv_dtype} | spec {decode.spec_tokens} | conv {decode.conv_layout}"
         + (" | replayssm" if decode.replayssm else ""),
         style="bold",
     )
@@ -182,7 +174,7 @@ def show(
         segments_in[pair.consumer] += pair.segments
         segments_out[pair.producer] += pair.segments
 
-    by_consumer = Table(title="bytes per consumer rank", title_justify="left")
+    by_consumer = new_table("bytes per consumer rank")
     for column in ("rank", "stage", "tp rank", "dcp rank", "producers", "segments"):
         by_consumer.add_column(column)
     for column in ("page bytes", "slot bytes", "bytes"):
@@ -202,7 +194,7 @@ def show(
         )
     out.print(by_consumer)
 
-    by_producer = Table(title="bytes per producer rank", title_justify="left")
+    by_producer = new_table("bytes per producer rank")
     for column in ("rank", "stage", "tp rank", "consumers", "segments"):
         by_producer.add_column(column)
     by_producer.add_column("bytes", justify="right")

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from ..errors import Refusal
-from ..layouts import ParentPlan, VllmPlan
+from ..layouts import EngineLayout
 from ..offload import CheckpointImage, RidePlan, checkpoint_image
 from .figure import (
     CELL_SIZE,
@@ -34,7 +34,7 @@ from .figure import (
 
 
 def image_of(
-    source: CheckpointImage | RidePlan | VllmPlan | ParentPlan, stage: int = 0
+    source: CheckpointImage | RidePlan | EngineLayout, stage: int = 0
 ) -> tuple[CheckpointImage, str | None]:
     """The image to draw and the model's name (``None`` for a bare image): a ride's image, a
     plan's image on ``stage`` (a ``parent`` plan is refused with ``engine_mismatch``)."""
@@ -42,7 +42,7 @@ def image_of(
         return source, None
     if isinstance(source, RidePlan):
         return source.image, source.plan.model.name
-    if isinstance(source, VllmPlan | ParentPlan):
+    if isinstance(source, EngineLayout):
         return checkpoint_image(source, stage=stage), source.model.name
     raise Refusal(
         "invalid_argument",
@@ -52,9 +52,7 @@ def image_of(
     )
 
 
-def draw_image(
-    source: CheckpointImage | RidePlan | VllmPlan | ParentPlan, *, stage: int = 0
-) -> Figure:
+def draw_image(source: CheckpointImage | RidePlan | EngineLayout, *, stage: int = 0) -> Figure:
     """The checkpoint image of one boundary as units (rows) over image planes (columns): each
     KDA layer's state in its page, padding shaded, each unit's byte range beside it.
 

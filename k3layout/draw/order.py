@@ -18,7 +18,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
 from ..errors import Refusal
-from ..layouts import ParentPlan, VllmPlan
+from ..layouts import EngineLayout
 from ..offload import PlaneOrder, RidePlan, plane_order
 from .figure import ATTENTION_COLOUR, FRAME_EDGE, LABEL_COLOUR, new_figure
 
@@ -29,7 +29,7 @@ _KEPT = "#bbbbbb"
 
 
 def order_of(
-    source: PlaneOrder | RidePlan | VllmPlan | ParentPlan, stage: int = 0
+    source: PlaneOrder | RidePlan | EngineLayout, stage: int = 0
 ) -> tuple[PlaneOrder, str | None]:
     """The plane order to draw and the model's name (``None`` for a bare order): a ride's
     order, or a plan's in name order on ``stage`` (a ``parent`` plan is refused)."""
@@ -37,7 +37,7 @@ def order_of(
         return source, None
     if isinstance(source, RidePlan):
         return source.order, source.plan.model.name
-    if isinstance(source, VllmPlan | ParentPlan):
+    if isinstance(source, EngineLayout):
         return plane_order(source, stage=stage), source.model.name
     raise Refusal(
         "invalid_argument",
@@ -47,9 +47,7 @@ def order_of(
     )
 
 
-def draw_plane_order(
-    source: PlaneOrder | RidePlan | VllmPlan | ParentPlan, *, stage: int = 0
-) -> Figure:
+def draw_plane_order(source: PlaneOrder | RidePlan | EngineLayout, *, stage: int = 0) -> Figure:
     """The given publish order beside the ride's (aliased attention layers first), a line per
     attention layer, the image planes coloured with the KDA layers that ride them."""
     order, model_name = order_of(source, stage)

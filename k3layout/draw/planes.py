@@ -25,7 +25,7 @@ from pydantic import NonNegativeInt, PositiveInt
 
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import Group, GroupKind, ParentPlan, VllmPlan
+from ..layouts import EngineLayout, Group, GroupKind, LayoutBase
 from ..layouts.groups import stage_at
 from .figure import (
     CELL_SIZE,
@@ -44,28 +44,28 @@ MAX_DIVIDED_PAGES = 32
 
 class PlaneCell(Frozen):
     """Layer ``layer`` of group ``group`` on plane ``plane``: ``pages`` pages (or state slots)
-    of ``unit_bytes`` each, on a plane of ``plane_bytes``."""
+    of ``payload_bytes`` each, on a plane of ``plane_bytes``."""
 
     plane: NonNegativeInt
     group: str
     kind: GroupKind
     layer: NonNegativeInt
     pages: PositiveInt
-    unit_bytes: PositiveInt
+    payload_bytes: PositiveInt
     plane_bytes: PositiveInt
 
     @property
-    def payload_bytes(self) -> int:
-        """Bytes the layer uses on the plane: ``pages * unit_bytes``."""
-        return self.pages * self.unit_bytes
+    def used_bytes(self) -> int:
+        """Bytes the layer uses on the plane: ``pages * payload_bytes``."""
+        return self.pages * self.payload_bytes
 
     @property
     def padding_bytes(self) -> int:
         """Bytes of the plane the layer leaves unused."""
-        return self.plane_bytes - self.payload_bytes
+        return self.plane_bytes - self.used_bytes
 
 
-def drawn_groups(plan: VllmPlan | ParentPlan, stage: int | None = None) -> tuple[Group, ...]:
+def drawn_groups(plan: EngineLayout, stage: int | None = None) -> tuple[Group, ...]:
     """The groups a picture of ``plan`` shows: the whole model's, or one stage's that hold
     layers (refuses a ``stage`` that is not a pipeline stage)."""
     if stage is None:
@@ -73,7 +73,7 @@ def drawn_groups(plan: VllmPlan | ParentPlan, stage: int | None = None) -> tuple
     return tuple(group for group in stage_at(plan.stages, stage).groups if group.layers)
 
 
-def plane_cells(plan: VllmPlan | ParentPlan, stage: int | None = None) -> tuple[PlaneCell, ...]:
+def plane_cells(plan: EngineLayout, stage: int | None = None) -> tuple[PlaneCell, ...]:
     """Every (group, plane) cell of the planes of one block (``vllm``) or parent (``parent``),
     group by group. ``stage=None`` draws the whole model, else that pipeline stage.
 
@@ -82,30 +82,26 @@ def plane_cells(plan: VllmPlan | ParentPlan, stage: int | None = None) -> tuple[
     >>> len(cells), cells[0].layer, cells[0].padding_bytes  # 29 + 3 x 23; 884,736 - 832,512
     (98, 0, 52224)
     """
-    if not isinstance(plan, VllmPlan | ParentPlan):
+    if not isinstance(plan, LayoutBase):
         raise Refusal(
             "invalid_argument",
             f"draw_planes takes a vllm or parent plan, not {type(plan).__name__}",
             facts={"type": type(plan).__name__},
             hint="pass the result of k3layout.plan(model, deployment)",
         )
-    state_bytes = plan.sizes.kda_state_bytes
+    plane_bytes = plan.block_bytes // plan.num_planes  # one block's (or parent's) plane
     cells: list[PlaneCell] = []
     for group in drawn_groups(plan, stage):
-        if isinstance(plan, VllmPlan):
-            plane_bytes, pages = plan.page_bytes, 1
-            unit = plan.page_bytes if group.kind == "attention" else state_bytes
-        else:
-            plane_bytes, pages = plan.packing.plane_bytes, plan.pages_per_parent(group)
-            unit = plan.unit_bytes(group)
+        unit = plan.payload_bytes(group)
+        pages = plane_bytes // plan.page_stride_bytes(group)
         cells.extend(
             PlaneCell(
-                plane=j,
+                plane=group.plane_of(j),
                 group=group.name,
                 kind=group.kind,
                 layer=layer,
                 pages=pages,
-                unit_bytes=unit,
+                payload_bytes=unit,
                 plane_bytes=plane_bytes,
             )
             for j, layer in enumerate(group.layers)
@@ -113,21 +109,11 @@ def plane_cells(plan: VllmPlan | ParentPlan, stage: int | None = None) -> tuple[
     return tuple(cells)
 
 
-def _subtitle(plan: VllmPlan | ParentPlan, num_planes: int) -> str:
-    if isinstance(plan, VllmPlan):
-        return (
-            f"one block: {plan.block_tokens:,} tokens, a {plan.page_bytes:,} B page per layer "
-            f"on each of {num_planes} planes = {num_planes * plan.page_bytes:,} B"
-        )
-    packing = plan.packing
-    return (
-        f"one parent: packing p_m/p_l {packing.mla_pages}/{packing.state_pages}, "
-        f"{packing.plane_bytes:,} B planes x {num_planes} = "
-        f"{num_planes * packing.plane_bytes:,} B"
-    )
+def _subtitle(plan: EngineLayout, num_planes: int) -> str:
+    return plan.block_caption(num_planes)
 
 
-def draw_planes(plan: VllmPlan | ParentPlan, *, stage: int | None = None) -> Figure:
+def draw_planes(plan: EngineLayout, *, stage: int | None = None) -> Figure:
     """The planes of one block (``vllm``) or one parent (``parent``) of ``plan``: a column per
     plane, a row per group, each layer's page labelled with its module layer, padding shaded.
 
@@ -157,7 +143,7 @@ def draw_planes(plan: VllmPlan | ParentPlan, *, stage: int | None = None) -> Fig
     offset = (1 - CELL_SIZE) / 2
     for cell in cells:
         x, y = cell.plane + offset, rows[cell.group] + offset
-        fraction = cell.payload_bytes / cell.plane_bytes
+        fraction = cell.used_bytes / cell.plane_bytes
         page_cell(
             ax,
             (x, y),
@@ -166,14 +152,14 @@ def draw_planes(plan: VllmPlan | ParentPlan, *, stage: int | None = None) -> Fig
             (f"page.{cell.group}.{cell.layer}", f"padding.{cell.group}.{cell.layer}"),
         )
         if 1 < cell.pages <= MAX_DIVIDED_PAGES:
-            step = CELL_SIZE * cell.unit_bytes / cell.plane_bytes
+            step = CELL_SIZE * cell.payload_bytes / cell.plane_bytes
             dividers.extend(
                 [(x, y + k * step), (x + CELL_SIZE, y + k * step)] for k in range(1, cell.pages)
             )
         middle_page = (cell.pages - 1) // 2 + 0.5  # the label sits on the middle page
         ax.text(
             cell.plane + 0.5,
-            y + CELL_SIZE * middle_page * cell.unit_bytes / cell.plane_bytes,
+            y + CELL_SIZE * middle_page * cell.payload_bytes / cell.plane_bytes,
             str(cell.layer),
             ha="center",
             va="center",

@@ -4,15 +4,19 @@ from .groups import Group, GroupedLayout, GroupKind, PlaneMember, Stage, project
 from .packing import Packing, PackingFrame, RuleCheck
 from .parent import Binding, GroupPages, LayerBinding, ParentPlan
 from .pipeline import Plan, load_plan, plan, plan_parent, plan_vllm, with_engine
+from .protocol import ByteRange, EngineLayout, LayoutBase
 from .vllm import VllmPlan, block_tokens_for
 
 __all__ = [
     "Binding",
+    "ByteRange",
+    "EngineLayout",
     "Group",
     "GroupKind",
     "GroupPages",
     "GroupedLayout",
     "LayerBinding",
+    "LayoutBase",
     "Packing",
     "PackingFrame",
     "ParentPlan",

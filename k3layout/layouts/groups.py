@@ -13,7 +13,8 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, NonNegativeInt
 
-from .._frozen import Frozen
+from .._frozen import Frozen, trusted
+from ..cache import LayerCacheSpec
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
@@ -23,19 +24,28 @@ GroupKind: TypeAlias = Literal["attention", "kda"]
 
 
 class Group(Frozen):
-    """One KV-cache group: ``layers`` are module layer ids in the group's own order."""
+    """One KV-cache group: ``layers`` are module layer ids in the group's own order; the
+    layer at position ``j`` uses plane ``first_plane + j`` (``first_plane`` is 0 except for
+    a parent layout's draft group of its own kind, whose planes follow the target's)."""
 
     name: Annotated[str, Field(min_length=1)]
     kind: GroupKind
     layers: tuple[NonNegativeInt, ...]
+    first_plane: NonNegativeInt = 0
 
     def project(self, stage_layers: frozenset[int]) -> Group:
         """The same group restricted to the layers a stage holds (order kept)."""
-        return Group(
-            name=self.name,
-            kind=self.kind,
-            layers=tuple(layer for layer in self.layers if layer in stage_layers),
+        layers = tuple(layer for layer in self.layers if layer in stage_layers)
+        if len(layers) == len(self.layers):
+            return self
+        # A subsequence of this (validated) group's layers: nothing to re-validate.
+        return trusted(
+            Group, name=self.name, kind=self.kind, layers=layers, first_plane=self.first_plane
         )
+
+    def plane_of(self, position: int) -> int:
+        """The plane of the layer at ``position``."""
+        return self.first_plane + position
 
 
 class PlaneMember(Frozen):
@@ -47,19 +57,25 @@ class PlaneMember(Frozen):
 
 
 def num_planes(groups: tuple[Group, ...]) -> int:
-    """Planes needed so that every group's layer ``j`` has plane ``j``: the longest group."""
-    return max((len(group.layers) for group in groups), default=0)
+    """Planes needed so that every group's layer ``j`` has plane ``first_plane + j``: the
+    longest group (vLLM's ``group_size``)."""
+    return max((group.first_plane + len(group.layers) for group in groups), default=0)
 
 
 def plane_members(groups: tuple[Group, ...]) -> tuple[tuple[PlaneMember, ...], ...]:
-    """For every plane ``j``, the layer at position ``j`` of each group that has one."""
+    """For every plane, the layer of each group that uses it."""
     return tuple(
         tuple(
-            PlaneMember(group=group.name, kind=group.kind, layer=group.layers[j])
+            trusted(
+                PlaneMember,
+                group=group.name,
+                kind=group.kind,
+                layer=group.layers[p - group.first_plane],
+            )
             for group in groups
-            if j < len(group.layers)
+            if 0 <= p - group.first_plane < len(group.layers)
         )
-        for j in range(num_planes(groups))
+        for p in range(num_planes(groups))
     )
 
 
@@ -122,8 +138,15 @@ def project_stages(
         if index == len(bounds) - 1:
             layers += model.draft_layer_ids
         held = frozenset(layers)
+        if len(bounds) == 1:
+            # One stage holds every module layer: each group is its own projection.
+            stages.append(trusted(Stage, index=index, layers=layers, groups=groups))
+            break
+        # Stage bounds and projections of validated groups: nothing to re-validate.
         stages.append(
-            Stage(index=index, layers=layers, groups=tuple(g.project(held) for g in groups))
+            trusted(
+                Stage, index=index, layers=layers, groups=tuple(g.project(held) for g in groups)
+            )
         )
     return tuple(stages)
 
@@ -145,13 +168,18 @@ def split_contiguous(layers: tuple[int, ...], num_groups: int) -> tuple[tuple[in
     return tuple(runs)
 
 
-def group_names(kind: GroupKind, count: int) -> tuple[str, ...]:
+def group_kind(spec: LayerCacheSpec) -> GroupKind:
+    """``attention`` for a token-paged spec, ``kda`` for a state (slot) spec."""
+    return "attention" if spec.paging == "token" else "kda"
+
+
+def group_names(kind: GroupKind, count: int, prefix: str | None = None) -> tuple[str, ...]:
     """tokenspeed's names: ``full_attention`` (``full_attention_i`` when several) and
-    ``linear_attention_0 ..``."""
-    if kind == "attention":
-        return (
-            ("full_attention",)
-            if count == 1
-            else tuple(f"full_attention_{i}" for i in range(count))
-        )
-    return tuple(f"linear_attention_{i}" for i in range(count))
+    ``linear_attention_0 ..``; ``prefix`` (a layer kind, ``gqa``) tells apart the buckets of
+    one group kind (``full_attention_gqa``)."""
+    base = "full_attention" if kind == "attention" else "linear_attention"
+    if prefix is not None:
+        base = f"{base}_{prefix}"
+    if kind == "attention" and count == 1:
+        return (base,)
+    return tuple(f"{base}_{i}" for i in range(count))

@@ -13,12 +13,13 @@ from ..constants import MLA_KERNEL_BLOCK_TOKENS, PARENT_ALIGNMENT_BYTES
 from ..placements import pp_stage_bounds
 from .groups import num_planes
 from .parent import ParentPlan
+from .protocol import EngineLayout
 from .vllm import VllmPlan, block_tokens_for
 
 __all__ = ["plan_invariant_violations"]
 
 
-def _common_violations(result: VllmPlan | ParentPlan) -> list[str]:
+def _common_violations(result: EngineLayout) -> list[str]:
     model = result.model
     problems: list[str] = []
     module_ids = list(range(len(model.module_layers)))
@@ -44,9 +45,9 @@ def _common_violations(result: VllmPlan | ParentPlan) -> list[str]:
             if mine.name != whole.name or mine.layers != kept:
                 problems.append(f"stage {stage.index} group {mine.name} is not a projection")
     sizes = result.sizes
-    if sizes.attention.bytes_per_token <= 0 or (sizes.kda and sizes.kda.state_bytes <= 0):
+    if sizes.attention_bytes_per_token <= 0 or (sizes.state and sizes.state_bytes <= 0):
         problems.append("a size is not positive")
-    if (sizes.kda is None) != (not model.kda_layer_ids):
+    if (sizes.state is None) != (not model.kda_layer_ids):
         problems.append("KDA sizes present without KDA layers (or missing with them)")
     return problems
 
@@ -59,12 +60,12 @@ def _vllm_violations(result: VllmPlan) -> list[str]:
         problems.append(f"block {result.block_tokens} is not a multiple of {align}")
     if result.block_tokens != block_tokens_for(sizes, result.deployment.block_tokens):
         problems.append("block is not the raise of the requested block")
-    if result.page_bytes != result.block_tokens * sizes.attention.bytes_per_token:
+    if result.page_bytes != result.block_tokens * sizes.attention_bytes_per_token:
         problems.append("page is not block x attention bytes per token")
     state = sizes.kda_state_bytes
     if state > result.page_bytes:
         problems.append(f"KDA state {state} does not fit the page {result.page_bytes}")
-    if state and (result.block_tokens - align) * sizes.attention.bytes_per_token >= state:
+    if state and (result.block_tokens - align) * sizes.attention_bytes_per_token >= state:
         problems.append("a smaller block would hold the state: the raise is not minimal")
     if result.block_bytes != result.num_planes * result.page_bytes:
         problems.append("block bytes are not planes x page")

@@ -10,27 +10,20 @@ of every group, so the state rides inside the MLA planes. A parent is one plane 
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from pydantic import NonNegativeInt, PositiveInt, model_validator
 
 from .._derivation import SelfChecked, deriving, is_deriving, mismatch
+from .._frozen import trusted
 from ..constants import DEFAULT_MAX_PADDING_FRACTION, PARENT_PAGE_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
 from ..sizes import RankSizes
-from .groups import (
-    Group,
-    GroupedLayout,
-    GroupKind,
-    Stage,
-    group_names,
-    split_contiguous,
-    stage_at,
-)
+from .groups import Group, GroupKind, Stage, group_names, num_planes, split_contiguous
 from .packing import Packing, PackingFrame, RuleCheck, rule_1152, search_packing
+from .protocol import ByteRange, LayoutBase
 
 
 class GroupPages(SelfChecked):
@@ -150,7 +143,7 @@ class Binding(SelfChecked):
         return (self.num_parents + 1) * self.num_planes * self.plane_bytes
 
 
-class ParentPlan(SelfChecked, GroupedLayout):
+class ParentPlan(SelfChecked, LayoutBase):
     """The parent-block layout of one model under one deployment.
 
     ``groups``, ``num_planes`` (one per MLA layer plus one per draft layer: no state group is
@@ -165,10 +158,6 @@ class ParentPlan(SelfChecked, GroupedLayout):
     """
 
     engine: Literal["parent"] = "parent"
-    model: HybridModel
-    deployment: Deployment
-    sizes: RankSizes
-    stages: tuple[Stage, ...]
     packing: Packing
     max_padding: float | None
     rule_1152: RuleCheck | None
@@ -190,7 +179,7 @@ class ParentPlan(SelfChecked, GroupedLayout):
     @property
     def mla_page_bytes(self) -> int:
         """One 128-token MLA page: 73,728 B fp8 / 147,456 B bf16 for K3."""
-        return self.sizes.attention.page_bytes(PARENT_PAGE_TOKENS)
+        return self.sizes.attention_page_bytes(PARENT_PAGE_TOKENS)
 
     @property
     def full_attention(self) -> Group:
@@ -207,19 +196,22 @@ class ParentPlan(SelfChecked, GroupedLayout):
         """The packing's inputs, for padding and utilization."""
         return PackingFrame(
             mla_page_bytes=self.mla_page_bytes,
-            state_bytes=self.sizes.kda_state_bytes,
+            state_bytes=self.sizes.state_bytes,
             num_planes=self.num_planes,
             groups=self.groups,
             max_padding=self.max_padding,
+            own_pages=own_pages(self.groups, self.sizes),
         )
 
-    def unit_bytes(self, group: Group) -> int:
+    def payload_bytes(self, group: Group) -> int:
         """Payload of one layer of ``group`` on one of its pages: the MLA page or ``S``."""
-        return self.frame.unit_bytes(group)
+        return self.frame.payload_bytes(group)
 
     def pages_per_parent(self, group: Group) -> int:
-        """``p_g``: pages of ``group`` one parent holds."""
-        return self.packing.mla_pages if group.kind == "attention" else self.packing.state_pages
+        """``p_g``: pages of ``group`` one parent holds (``p_m``, ``p_l``, or as many of a
+        draft's own pages as a plane holds)."""
+        packing = self.packing
+        return self.frame.pages_per_plane(group, packing.mla_pages, packing.state_pages)
 
     @property
     def packing_by_group(self) -> dict[str, int]:
@@ -234,6 +226,19 @@ class ParentPlan(SelfChecked, GroupedLayout):
             g.name: frame.padding(g, self.packing.mla_pages, self.packing.state_pages)
             for g in self.groups
         }
+
+    def report_fields(self) -> tuple[dict[str, object], str]:
+        """The report's engine fields, and the name of a stage's unit bytes."""
+        return {
+            "mla_page_bytes": self.mla_page_bytes,
+            "plane_bytes": self.packing.plane_bytes,
+            "parent_bytes": self.parent_bytes,
+            "packing": self.packing_by_group,
+            "padding_fraction": self.padding_fraction,
+            "utilization": self.utilization,
+            "max_padding": self.max_padding,
+            "rule_1152": self.rule_1152,
+        }, "parent_bytes"
 
     @property
     def utilization(self) -> dict[str, float]:
@@ -251,10 +256,10 @@ class ParentPlan(SelfChecked, GroupedLayout):
 
     def stage_parent_bytes(self, stage: int) -> int:
         """Bytes of one parent on a rank of pipeline stage ``stage``."""
-        return stage_at(self.stages, stage).num_planes * self.packing.plane_bytes
+        return self.stage(stage).num_planes * self.packing.plane_bytes
 
     def _frame_groups(self, stage: int | None) -> tuple[Group, ...]:
-        groups = self.groups if stage is None else stage_at(self.stages, stage).groups
+        groups = self.groups if stage is None else self.stage(stage).groups
         return tuple(group for group in groups if group.layers)
 
     def pages_needed(
@@ -303,8 +308,13 @@ class ParentPlan(SelfChecked, GroupedLayout):
             if g.kind == "kda"
         )
         spare = num_parents - state_parents
-        pages = spare * self.packing.mla_pages - (max_live - 1) - protected_pages
-        if spare < 0 or pages < 0:
+        extra = max_live - 1 + protected_pages  # attention pages beyond the tokens' own
+        per_parent = [self.pages_per_parent(g) for g in attention]
+
+        def attention_parents(pages: int) -> int:
+            return sum(-(-(pages + extra) // p) for p in per_parent)
+
+        if spare < 0 or attention_parents(0) > spare:
             raise Refusal(
                 "budget_too_small",
                 f"num_parents={num_parents} cannot hold the state of max_live={max_live} "
@@ -316,6 +326,16 @@ class ParentPlan(SelfChecked, GroupedLayout):
                 },
                 hint="give the cache more parents or admit fewer live requests",
             )
+        # The most token pages every attention group still has parents for: one group in K3
+        # (``spare * p_m - extra``); with a draft of its own pages, searched (monotone).
+        low, high = 0, spare * max(per_parent)
+        while low < high:
+            middle = (low + high + 1) // 2
+            if attention_parents(middle) <= spare:
+                low = middle
+            else:
+                high = middle - 1
+        pages = low
         return pages * PARENT_PAGE_TOKENS
 
     def parents_for_budget(self, budget_bytes: int, stage: int | None = None) -> int:
@@ -342,7 +362,7 @@ class ParentPlan(SelfChecked, GroupedLayout):
                 f"num_parents={num_parents} must be >= 0",
                 facts={"num_parents": num_parents},
             )
-        held = stage_at(self.stages, stage)
+        held = self.stage(stage)
         plane = self.packing.plane_bytes
         plane_span = (num_parents + 1) * plane
         layers: list[LayerBinding] = []
@@ -351,7 +371,7 @@ class ParentPlan(SelfChecked, GroupedLayout):
             if not group.layers:
                 continue
             per_parent = self.pages_per_parent(group)
-            unit = self.unit_bytes(group)
+            unit = self.payload_bytes(group)
             pages.append(
                 GroupPages(
                     group=group.name,
@@ -364,8 +384,8 @@ class ParentPlan(SelfChecked, GroupedLayout):
                     layer=layer,
                     group=group.name,
                     kind=group.kind,
-                    plane=position,
-                    base_offset=position * plane_span,
+                    plane=group.plane_of(position),
+                    base_offset=group.plane_of(position) * plane_span,
                     parent_stride=plane,
                     page_stride=unit,
                     pages_per_parent=per_parent,
@@ -380,6 +400,135 @@ class ParentPlan(SelfChecked, GroupedLayout):
                 groups=tuple(pages),
                 layers=tuple(sorted(layers, key=lambda b: b.layer)),
             )
+
+    # The engine-layout protocol.
+
+    @property
+    def block_bytes(self) -> int:
+        """The parent engine's block is its parent: :attr:`parent_bytes`."""
+        return self.parent_bytes
+
+    @property
+    def packing_label(self) -> str:
+        """How the layout packs, in a few characters: ``12/1`` (``p_m / p_l``)."""
+        return f"{self.packing.mla_pages}/{self.packing.state_pages}"
+
+    @property
+    def worst_padding(self) -> float:
+        """The largest group padding."""
+        return max(self.padding_fraction.values())
+
+    def tokens_per_page(self, group: Group) -> int:
+        """Tokens of one attention page (128); 1 for a state group."""
+        return 1 if self.group_spec(group).paging == "slot" else PARENT_PAGE_TOKENS
+
+    def page_stride_bytes(self, group: Group) -> int:
+        """Bytes between consecutive pages of one layer inside a parent: its unit (the exact
+        page stride of MLA pages, ``S`` for state)."""
+        return self.payload_bytes(group)
+
+    def page_axes(self, group: Group, num_blocks: int) -> tuple[tuple[int, int], ...]:
+        """How one layer's pages repeat on its plane of ``bind(num_blocks)``: attention pages
+        at the exact page stride (``1 + n * p_g`` of them, parents back to back), state pages
+        ``p_l`` per parent at stride ``S``."""
+        unit = self.payload_bytes(group)
+        per_parent = self.pages_per_parent(group)
+        if self.group_spec(group).paging == "token":
+            return ((1 + num_blocks * per_parent, unit),)
+        return ((num_blocks + 1, self.packing.plane_bytes), (per_parent, unit))
+
+    def plane_span_bytes(self, num_blocks: int) -> int:
+        """Bytes of one plane of ``bind(num_blocks)``: the usable parents and the null one."""
+        return (num_blocks + 1) * self.packing.plane_bytes
+
+    def span_tokens(self, group: Group) -> int:
+        """Tokens one page covers: 128 for attention; a state page holds one request."""
+        return self.tokens_per_page(group)
+
+    def stage_block_bytes(self, stage: int) -> int:
+        """Bytes of one parent on a rank of ``stage``."""
+        return self.stage_parent_bytes(stage)
+
+    def blocks_in(self, budget_bytes: int, stage: int | None = None) -> int:
+        """Usable parents in ``budget_bytes`` (:meth:`parents_for_budget`)."""
+        return self.parents_for_budget(budget_bytes, stage)
+
+    def blocks_bytes(self, num_blocks: int, stage: int | None = None) -> int:
+        """Arena bytes of ``num_blocks`` usable parents plus the null parent."""
+        _check_load(0, 1, num_blocks)
+        parent = self.parent_bytes if stage is None else self.stage_parent_bytes(stage)
+        return (num_blocks + 1) * parent
+
+    def byte_range(
+        self, layer: int, part: str, block: int, num_blocks: int, stage: int = 0
+    ) -> ByteRange:
+        """Where ``part`` of page ``block`` of module ``layer`` lies in the arena of
+        ``bind(num_blocks)`` on a rank of ``stage`` (page 0 is the null page)."""
+        self.group_of(layer, stage)  # refuses a layer the stage does not hold
+        binding = next(b for b in self.bind(num_blocks, stage).layers if b.layer == layer)
+        pages = 1 + num_blocks * binding.pages_per_parent
+        if not 0 <= block < pages:
+            raise Refusal(
+                "invalid_argument",
+                f"block={block} is not one of the {pages} pages of layer {layer}",
+                facts={"block": block, "num_pages": pages},
+                hint=f"use 0 <= block < {pages}",
+            )
+        inner = self.part_range(layer, part)
+        return ByteRange(
+            layer=layer,
+            part=part,
+            block=block,
+            offset_bytes=binding.page_offset(block) + inner.offset_bytes,
+            size_bytes=inner.size_bytes,
+        )
+
+    def block_caption(self, num_planes: int) -> str:
+        """One parent in words, for pictures."""
+        packing = self.packing
+        return (
+            f"one parent: packing p_m/p_l {packing.mla_pages}/{packing.state_pages}, "
+            f"{packing.plane_bytes:,} B planes x {num_planes} = "
+            f"{num_planes * packing.plane_bytes:,} B"
+        )
+
+    def summary(self) -> list[tuple[str, str]]:
+        """The layout's numbers as (label, value) rows."""
+        rows = [
+            ("planes", f"{self.num_planes:,}"),
+            ("packing p_m / p_l", f"{self.packing.mla_pages} / {self.packing.state_pages}"),
+            ("plane bytes", f"{self.packing.plane_bytes:,}"),
+            ("parent bytes", f"{self.parent_bytes:,}"),
+            ("padding limit", "none" if self.max_padding is None else f"{self.max_padding:g}"),
+        ]
+        rule = self.rule_1152
+        if rule is not None:
+            verdict = "chosen" if rule.chosen else f"passed over: {rule.reason}"
+            rows.append(("#1152 rule", f"{rule.mla_pages}/{rule.state_pages}, {verdict}"))
+        return rows
+
+    def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:
+        """What ``budget_bytes`` holds, as (label, value) rows."""
+        parents = self.parents_for_budget(budget_bytes)
+        return [
+            ("parents in budget (+1 null)", f"{parents:,}"),
+            (
+                f"token capacity (max_live {max_live})",
+                f"{self.token_capacity(parents, max_live):,}",
+            ),
+        ]
+
+    def group_columns(self) -> dict[str, dict[str, str]]:
+        """Pages per parent, padding and utilization of every group."""
+        padding, utilization = self.padding_fraction, self.utilization
+        return {
+            g.name: {
+                "pages / parent": str(self.packing_by_group[g.name]),
+                "padding": f"{padding[g.name]:.3f}",
+                "utilization": f"{utilization[g.name]:.3f}",
+            }
+            for g in self.groups
+        }
 
 
 def _check_load(tokens: int, max_live: int, protected_pages: int) -> None:
@@ -396,17 +545,55 @@ def _check_load(tokens: int, max_live: int, protected_pages: int) -> None:
             )
 
 
-def group_parent(model: HybridModel) -> tuple[Group, ...]:
+def own_pages(groups: tuple[Group, ...], sizes: RankSizes) -> tuple[tuple[str, int], ...]:
+    """The attention groups whose 128-token page is not the target attention's (a GQA
+    draft), with their page bytes."""
+    primary = sizes.attention
+    pages: list[tuple[str, int]] = []
+    for group in groups:
+        if group.kind != "attention" or not group.layers:
+            continue
+        spec = sizes.spec_of(group.layers[0])
+        if spec != primary:
+            pages.append((group.name, spec.payload_bytes(sizes.attn_tp, PARENT_PAGE_TOKENS)))
+    return tuple(pages)
+
+
+def group_parent(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
     """``full_attention`` (MLA then draft) and the KDA layers split contiguously into
-    ``ceil(kda / planes)`` groups (K3: 69 over 24 planes -> 23, 23, 23)."""
+    ``ceil(kda / planes)`` groups (K3: 69 over 24 planes -> 23, 23, 23).
+
+    Draft layers of another attention kind (a GQA draft) form a group of their own,
+    ``full_attention_<kind>``, on the planes after the target's: one plane per attention
+    layer, as tokenspeed lays out draft planes."""
     attention = model.attention_layer_ids
-    groups = [Group(name="full_attention", kind="attention", layers=attention)]
+    primary = sizes.attention
+    target = tuple(i for i in attention if sizes.spec_of(i) == primary)
+    # Module layer ids and tokenspeed's names: built here, nothing to re-validate.
+    groups = [trusted(Group, name="full_attention", kind="attention", layers=target)]
+    first_plane = len(target)
+    others: dict[str, list[int]] = {}
+    for layer in attention:
+        spec = sizes.spec_of(layer)
+        if spec != primary:
+            others.setdefault(spec.kind, []).append(layer)
+    for kind, layers in others.items():
+        groups.append(
+            trusted(
+                Group,
+                name=f"full_attention_{kind}",
+                kind="attention",
+                layers=tuple(layers),
+                first_plane=first_plane,
+            )
+        )
+        first_plane += len(layers)
     kda = model.kda_layer_ids
     if kda:
-        splits = split_contiguous(kda, math.ceil(len(kda) / len(attention)))
+        splits = split_contiguous(kda, -(-len(kda) // len(attention)))
         names = group_names("kda", len(splits))
         groups.extend(
-            Group(name=n, kind="kda", layers=s) for n, s in zip(names, splits, strict=True)
+            trusted(Group, name=n, kind="kda", layers=s) for n, s in zip(names, splits, strict=True)
         )
     return tuple(groups)
 
@@ -438,18 +625,20 @@ def pack_parent(
     stages: tuple[Stage, ...],
 ) -> ParentPlan:
     """Search the packing for the whole model, report #1152's beside it, build the plan."""
-    frame = PackingFrame(
-        mla_page_bytes=sizes.attention.page_bytes(PARENT_PAGE_TOKENS),
-        state_bytes=sizes.kda_state_bytes,
-        num_planes=len(groups[0].layers),
+    # Sizes and groups the pipeline already validated: nothing to re-validate.
+    frame = trusted(
+        PackingFrame,
+        mla_page_bytes=sizes.attention_page_bytes(PARENT_PAGE_TOKENS),
+        state_bytes=sizes.state_bytes,
+        num_planes=num_planes(groups),
         groups=groups,
         max_padding=default_max_padding(model, deployment),
+        own_pages=own_pages(groups, sizes),
     )
     packing = search_packing(frame)
     return ParentPlan(
         model=model,
         deployment=deployment,
-        sizes=sizes,
         groups=groups,
         stages=stages,
         packing=packing,

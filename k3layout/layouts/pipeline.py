@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Generic, TypeAlias, TypeVar
 
-from pydantic import Field, TypeAdapter
+from pydantic import ConfigDict, Field, TypeAdapter
 
 from .._derivation import deriving
 from ..deployment import Deployment, EngineFlavour
@@ -24,7 +24,9 @@ from .vllm import VllmPlan, group_vllm, pack_vllm
 Plan: TypeAlias = Annotated[VllmPlan | ParentPlan, Field(discriminator="engine")]
 """A plan of either engine, tagged by ``engine``."""
 
-PLAN_ADAPTER: TypeAdapter[VllmPlan | ParentPlan] = TypeAdapter(Plan)
+PLAN_ADAPTER: TypeAdapter[VllmPlan | ParentPlan] = TypeAdapter(
+    Plan, config=ConfigDict(defer_build=True)
+)
 
 
 PlanT = TypeVar("PlanT", VllmPlan, ParentPlan)
@@ -35,7 +37,7 @@ class EngineSeams(Generic[PlanT]):
     """What an engine flavour adds to the pipeline: its refusals, grouping rule and packing."""
 
     check: Callable[[HybridModel, Deployment], None]
-    group: Callable[[HybridModel], tuple[Group, ...]]
+    group: Callable[[HybridModel, RankSizes], tuple[Group, ...]]
     pack: Callable[
         [HybridModel, Deployment, RankSizes, tuple[Group, ...], tuple[Stage, ...]], PlanT
     ]
@@ -81,7 +83,7 @@ def _run(model: HybridModel, deployment: Deployment, seams: EngineSeams[PlanT]) 
     check_parallelism(model, deployment)
     seams.check(model, deployment)
     sizes = rank_sizes(model, deployment)
-    groups = seams.group(model)
+    groups = seams.group(model, sizes)
     stages = project_stages(model, deployment, groups)
     with deriving():  # the plan is its own derivation: its validator need not re-plan
         return seams.pack(model, deployment, sizes, groups, stages)

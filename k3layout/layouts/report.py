@@ -10,50 +10,69 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import Field, TypeAdapter
+from pydantic import ConfigDict, Field, TypeAdapter
 
 from .._frozen import Frozen
+from ..cache import LayerCacheSpec
 from ..deployment import Deployment
 from ..sizes import RankSizes
 from .groups import Group, Stage
 from .packing import RuleCheck
-from .parent import ParentPlan
-from .vllm import VllmPlan
+from .protocol import EngineLayout
 
 SCHEMA_VERSION: Literal[1] = 1
 
 
-class SizesReport(Frozen):
-    """Per-rank, per-layer sizes (``kda_*`` and ``replay_*`` are 0 / empty without KDA)."""
+class PartReport(Frozen):
+    """One part of a layer's cache on one rank: the engine's tensor shape (per token for an
+    attention part, per slot for a state part), dtype and bytes."""
 
-    mla_bytes_per_token: int
-    index_bytes_per_token: int
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    bytes: int
+
+
+class SpecReport(Frozen):
+    """One layer cache spec on one rank: its kind, paging, bytes (per token or per slot)
+    and parts, in page order."""
+
+    kind: str
+    paging: str
+    bytes: int
+    parts: tuple[PartReport, ...]
+
+    @classmethod
+    def of(cls, spec: LayerCacheSpec, tp: int) -> SpecReport:
+        """Spell out ``spec`` at attention TP ``tp``."""
+        parts = tuple(
+            PartReport(
+                name=p.name, dtype=p.dtype, shape=p.engine_shape(tp), bytes=p.local_bytes(tp)
+            )
+            for p in spec.parts
+        )
+        return cls(kind=spec.kind, paging=spec.paging, bytes=spec.payload_bytes(tp), parts=parts)
+
+
+class SizesReport(Frozen):
+    """Per-rank, per-layer sizes: every distinct layer cache spec, and ReplaySSM's records."""
+
     attention_bytes_per_token: int
-    mla_page_bytes: int
-    kda_conv_bytes: int
-    kda_recurrent_bytes: int
-    kda_state_bytes: int
-    kda_conv_shape_channel_major: tuple[int, ...]
-    kda_conv_shape_time_major: tuple[int, ...]
-    kda_recurrent_shape: tuple[int, ...]
-    replay_record_bytes: int
+    attention_page_bytes: int
+    state_bytes: int
+    specs: tuple[SpecReport, ...]
+    replay: SpecReport | None
 
     @classmethod
     def of(cls, sizes: RankSizes) -> SizesReport:
         """Spell out ``sizes``."""
-        kda = sizes.kda
+        tp = sizes.attn_tp
         return cls(
-            mla_bytes_per_token=sizes.attention.latent_bytes_per_token,
-            index_bytes_per_token=sizes.attention.index_bytes_per_token,
-            attention_bytes_per_token=sizes.attention.bytes_per_token,
-            mla_page_bytes=sizes.attention.page_bytes(),
-            kda_conv_bytes=0 if kda is None else kda.conv_bytes,
-            kda_recurrent_bytes=0 if kda is None else kda.recurrent_bytes,
-            kda_state_bytes=sizes.kda_state_bytes,
-            kda_conv_shape_channel_major=() if kda is None else kda.conv_shape("channel_major"),
-            kda_conv_shape_time_major=() if kda is None else kda.conv_shape("time_major"),
-            kda_recurrent_shape=() if kda is None else kda.recurrent_shape,
-            replay_record_bytes=0 if sizes.replay is None else sizes.replay.layer_bytes,
+            attention_bytes_per_token=sizes.attention_bytes_per_token,
+            attention_page_bytes=sizes.attention_page_bytes(),
+            state_bytes=sizes.state_bytes,
+            specs=tuple(SpecReport.of(spec, tp) for spec in sizes.specs),
+            replay=None if sizes.replay is None else SpecReport.of(sizes.replay, tp),
         )
 
 
@@ -120,7 +139,9 @@ class ParentReport(PlanReport):
 
 
 Report: TypeAlias = Annotated[VllmReport | ParentReport, Field(discriminator="engine")]
-REPORT_ADAPTER: TypeAdapter[VllmReport | ParentReport] = TypeAdapter(Report)
+REPORT_ADAPTER: TypeAdapter[VllmReport | ParentReport] = TypeAdapter(
+    Report, config=ConfigDict(defer_build=True)
+)
 
 
 def _stage_fields(stage: Stage) -> dict[str, object]:
@@ -132,47 +153,23 @@ def _stage_fields(stage: Stage) -> dict[str, object]:
     }
 
 
-def report(plan: VllmPlan | ParentPlan) -> VllmReport | ParentReport:
+def report(plan: EngineLayout) -> VllmReport | ParentReport:
     """Every number of ``plan`` under its documented JSON name."""
-    common = {
-        "model": plan.model.name,
-        "deployment": plan.deployment,
-        "kda_state_bytes": plan.sizes.kda_state_bytes,
-        "sizes": SizesReport.of(plan.sizes),
-        "groups": plan.groups,
-        "planes": plan.num_planes,
-        "bytes_per_token": plan.bytes_per_token,
-    }
-    if isinstance(plan, VllmPlan):
-        return VllmReport.model_validate(
-            {
-                **common,
-                "block_tokens": plan.block_tokens,
-                "page_bytes": plan.page_bytes,
-                "block_bytes": plan.block_bytes,
-                "kda_page_padding_bytes": plan.kda_page_padding_bytes,
-                "attention_span_tokens": plan.attention_span_tokens,
-                "kda_span_tokens": plan.kda_span_tokens,
-                "stages": [
-                    {**_stage_fields(s), "block_bytes": plan.stage_block_bytes(s.index)}
-                    for s in plan.stages
-                ],
-            }
-        )
-    return ParentReport.model_validate(
+    fields, stage_key = plan.report_fields()
+    return REPORT_ADAPTER.validate_python(
         {
-            **common,
-            "mla_page_bytes": plan.mla_page_bytes,
-            "plane_bytes": plan.packing.plane_bytes,
-            "parent_bytes": plan.parent_bytes,
-            "packing": plan.packing_by_group,
-            "padding_fraction": plan.padding_fraction,
-            "utilization": plan.utilization,
-            "max_padding": plan.max_padding,
-            "rule_1152": plan.rule_1152,
+            "engine": plan.engine,
+            "model": plan.model.name,
+            "deployment": plan.deployment,
+            "kda_state_bytes": plan.sizes.state_bytes,
+            "sizes": SizesReport.of(plan.sizes),
+            "groups": plan.groups,
+            "planes": plan.num_planes,
+            "bytes_per_token": plan.bytes_per_token,
             "stages": [
-                {**_stage_fields(s), "parent_bytes": plan.stage_parent_bytes(s.index)}
+                {**_stage_fields(s), stage_key: plan.stage_block_bytes(s.index)}
                 for s in plan.stages
             ],
+            **fields,
         }
     )

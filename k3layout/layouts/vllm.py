@@ -18,22 +18,25 @@ from typing import Literal
 from pydantic import PositiveInt, model_validator
 
 from .._derivation import SelfChecked, is_deriving
+from .._frozen import trusted
 from ..constants import MLA_KERNEL_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
 from ..placements import Interleave
 from ..sizes import RankSizes
-from .groups import Group, GroupedLayout, GroupKind, Stage, group_names, split_strided, stage_at
+from .groups import Group, Stage, group_kind, group_names, split_strided
+from .protocol import ByteRange, LayoutBase
 
 
-class VllmPlan(SelfChecked, GroupedLayout):
+class VllmPlan(SelfChecked, LayoutBase):
     """The vLLM hybrid layout of one model under one deployment.
 
     ``groups`` and ``num_planes`` (``group_size``: 29 for K3 + DSpark) describe the whole
     model (vLLM groups globally); each of
     ``stages`` holds the groups projected onto one pipeline stage, which allocates its own
-    planes (``stage_block_bytes``).
+    planes (``stage_block_bytes``). Plane ``j`` of block ``b`` starts at
+    ``(j * num_blocks + b) * page`` of a rank's allocation (layer-outermost, vLLM's default).
 
     A plan built outside :func:`~k3layout.plan` (by hand, :func:`~k3layout.load_plan`, or
     ``model_copy(update=...)``, which re-validates here) is re-planned from its own ``model``
@@ -41,12 +44,8 @@ class VllmPlan(SelfChecked, GroupedLayout):
     """
 
     engine: Literal["vllm"] = "vllm"
-    model: HybridModel
-    deployment: Deployment
-    sizes: RankSizes
     block_tokens: PositiveInt
     page_bytes: PositiveInt
-    stages: tuple[Stage, ...]
 
     @model_validator(mode="after")
     def _is_its_own_derivation(self) -> VllmPlan:
@@ -65,11 +64,12 @@ class VllmPlan(SelfChecked, GroupedLayout):
     @property
     def kda_page_padding_bytes(self) -> int:
         """Bytes a KDA page is padded by to match the attention page (0 without KDA)."""
-        return 0 if self.sizes.kda is None else self.page_bytes - self.sizes.kda_state_bytes
+        return 0 if self.sizes.state is None else self.page_bytes - self.sizes.state_bytes
 
     @property
     def attention_span_tokens(self) -> int:
-        """Tokens one attention block covers: ``block * dcp`` (DCP deals them to ranks)."""
+        """Tokens one block of the target's attention covers: ``block * dcp`` (DCP deals
+        them to ranks)."""
         return self.block_tokens * self.deployment.dcp
 
     @property
@@ -89,19 +89,144 @@ class VllmPlan(SelfChecked, GroupedLayout):
 
     def stage_block_bytes(self, stage: int) -> int:
         """Bytes one block costs on a rank of pipeline stage ``stage``."""
-        return stage_at(self.stages, stage).num_planes * self.page_bytes
+        return self.stage(stage).num_planes * self.page_bytes
 
     def num_blocks(self, budget_bytes: int, stage: int | None = None) -> int:
         """Blocks a rank allocates from ``budget_bytes`` (``budget // (page * group_size)``);
         with ``stage=None`` the fewest over all stages, as vLLM keeps one count for all."""
-        if budget_bytes < 0:
-            raise Refusal(
-                "invalid_argument",
-                f"budget_bytes={budget_bytes} must be >= 0",
-                facts={"budget_bytes": budget_bytes},
-            )
+        _check_non_negative("budget_bytes", budget_bytes)
         indices = range(len(self.stages)) if stage is None else (stage,)
         return min(budget_bytes // self.stage_block_bytes(i) for i in indices)
+
+    # The engine-layout protocol.
+
+    @property
+    def packing_label(self) -> str:
+        """How the layout packs, in a few characters: ``block 1536``."""
+        return f"block {self.block_tokens}"
+
+    @property
+    def worst_padding(self) -> float:
+        """The state page's padding over ``S`` (0 without state layers)."""
+        state = self.sizes.state_bytes
+        return self.kda_page_padding_bytes / state if state else 0.0
+
+    def tokens_per_page(self, group: Group) -> int:
+        """Tokens of an attention group's page on a rank (the block, scaled for a spec whose
+        rows are smaller, as vLLM unifies page sizes); 1 for a state group."""
+        spec = self.group_spec(group)
+        if spec.paging == "slot":
+            return 1
+        return self.page_bytes // spec.bytes_per_token(self.deployment.attn_tp)
+
+    def payload_bytes(self, group: Group) -> int:
+        """Payload of one layer of ``group`` on one page: the attention page, or ``S``."""
+        return self.group_spec(group).payload_bytes(
+            self.deployment.attn_tp, self.tokens_per_page(group)
+        )
+
+    def page_stride_bytes(self, group: Group) -> int:
+        """Bytes between blocks ``b`` and ``b + 1`` of one layer: the page."""
+        return self.page_bytes
+
+    def page_axes(self, group: Group, num_blocks: int) -> tuple[tuple[int, int], ...]:
+        """How one layer's pages repeat on its plane: ``(count, stride in bytes)`` per axis;
+        ``num_blocks`` blocks of one page each."""
+        return ((num_blocks, self.page_bytes),)
+
+    def plane_span_bytes(self, num_blocks: int) -> int:
+        """Bytes of one plane holding ``num_blocks`` blocks."""
+        return num_blocks * self.page_bytes
+
+    def span_tokens(self, group: Group) -> int:
+        """Tokens one block of ``group`` covers: ``page tokens * dcp`` for attention, the
+        block for state (one checkpoint per block in ``align`` mode)."""
+        if self.group_spec(group).paging == "slot":
+            return self.block_tokens
+        return self.tokens_per_page(group) * self.deployment.dcp
+
+    def blocks_in(self, budget_bytes: int, stage: int | None = None) -> int:
+        """Blocks in ``budget_bytes`` (:meth:`num_blocks`)."""
+        return self.num_blocks(budget_bytes, stage)
+
+    def blocks_bytes(self, num_blocks: int, stage: int | None = None) -> int:
+        """Bytes ``num_blocks`` blocks cost on a rank (the costliest stage when ``None``)."""
+        _check_non_negative("num_blocks", num_blocks)
+        indices = range(len(self.stages)) if stage is None else (stage,)
+        return max(num_blocks * self.stage_block_bytes(i) for i in indices)
+
+    def byte_range(
+        self, layer: int, part: str, block: int, num_blocks: int, stage: int = 0
+    ) -> ByteRange:
+        """Where ``part`` of module ``layer``'s page of block ``block`` lies in a rank of
+        ``stage`` holding ``num_blocks`` blocks: plane ``j`` (the layer's position in its
+        group) starts at ``j * num_blocks * page``, block ``b`` at ``b * page`` in it."""
+        _check_block(block, num_blocks)
+        _, position = self.group_of(layer, stage)
+        inner = self.part_range(layer, part)
+        offset = (position * num_blocks + block) * self.page_bytes + inner.offset_bytes
+        return ByteRange(
+            layer=layer, part=part, block=block, offset_bytes=offset, size_bytes=inner.size_bytes
+        )
+
+    def block_caption(self, num_planes: int) -> str:
+        """One block in words, for pictures."""
+        return (
+            f"one block: {self.block_tokens:,} tokens, a {self.page_bytes:,} B page per layer "
+            f"on each of {num_planes} planes = {num_planes * self.page_bytes:,} B"
+        )
+
+    def summary(self) -> list[tuple[str, str]]:
+        """The layout's numbers as (label, value) rows."""
+        return [
+            ("block tokens", f"{self.block_tokens:,}"),
+            ("page bytes (per layer)", f"{self.page_bytes:,}"),
+            ("planes (group_size)", f"{self.num_planes:,}"),
+            ("block bytes", f"{self.block_bytes:,}"),
+            ("KDA page padding bytes", f"{self.kda_page_padding_bytes:,}"),
+            (
+                "spans: attention / KDA tokens",
+                f"{self.attention_span_tokens:,} / {self.kda_span_tokens:,}",
+            ),
+        ]
+
+    def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:
+        """What ``budget_bytes`` holds, as (label, value) rows."""
+        blocks = self.num_blocks(budget_bytes)
+        return [
+            ("blocks in budget", f"{blocks:,}"),
+            ("attention tokens", f"{blocks * self.attention_span_tokens:,}"),
+        ]
+
+    def group_columns(self) -> dict[str, dict[str, str]]:
+        """Per-group numbers beyond name, kind and layers (none for vLLM)."""
+        return {group.name: {} for group in self.groups}
+
+    def report_fields(self) -> tuple[dict[str, object], str]:
+        """The report's engine fields, and the name of a stage's unit bytes."""
+        return {
+            "block_tokens": self.block_tokens,
+            "page_bytes": self.page_bytes,
+            "block_bytes": self.block_bytes,
+            "kda_page_padding_bytes": self.kda_page_padding_bytes,
+            "attention_span_tokens": self.attention_span_tokens,
+            "kda_span_tokens": self.kda_span_tokens,
+        }, "block_bytes"
+
+
+def _check_non_negative(name: str, value: int) -> None:
+    if value < 0:
+        raise Refusal("invalid_argument", f"{name}={value} must be >= 0", facts={name: value})
+
+
+def _check_block(block: int, num_blocks: int) -> None:
+    if not 0 <= block < num_blocks:
+        raise Refusal(
+            "invalid_argument",
+            f"block={block} is not one of num_blocks={num_blocks} blocks",
+            facts={"block": block, "num_blocks": num_blocks},
+            hint=f"use 0 <= block < {num_blocks}",
+        )
 
 
 def block_tokens_for(sizes: RankSizes, requested: int | None) -> int:
@@ -112,31 +237,35 @@ def block_tokens_for(sizes: RankSizes, requested: int | None) -> int:
     1536
     """
     align = max(MLA_KERNEL_BLOCK_TOKENS, requested or 0)
-    if sizes.kda is None:
+    if sizes.state is None:
         return align
-    return align * math.ceil(sizes.kda.state_bytes / (align * sizes.attention.bytes_per_token))
+    per_block = align * sizes.attention_bytes_per_token
+    return align * -(-sizes.state_bytes // per_block)
 
 
-def group_vllm(model: HybridModel) -> tuple[Group, ...]:
-    """vLLM's grouping: buckets in first-appearance (module) order, strided split.
+def group_vllm(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
+    """vLLM's grouping: one bucket per distinct cache spec, in first-appearance (module)
+    order, strided split.
 
     K3 + DSpark: buckets KDA 69 and attention 29; 69 >= 1.5 x 29 so ``group_size`` = 29 and
     KDA splits into ceil(69/29) = 3 groups of 23, 23, 23 (KDA first: module layer 0 is KDA).
     """
-    buckets: dict[GroupKind, tuple[int, ...]] = {}
-    for layer_id, layer in enumerate(model.module_layers):
-        kind: GroupKind = "attention" if layer.kind == "mla" else "kda"
-        buckets[kind] = (*buckets.get(kind, ()), layer_id)
+    buckets: dict[int, list[int]] = {}
+    for layer_id, spec_index in enumerate(sizes.layer_specs):
+        buckets.setdefault(spec_index, []).append(layer_id)
     smallest = min(len(ids) for ids in buckets.values())
     largest = max(len(ids) for ids in buckets.values())
     ratio_num, ratio_den = VLLM_GROUP_SIZE_RATIO
     group_size = largest if largest * ratio_den < smallest * ratio_num else smallest
+    kinds = {index: group_kind(sizes.specs[index]) for index in buckets}
     groups: list[Group] = []
-    for kind, ids in buckets.items():
-        splits = split_strided(ids, math.ceil(len(ids) / group_size))
-        names = group_names(kind, len(splits))
+    for index, ids in buckets.items():
+        kind = kinds[index]
+        splits = split_strided(tuple(ids), -(-len(ids) // group_size))
+        prefix = None if list(kinds.values()).count(kind) == 1 else sizes.specs[index].kind
+        names = group_names(kind, len(splits), prefix)
         groups.extend(
-            Group(name=n, kind=kind, layers=s) for n, s in zip(names, splits, strict=True)
+            trusted(Group, name=n, kind=kind, layers=s) for n, s in zip(names, splits, strict=True)
         )
     return tuple(groups)
 
@@ -149,7 +278,8 @@ def pack_vllm(
     stages: tuple[Stage, ...],
 ) -> VllmPlan:
     """Raise the block, size the shared page and check DCP's interleave against it."""
-    block = block_tokens_for(sizes, deployment.block_tokens)
+    page = unified_page_bytes(sizes, block_tokens_for(sizes, deployment.block_tokens))
+    block = page // sizes.attention_bytes_per_token
     if block % deployment.dcp_interleave:
         raise Refusal(
             "dcp_interleave",
@@ -162,9 +292,38 @@ def pack_vllm(
     return VllmPlan(
         model=model,
         deployment=deployment,
-        sizes=sizes,
         block_tokens=block,
-        page_bytes=block * sizes.attention.bytes_per_token,
+        page_bytes=page,
         groups=groups,
         stages=stages,
     )
+
+
+def unified_page_bytes(sizes: RankSizes, block: int) -> int:
+    """One page size for every group, as vLLM unifies them: the largest attention page at
+    ``block`` tokens; every other attention spec's page must divide it (its block grows by
+    the ratio) and a state slot is padded up to it. Refuses (``page_size``) otherwise."""
+    tp = sizes.attn_tp
+    pages = {
+        spec.kind: block * spec.bytes_per_token(tp)
+        for spec in sizes.specs
+        if spec.paging == "token"
+    }
+    page = max(pages.values())
+    for kind, size in pages.items():
+        if page % size:
+            largest = max(pages, key=lambda k: pages[k])
+            raise Refusal(
+                "page_size",
+                f"{kind} page of {size} B does not divide the {largest} page of {page} B at "
+                f"block_tokens={block}: vLLM cannot give the groups one page size",
+                facts={
+                    "kind": kind,
+                    "page_bytes": size,
+                    "largest_kind": largest,
+                    "largest_page_bytes": page,
+                    "block_tokens": block,
+                },
+                hint="pick layer dimensions whose per-token bytes divide one another",
+            )
+    return page

@@ -33,7 +33,7 @@ from .spec import HybridModel
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
 
 class _LinearAttnConfig(_Lenient):

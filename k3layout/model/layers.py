@@ -1,59 +1,24 @@
-"""The two layer kinds of a hybrid model and their cache-relevant dimensions."""
+"""The layer kinds a hybrid model is made of, tagged by ``kind``.
+
+Each kind is one module of :mod:`k3layout.cache` holding its record and its cache spec:
+MLA (:mod:`~k3layout.cache.mla`), KDA (:mod:`~k3layout.cache.kda`) and GQA
+(:mod:`~k3layout.cache.gqa`). A new kind is a new module there and one name here.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, TypeAlias
+from typing import Annotated, TypeAlias
 
-from pydantic import Field, PositiveInt
+from pydantic import Field
 
-from .._frozen import Frozen
+from ..cache.gqa import GQALayer
+from ..cache.kda import KDALayer
+from ..cache.mla import MLALayer
 
+Layer: TypeAlias = Annotated[MLALayer | KDALayer | GQALayer, Field(discriminator="kind")]
+"""One layer of a hybrid model, tagged by ``kind`` (``"mla"``, ``"kda"`` or ``"gqa"``)."""
 
-class MLALayer(Frozen):
-    """An MLA attention layer: one latent head (``kv_lora_rank + qk_rope_head_dim`` elements
-    per token) cached and replicated on every TP rank; ``num_heads`` query heads are split by TP.
+AnyLayer: TypeAlias = MLALayer | KDALayer | GQALayer
+"""The layer records, untagged (for annotations)."""
 
-    ``index_bytes_per_token`` is a DSA indexer's ``index_cache`` row (132 for DeepSeek-V3.2 and
-    GLM-5.x), 0 for none. The planner folds it into the layer that owns it.
-    """
-
-    kind: Literal["mla"] = "mla"
-    num_heads: PositiveInt
-    kv_lora_rank: PositiveInt = 512
-    qk_rope_head_dim: PositiveInt = 64
-    qk_nope_head_dim: PositiveInt = 128
-    v_head_dim: PositiveInt = 128
-    q_lora_rank: PositiveInt | None = None
-    index_bytes_per_token: Annotated[int, Field(ge=0)] = 0
-
-    @property
-    def latent_dim(self) -> int:
-        """Cached elements per token: ``kv_lora_rank + qk_rope_head_dim`` (576 for K3)."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
-
-    @property
-    def cache_geometry(self) -> tuple[int, int, int]:
-        """What decides the layer's cache bytes: (kv_lora_rank, rope dim, index bytes)."""
-        return (self.kv_lora_rank, self.qk_rope_head_dim, self.index_bytes_per_token)
-
-
-class KDALayer(Frozen):
-    """A KDA (Kimi Delta Attention) layer: a fixed-size per-request state, head-sharded by TP.
-
-    The state is three causal short convolutions (q|k|v, ``num_heads * head_dim`` channels each,
-    ``conv_kernel - 1`` rows of history) and a ``(num_heads, head_dim, head_dim)`` recurrence.
-    """
-
-    kind: Literal["kda"] = "kda"
-    num_heads: PositiveInt
-    head_dim: PositiveInt
-    conv_kernel: Annotated[int, Field(ge=2)] = 4
-
-    @property
-    def cache_geometry(self) -> tuple[int, int, int]:
-        """What decides the layer's state bytes: (num_heads, head_dim, conv_kernel)."""
-        return (self.num_heads, self.head_dim, self.conv_kernel)
-
-
-Layer: TypeAlias = Annotated[MLALayer | KDALayer, Field(discriminator="kind")]
-"""One layer of a hybrid model, tagged by ``kind`` (``"mla"`` or ``"kda"``)."""
+__all__ = ["AnyLayer", "GQALayer", "KDALayer", "Layer", "MLALayer"]

@@ -10,7 +10,7 @@ convention (:mod:`k3layout.offload.names`). Every function takes a pipeline ``st
 from .aliasing import Misplaced, MisplacedBy, aliasing_problems, check_aliasing
 from .image import (
     CheckpointImage,
-    PublishedPlane,
+    PageRegion,
     RegionPart,
     StateRange,
     checkpoint_image,
@@ -44,9 +44,9 @@ __all__ = [
     "MambaCacheMode",
     "Misplaced",
     "MisplacedBy",
+    "PageRegion",
     "PlaneOrder",
     "PlaneShare",
-    "PublishedPlane",
     "RegionPart",
     "RideOptions",
     "RidePlan",

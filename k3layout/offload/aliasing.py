@@ -26,7 +26,7 @@ from pydantic import NonNegativeInt
 
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import ParentPlan, VllmPlan
+from ..layouts import EngineLayout
 from .names import LayerNames, engine_layer_names
 from .plane_order import check_permutation, stage_attention_names
 from .stage import image_attention_layers, kda_groups, ride_stage, vllm_plan_of
@@ -79,7 +79,7 @@ def _locate(
 
 
 def aliasing_problems(
-    plan: VllmPlan | ParentPlan,
+    plan: EngineLayout,
     views: Mapping[str, TensorView],
     published: Sequence[str],
     *,
@@ -169,7 +169,7 @@ def _rule_broken(first: Misplaced, published: Sequence[str], page: int) -> str:
 
 
 def check_aliasing(
-    plan: VllmPlan | ParentPlan,
+    plan: EngineLayout,
     views: Mapping[str, TensorView],
     published: Sequence[str],
     *,

@@ -18,23 +18,24 @@ folds the index into the page of the layer that owns it.
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias
+from typing import TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt, model_validator
 
 from .._derivation import SelfChecked, deriving, is_deriving, mismatch
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import Group, ParentPlan, VllmPlan
+from ..layouts import EngineLayout, Group
 from .names import LayerNames, index_region_name
 from .plane_order import PlaneOrder, PlaneShare, plane_order
 from .stage import kda_groups, ride_stage, vllm_plan_of
 
-RegionPart: TypeAlias = Literal["latent", "index"]
-"""What a PAGE region of an attention layer holds: the MLA latent or the DSA index rows."""
+RegionPart: TypeAlias = str
+"""What a PAGE region of an attention layer holds: a part of its cache spec (the MLA
+``latent``, the DSA ``index`` rows)."""
 
 
-class PublishedPlane(Frozen):
+class PageRegion(Frozen):
     """One region of the PAGE object: one part of one attention layer's page.
 
     ``offset_bytes`` is where the part starts inside the layer's page, ``num_bytes`` its bytes
@@ -84,7 +85,7 @@ class CheckpointImage(SelfChecked):
     layer_state_bytes: NonNegativeInt
     groups: tuple[Group, ...]
     planes: tuple[PlaneShare, ...]
-    regions: tuple[PublishedPlane, ...]
+    regions: tuple[PageRegion, ...]
 
     @model_validator(mode="after")
     def _holds_together(self) -> CheckpointImage:
@@ -231,40 +232,36 @@ class CheckpointImage(SelfChecked):
         return found
 
 
-def page_regions(plan: VllmPlan, order: PlaneOrder) -> tuple[PublishedPlane, ...]:
-    """The PAGE object's regions in publish order: each attention layer's latent, then its DSA
-    index region when it has one (K3: one region per layer; a DSA model: two)."""
-    attention = plan.sizes.attention
-    latent_bytes = plan.block_tokens * attention.latent_bytes_per_token
-    index_bytes = plan.block_tokens * attention.index_bytes_per_token
-    regions: list[PublishedPlane] = []
+def part_region_name(attention_layer: str, part: str, first: bool) -> str:
+    """The name a part of an attention layer is published under: the layer's own name for
+    its first part, the DSA index region's name for ``index``, ``<layer>.<part>`` else."""
+    if first:
+        return attention_layer
+    return index_region_name(attention_layer) if part == "index" else f"{attention_layer}.{part}"
+
+
+def page_regions(plan: EngineLayout, order: PlaneOrder) -> tuple[PageRegion, ...]:
+    """The PAGE object's regions in publish order: every part of each attention layer's page
+    (K3: its latent, one region per layer; a DSA model: the latent, then the index rows)."""
+    regions: list[PageRegion] = []
     for share in order.planes:
-        regions.append(
-            PublishedPlane(
-                name=share.attention_layer,
+        ranges = plan.part_range_list(share.module_layer)
+        regions.extend(
+            PageRegion(
+                name=part_region_name(share.attention_layer, r.part, i == 0),
                 attention_layer=share.attention_layer,
                 module_layer=share.module_layer,
-                part="latent",
-                offset_bytes=0,
-                num_bytes=latent_bytes,
+                part=r.part,
+                offset_bytes=r.offset_bytes,
+                num_bytes=r.size_bytes,
             )
+            for i, r in enumerate(ranges)
         )
-        if index_bytes:
-            regions.append(
-                PublishedPlane(
-                    name=index_region_name(share.attention_layer),
-                    attention_layer=share.attention_layer,
-                    module_layer=share.module_layer,
-                    part="index",
-                    offset_bytes=latent_bytes,
-                    num_bytes=index_bytes,
-                )
-            )
     return tuple(regions)
 
 
 def checkpoint_image(
-    plan: VllmPlan | ParentPlan, *, stage: int = 0, names: LayerNames | None = None
+    plan: EngineLayout, *, stage: int = 0, names: LayerNames | None = None
 ) -> CheckpointImage:
     """The image of one boundary on a rank of pipeline stage ``stage``.
 

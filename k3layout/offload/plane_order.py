@@ -27,7 +27,7 @@ from pydantic import NonNegativeInt, model_validator
 from .._derivation import SelfChecked, deriving, is_deriving, mismatch
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import ParentPlan, PlaneMember, Stage, VllmPlan
+from ..layouts import EngineLayout, PlaneMember, Stage
 from .names import LayerNames, engine_layer_names, name_order
 from .stage import image_attention_layers, kda_groups, ride_stage, vllm_plan_of
 from .views import TensorView, views_of
@@ -218,7 +218,7 @@ def aliased_by_address(
 
 
 def plane_order(
-    plan: VllmPlan | ParentPlan,
+    plan: EngineLayout,
     published: Sequence[str] | None = None,
     *,
     stage: int = 0,

@@ -28,7 +28,7 @@ from pydantic import NonNegativeInt, PositiveInt, model_validator
 from .._derivation import SelfChecked, check_derivation, deriving, is_deriving
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import GroupKind, ParentPlan, VllmPlan
+from ..layouts import EngineLayout, GroupKind, VllmPlan
 from ..model import HybridModel
 from .image import CheckpointImage, checkpoint_image
 from .names import LayerNames, engine_layer_names
@@ -268,7 +268,7 @@ def check_chunk(ride: RidePlan) -> None:
 
 
 def plan_ride(
-    plan: VllmPlan | ParentPlan,
+    plan: EngineLayout,
     options: RideOptions | None = None,
     *,
     stage: int = 0,

@@ -10,11 +10,11 @@ state on planes no attention layer publishes, and is refused.
 from __future__ import annotations
 
 from ..errors import Refusal
-from ..layouts import Group, ParentPlan, Stage, VllmPlan
+from ..layouts import EngineLayout, Group, Stage, VllmPlan
 from ..layouts.groups import stage_at
 
 
-def vllm_plan_of(plan: VllmPlan | ParentPlan) -> VllmPlan:
+def vllm_plan_of(plan: EngineLayout) -> VllmPlan:
     """``plan`` if it is a ``vllm`` plan; refuses (``engine_mismatch``) a ``parent`` plan."""
     if isinstance(plan, VllmPlan):
         return plan

@@ -14,7 +14,7 @@ from pydantic import NonNegativeInt
 
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import ParentPlan, VllmPlan
+from ..layouts import EngineLayout
 from .names import LayerNames, engine_layer_names
 from .stage import ride_stage, vllm_plan_of
 
@@ -34,7 +34,7 @@ class TensorView(Frozen):
 
 
 def vllm_views(
-    plan: VllmPlan | ParentPlan,
+    plan: EngineLayout,
     plane_bases: Sequence[int],
     num_blocks: int,
     *,

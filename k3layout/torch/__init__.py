@@ -34,7 +34,7 @@ from .images import (  # noqa: E402
     image_units,
     kv_units,
     pack_units,
-    plane_bytes,
+    plane_view,
     restore_units,
 )
 from .live import LiveLayout, tensor_view, validate  # noqa: E402
@@ -45,12 +45,11 @@ from .regions import (  # noqa: E402
     tier_regions,
     write_regions,
 )
-from .specs import DEFAULT_CONV_LAYOUT, CacheSpec, LayerSpec, PartSpec, cache_spec  # noqa: E402
+from .specs import CacheSpec, LayerSpec, PartSpec, cache_spec  # noqa: E402
 from .tables import BlockTables, block_tables, boundary_row  # noqa: E402
 from .tier import Tier, restore_prefix, store_prefix  # noqa: E402
 
 __all__ = [
-    "DEFAULT_CONV_LAYOUT",
     "TORCH_DTYPES",
     "Allocation",
     "BlockTables",
@@ -73,7 +72,7 @@ __all__ = [
     "kv_units",
     "pack_units",
     "parts_of",
-    "plane_bytes",
+    "plane_view",
     "restore_across_tp",
     "restore_prefix",
     "restore_units",

@@ -3,9 +3,10 @@
 ``vllm``: one ``uint8 [num_blocks, page]`` tensor per plane (vLLM's ``KVCacheTensor``); every
 layer's tensors are strided views cut from its plane, so KDA layer ``j`` of every group and
 attention layer ``j`` share plane ``j``'s bytes. ``parent``: one arena of ``bind(n)`` bytes, the
-planes consecutive in it. The views follow :func:`~k3layout.torch.specs.cache_spec`; the
+planes consecutive in it. The views follow :func:`~k3layout.layouts.tensors.cache_spec`; the
 registered mapping has the form vLLM hands a connector: a tensor per attention layer (and DSA
-index region), a tuple ``(conv_q, conv_k, conv_v, recurrent)`` per KDA layer.
+index region), a tuple ``(conv, recurrent)`` per KDA layer (the conv state is ONE tensor,
+vLLM's ``SD`` or ``DS`` layout as the deployment says).
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from typing import Final, TypeAlias
 
 import torch
 
-from ..layouts import ParentPlan, VllmPlan
+from ..layouts import EngineLayout
 from ..offload import LayerNames
-from ..sizes import ConvLayout
-from .specs import DEFAULT_CONV_LAYOUT, CacheSpec, ElementDtype, PartSpec, cache_spec
+from .specs import CacheSpec, ElementDtype, PartSpec, cache_spec
 
 TORCH_DTYPES: Final[dict[ElementDtype, torch.dtype]] = {
     "float8_e4m3fn": torch.float8_e4m3fn,
@@ -32,8 +32,8 @@ TORCH_DTYPES: Final[dict[ElementDtype, torch.dtype]] = {
 """The torch dtype of every element dtype the planner names."""
 
 Registered: TypeAlias = Mapping[str, torch.Tensor | Sequence[torch.Tensor]]
-"""What an engine registers per layer name: one tensor, or a KDA layer's parts (vLLM hands a
-list ``[conv_q, conv_k, conv_v, recurrent]``)."""
+"""What an engine registers per layer name: one tensor, or a KDA layer's parts (the conv
+state and the recurrent state)."""
 
 
 def parts_of(value: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -70,7 +70,7 @@ class Allocation:
     @property
     def registered(self) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
         """The layers as an engine registers them: a tensor per attention layer and index
-        region, the tuple ``(conv_q, conv_k, conv_v, recurrent)`` per KDA layer."""
+        region, the tuple ``(conv, recurrent)`` per KDA layer."""
         return {
             layer.name: self.layers[layer.name]
             if layer.kind == "kda"
@@ -85,11 +85,10 @@ class Allocation:
 
 
 def allocate(
-    plan: VllmPlan | ParentPlan,
+    plan: EngineLayout,
     num_blocks: int,
     *,
     stage: int = 0,
-    conv_layout: ConvLayout = DEFAULT_CONV_LAYOUT,
     names: LayerNames | None = None,
     fill: int | None = 0,
     device: torch.device | str = "cpu",
@@ -102,20 +101,20 @@ def allocate(
     >>> from k3layout import Deployment, plan, preset
     >>> cache = allocate(plan(preset("kimi-linear-48b"), Deployment(attn_tp=8)), num_blocks=2)
     >>> latent = cache.registered["model.layers.3.self_attn.attn"]
-    >>> conv_q, _, _, state = cache.registered["model.layers.0.self_attn"]
-    >>> latent.shape, conv_q.shape, state.shape
-    (torch.Size([2, 512, 576]), torch.Size([2, 3, 512]), torch.Size([2, 4, 128, 128]))
-    >>> conv_q.data_ptr() == latent.data_ptr()  # KDA layer 0 of every group rides plane 0
+    >>> conv, state = cache.registered["model.layers.0.self_attn"]
+    >>> latent.shape, conv.shape, state.shape  # SD conv: (K-1, q|k|v) = (3, 3 x 512)
+    (torch.Size([2, 512, 576]), torch.Size([2, 3, 1536]), torch.Size([2, 4, 128, 128]))
+    >>> conv.data_ptr() == latent.data_ptr()  # KDA layer 0 of every group rides plane 0
     True
     """
-    spec = cache_spec(plan, num_blocks, stage=stage, conv_layout=conv_layout, names=names)
+    spec = cache_spec(plan, num_blocks, stage=stage, names=names)
     if spec.engine == "vllm":  # one allocation per plane, as vLLM's KVCacheTensors
         planes = tuple(
             _buffer((spec.num_blocks, spec.page_bytes), fill, device)
             for _ in range(spec.num_planes)
         )
     else:  # one arena, planes consecutive
-        arena = _buffer((spec.num_planes, spec.plane_bytes), fill, device)
+        arena = _buffer((spec.num_planes, spec.plane_span_bytes), fill, device)
         planes = tuple(arena[j] for j in range(spec.num_planes))
     layers = {
         layer.name: tuple(cut(planes[layer.plane], part) for part in layer.parts)

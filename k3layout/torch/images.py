@@ -25,12 +25,12 @@ from .live import LiveLayout
 from .tables import BlockTables, boundary_row
 
 
-def plane_bytes(tensor: torch.Tensor, num_blocks: int, page_bytes: int) -> torch.Tensor:
+def plane_view(tensor: torch.Tensor, num_blocks: int, page_bytes: int) -> torch.Tensor:
     """``uint8 [num_blocks, page]`` over the bytes of the plane ``tensor`` starts; no copy.
 
     >>> plane = torch.arange(8, dtype=torch.uint8).reshape(2, 4)
     >>> latent = plane.view(torch.bfloat16)  # a layer's view: 2 blocks x 2 bf16
-    >>> plane_bytes(latent, 2, 4).data_ptr() == plane.data_ptr()
+    >>> plane_view(latent, 2, 4).data_ptr() == plane.data_ptr()
     True
     """
     storage = tensor.untyped_storage()
@@ -68,7 +68,7 @@ class PageUnits:
                 f"page units need uint8 planes of one shape [num_blocks, page] (got shapes "
                 f"{sorted(shapes)})",
                 facts={"shapes": tuple(str(s) for s in sorted(shapes))},
-                hint="take the planes with plane_bytes",
+                hint="take the planes with plane_view",
             )
         num_blocks = self.planes[0].shape[0]
         for unit, block in enumerate(self.blocks):
@@ -116,7 +116,7 @@ class PageUnits:
 def _published_planes(layout: LiveLayout, registered: Registered) -> tuple[torch.Tensor, ...]:
     spec = layout.spec
     return tuple(
-        plane_bytes(parts_of(registered[name])[0], spec.num_blocks, spec.page_bytes)
+        plane_view(parts_of(registered[name])[0], spec.num_blocks, spec.page_bytes)
         for name in layout.published
     )
 

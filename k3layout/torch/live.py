@@ -27,13 +27,12 @@ from pydantic import NonNegativeInt
 
 from .._frozen import Frozen
 from ..errors import Fact, Refusal
-from ..layouts import ParentPlan, Plan, VllmPlan
+from ..layouts import EngineLayout, Plan, VllmPlan
 from ..layouts.groups import stage_at
 from ..offload import LayerNames, TensorView, check_aliasing, engine_layer_names, plane_order
 from ..offload.stage import attention_groups, num_image_planes, ride_stage, vllm_plan_of
-from ..sizes import ConvLayout
 from .allocation import TORCH_DTYPES, Registered
-from .specs import DEFAULT_CONV_LAYOUT, CacheSpec, LayerSpec, PartSpec, cache_spec
+from .specs import CacheSpec, LayerSpec, PartSpec, cache_spec
 
 
 class LiveLayout(Frozen):
@@ -115,7 +114,7 @@ def _check_names(spec: CacheSpec, registered: Registered) -> None:
 
 
 def _check_groups(
-    plan: VllmPlan | ParentPlan, stage: int, names: LayerNames, groups: Sequence[Sequence[str]]
+    plan: EngineLayout, stage: int, names: LayerNames, groups: Sequence[Sequence[str]]
 ) -> None:
     planned = [g for g in stage_at(plan.stages, stage).groups if g.layers]
     given = [tuple(g) for g in groups]
@@ -154,14 +153,14 @@ def _check_groups(
         )
 
 
-def _num_blocks(plan: VllmPlan | ParentPlan, layer: LayerSpec, first: torch.Tensor) -> int:
+def _num_blocks(plan: EngineLayout, layer: LayerSpec, first: torch.Tensor) -> int:
     """The block (or usable parent) count the first layer's first tensor was allocated for."""
     leading = first.shape[0] if first.dim() else 0
-    if isinstance(plan, VllmPlan):
-        return max(leading, 1)
-    if layer.kind == "kda":
-        return max(leading - 1, 1)
-    return max((leading - 1) // plan.packing.mla_pages, 1)
+    group = plan.group(layer.group)
+    # The leading axis counts c0 + c1 * n pages for n blocks (parents): invert it.
+    c0 = plan.page_axes(group, 0)[0][0]
+    c1 = plan.page_axes(group, 1)[0][0] - c0
+    return max((leading - c0) // c1, 1)
 
 
 def _parts(layer: LayerSpec, value: object) -> tuple[torch.Tensor, ...]:
@@ -225,7 +224,7 @@ def _plane_bases(spec: CacheSpec, parts: dict[str, tuple[torch.Tensor, ...]]) ->
                 first = parts[layer.name][0]
                 anchors[layer.plane] = first.data_ptr() - layer.parts[0].offset_bytes
     if spec.engine == "parent":
-        return tuple(anchors[0] + j * spec.plane_bytes for j in range(spec.num_planes))
+        return tuple(anchors[0] + j * spec.plane_span_bytes for j in range(spec.num_planes))
     return tuple(anchors[j] for j in range(spec.num_planes))
 
 
@@ -234,17 +233,17 @@ def _check_addresses(
 ) -> None:
     order = sorted(range(spec.num_planes), key=lambda j: bases[j])
     for left, right in pairwise(order):
-        if bases[left] + spec.plane_bytes > bases[right]:
+        if bases[left] + spec.plane_span_bytes > bases[right]:
             on_plane = [layer for layer in spec.layers if layer.plane == right]
             owner = next((la for la in on_plane if la.kind == "attention"), on_plane[0])
             raise _refuse(
                 "aliasing",
                 owner,
                 f"plane {right} starts {bases[right] - bases[left]} B after plane {left}, inside "
-                f"its {spec.plane_bytes} B",
+                f"its {spec.plane_span_bytes} B",
                 "give every plane its own num_blocks x page bytes",
                 other_plane=left,
-                plane_bytes=spec.plane_bytes,
+                plane_span_bytes=spec.plane_span_bytes,
             )
     for layer in spec.layers:
         for part, tensor in zip(layer.parts, parts[layer.name], strict=True):
@@ -252,7 +251,7 @@ def _check_addresses(
             if address == bases[layer.plane] + part.offset_bytes:
                 continue
             found = next(
-                (j for j in order if bases[j] <= address < bases[j] + spec.plane_bytes), None
+                (j for j in order if bases[j] <= address < bases[j] + spec.plane_span_bytes), None
             )
             offset = 0 if found is None else address - bases[found]
             on = "no plane" if found is None else f"plane {found}, {offset} B past its start"
@@ -277,13 +276,12 @@ def _publishes(plan: VllmPlan, stage: int) -> bool:
 
 
 def validate(
-    plan: VllmPlan | ParentPlan,
+    plan: EngineLayout,
     registered: Registered,
     *,
     published: Sequence[str] | None = None,
     groups: Sequence[Sequence[str]] | None = None,
     stage: int = 0,
-    conv_layout: ConvLayout = DEFAULT_CONV_LAYOUT,
     names: LayerNames | None = None,
 ) -> LiveLayout:
     """Check the tensors an engine ``registered`` against ``plan``; refuse what does not match.
@@ -302,14 +300,14 @@ def validate(
     (1, ('model.layers.3.self_attn.attn', 'model.layers.7.self_attn.attn'), 29)
     """
     names = names or engine_layer_names(plan.model)
-    probe = cache_spec(plan, 1, stage=stage, conv_layout=conv_layout, names=names)
+    probe = cache_spec(plan, 1, stage=stage, names=names)
     _check_names(probe, registered)
     if groups is not None:
         _check_groups(plan, stage, names, groups)
     parts = {layer.name: _parts(layer, registered[layer.name]) for layer in probe.layers}
     first = probe.layers[0]
     num_blocks = _num_blocks(plan, first, parts[first.name][0])
-    spec = cache_spec(plan, num_blocks, stage=stage, conv_layout=conv_layout, names=names)
+    spec = cache_spec(plan, num_blocks, stage=stage, names=names)
     for layer in spec.layers:
         for part, tensor in zip(layer.parts, parts[layer.name], strict=True):
             _check_part(layer, part, tensor)

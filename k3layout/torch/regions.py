@@ -10,9 +10,8 @@ MLA layer, conv and recurrent state per KDA layer). Here they meet bytes:
 - :func:`write_regions` puts a consumer's regions into its blocks: latent rows through the
   attention table, state into row ``(n - 1) // block`` of each KDA group.
 
-vLLM's time-major conv parts are ``(3, K-1+s, C)`` per layer where the transfer plan speaks of
-``(K-1+s, 3, H, D)``; the segments are the same bytes, since a split of the head axis copies
-the outer axes' slabs in order on both sides.
+Every byte range comes from the layers' cache specs: a region is one part of one layer, and
+:meth:`~k3layout.layouts.LayoutBase.part_range` says where that part sits in the layer's page.
 """
 
 from __future__ import annotations
@@ -21,11 +20,11 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from ..cache import PartRange
 from ..errors import Refusal
-from ..offload.stage import vllm_plan_of
 from ..transfer import Region, RegionField, TransferPlan
 from .allocation import Registered, parts_of
-from .images import plane_bytes
+from .images import plane_view
 from .live import LiveLayout
 from .tables import BlockTables, boundary_row
 from .tier import Tier
@@ -35,17 +34,14 @@ RegionKey = tuple[RegionField, int | None]
 
 
 def _check_conv_layout(transfer: TransferPlan, layout: LiveLayout, side: str) -> None:
-    if transfer.conv_layout != layout.spec.conv_layout:
+    theirs = transfer.decode.conv_layout
+    ours = layout.plan.deployment.conv_layout
+    if theirs != ours:
         raise Refusal(
             "tensor_mismatch",
-            f"the transfer plan moves conv state {transfer.conv_layout}, the {side} registered "
-            f"it {layout.spec.conv_layout}",
-            facts={
-                "side": side,
-                "conv_layout": layout.spec.conv_layout,
-                "transfer_conv_layout": transfer.conv_layout,
-            },
-            hint=f"plan the transfer with conv_layout={layout.spec.conv_layout}",
+            f"the transfer plan moves conv state {theirs}, the {side} registered it {ours}",
+            facts={"side": side, "conv_layout": ours, "transfer_conv_layout": theirs},
+            hint=f"plan both sides with conv_layout={ours}",
         )
 
 
@@ -58,59 +54,56 @@ def _unsupported(region: Region) -> Refusal:
     )
 
 
-def _rows(kv: torch.Tensor, layout: LiveLayout, name: str, num_rows: int) -> torch.Tensor:
-    """``[num_rows, row bytes]``: latent then index bytes of each token of layer ``name``."""
-    plan = vllm_plan_of(layout.plan)
-    page, block = layout.spec.page_bytes, plan.block_tokens
-    attention = plan.sizes.attention
+def _rows(kv: torch.Tensor, layout: LiveLayout, region: Region, num_rows: int) -> torch.Tensor:
+    """``[num_rows, row bytes]`` of one part of an attention layer, from its published pages."""
+    plan = layout.plan
+    assert region.layer is not None  # a page region names its layer
+    name = layout.names.name(region.layer)
+    inner = plan.part_range(region.layer, region.field)
+    group, _ = plan.group_of(region.layer)
+    tokens = plan.tokens_per_page(group)
     planes = len(layout.published)
-    pages = kv.view(-1, planes, page)[:, layout.published.index(name)]  # [blocks, page]
-    latent_end = block * attention.latent_bytes_per_token
-    latent = pages[:, :latent_end].reshape(-1, attention.latent_bytes_per_token)
-    columns = [latent[:num_rows]]
-    if attention.index_bytes_per_token:
-        index = pages[:, latent_end:].reshape(-1, attention.index_bytes_per_token)
-        columns.append(index[:num_rows])
-    return torch.cat(columns, dim=1)
+    pages = kv.view(-1, planes, layout.spec.page_bytes)[:, layout.published.index(name)]
+    part = pages[:, inner.offset_bytes : inner.end_bytes]
+    return part.reshape(-1, inner.size_bytes // tokens)[:num_rows]
 
 
 def tier_regions(tier: Tier, regions: Sequence[Region]) -> dict[RegionKey, torch.Tensor]:
     """A producer rank's ``regions`` (``transfer.producer_regions(rank)``) read from its tier,
     each a contiguous ``uint8`` buffer of the region's size."""
     layout = tier.layout
-    geometry = tier.geometry
-    sizes = vllm_plan_of(layout.plan).sizes
-    conv = 0 if sizes.kda is None else sizes.kda.conv_bytes
-    held = {
-        "latent": tier.computed_tokens * sizes.attention.bytes_per_token,
-        "conv": conv,
-        "recurrent": 0 if sizes.kda is None else sizes.kda.recurrent_bytes,
-    }
+    plan = layout.plan
     out: dict[RegionKey, torch.Tensor] = {}
     for region in regions:
-        if region.layer is None or region.field not in held:
+        if region.layer is None:
             raise _unsupported(region)
-        if region.size_bytes != held[region.field]:
+        # the position in the stage's group: the tier's image holds this stage's layers only
+        group, position = plan.group_of(region.layer, layout.spec.stage)
+        if region.field not in plan.group_spec(group).part_names:
+            raise _unsupported(region)
+        inner = plan.part_range(region.layer, region.field)
+        held = (
+            tier.computed_tokens * inner.size_bytes // plan.tokens_per_page(group)
+            if region.kind == "page"
+            else inner.size_bytes
+        )
+        if region.size_bytes != held:
             raise Refusal(
                 "tensor_mismatch",
                 f"region {region.field} of layer {region.layer} is {region.size_bytes} B in the "
-                f"transfer plan, {held[region.field]} B on the tier",
+                f"transfer plan, {held} B on the tier",
                 facts={
                     "field": region.field,
                     "layer": region.layer,
                     "size_bytes": region.size_bytes,
-                    "tier_bytes": held[region.field],
+                    "tier_bytes": held,
                 },
                 hint="plan the transfer for the tier's prefix length and deployment",
             )
-        name = layout.names.name(region.layer)
-        if region.field == "latent":
-            rows = tier.computed_tokens
-            out[region.key] = _rows(tier.kv, layout, name, rows).reshape(-1)
+        if region.kind == "page":
+            out[region.key] = _rows(tier.kv, layout, region, tier.computed_tokens).reshape(-1)
             continue
-        spec = layout.spec.layer(name)
-        start = geometry.range_of(spec.group, spec.position).offset_bytes
-        start += conv if region.field == "recurrent" else 0
+        start = tier.geometry.range_of(group.name, position).offset_bytes + inner.offset_bytes
         out[region.key] = tier.image[start : start + region.size_bytes]
     return out
 
@@ -167,50 +160,54 @@ def write_regions(
     *,
     transfer: TransferPlan | None = None,
 ) -> None:
-    """Put a consumer rank's ``regions`` into its blocks: latent rows through the attention
-    table, conv and recurrent bytes into the boundary row of each KDA group."""
-    plan = vllm_plan_of(layout.plan)
+    """Put a consumer rank's ``regions`` into its blocks: attention rows through the attention
+    table, state parts into the boundary row of each KDA group."""
+    plan = layout.plan
     if transfer is not None:
         _check_conv_layout(transfer, layout, "consumer")
     row = boundary_row(plan, computed_tokens)
-    spec, kda = layout.spec, plan.sizes.kda
+    spec = layout.spec
     for (field, layer), data in regions.items():
-        if layer is None or field not in ("latent", "conv", "recurrent"):
-            raise _unsupported(Region(field=field, layer=layer, size_bytes=data.numel()))
+        if layer is None:
+            raise _unsupported(Region(field=field, layer=layer, kind="slot", size_bytes=0))
+        group, _ = plan.group_of(layer)
+        if field not in plan.group_spec(group).part_names:
+            raise _unsupported(Region(field=field, layer=layer, kind="slot", size_bytes=0))
         name = layout.names.name(layer)
         owner = spec.layer(name)
-        plane = plane_bytes(parts_of(registered[name])[0], spec.num_blocks, spec.page_bytes)
-        if field == "latent":
-            _write_rows(plane, data, tables.table(owner.group), layout)
+        plane = plane_view(parts_of(registered[name])[0], spec.num_blocks, spec.page_bytes)
+        inner = plan.part_range(layer, field)
+        if plan.group_spec(group).paging == "token":
+            _write_rows(plane, data, tables.table(owner.group), inner, plan.tokens_per_page(group))
             continue
-        start = 0 if field == "conv" or kda is None else kda.conv_bytes
         page = plane[tables.block(owner.group, row)]
-        page[start : start + data.numel()].copy_(data)
+        page[inner.offset_bytes : inner.offset_bytes + data.numel()].copy_(data)
 
 
 def _write_rows(
-    plane: torch.Tensor, data: torch.Tensor, table: Sequence[int], layout: LiveLayout
+    plane: torch.Tensor,
+    data: torch.Tensor,
+    table: Sequence[int],
+    inner: PartRange,
+    tokens: int,
 ) -> None:
-    """Latent rows (latent bytes, then index bytes, per token) into their blocks' pages: local
-    row ``i`` in table row ``i // block`` at slot ``i % block``."""
-    plan = vllm_plan_of(layout.plan)
-    attention, block = plan.sizes.attention, plan.block_tokens
-    latent, index = attention.latent_bytes_per_token, attention.index_bytes_per_token
-    rows = data.view(-1, latent + index)
-    for table_row, start in enumerate(range(0, rows.shape[0], block)):
-        chunk = rows[start : start + block]
+    """One part's rows into their blocks' pages: local row ``i`` in table row
+    ``i // tokens`` at slot ``i % tokens`` of the part's range."""
+    row_bytes = inner.size_bytes // tokens
+    rows = data.view(-1, row_bytes)
+    for table_row, start in enumerate(range(0, rows.shape[0], tokens)):
+        chunk = rows[start : start + tokens]
         if table_row >= len(table):
             raise Refusal(
                 "invalid_argument",
-                f"{rows.shape[0]} latent rows need {table_row + 1} attention blocks; the table "
+                f"{rows.shape[0]} rows need {table_row + 1} attention blocks; the table "
                 f"has {len(table)}",
                 facts={"num_rows": rows.shape[0], "num_table_rows": len(table)},
                 hint="give the attention group enough blocks for the prefix",
             )
         page = plane[table[table_row]]
-        page[: block * latent].view(block, latent)[: len(chunk)].copy_(chunk[:, :latent])
-        if index:
-            page[block * latent :].view(block, index)[: len(chunk)].copy_(chunk[:, latent:])
+        part = page[inner.offset_bytes : inner.end_bytes].view(tokens, row_bytes)
+        part[: len(chunk)].copy_(chunk)
 
 
 def restore_across_tp(

@@ -16,7 +16,7 @@ from pydantic import NonNegativeInt, model_validator
 
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import Group, ParentPlan, VllmPlan
+from ..layouts import EngineLayout, Group
 from ..layouts.groups import stage_at
 from ..offload.stage import vllm_plan_of
 
@@ -74,7 +74,7 @@ class BlockTables(Frozen):
         return ids[row]
 
 
-def boundary_row(plan: VllmPlan | ParentPlan, computed_tokens: int) -> int:
+def boundary_row(plan: EngineLayout, computed_tokens: int) -> int:
     """The KDA row that holds the state after ``computed_tokens``: ``(n - 1) // block``, refused
     (``invalid_argument``) off the block grid, where ``align`` mode keeps no state."""
     vllm = vllm_plan_of(plan)
@@ -90,7 +90,7 @@ def boundary_row(plan: VllmPlan | ParentPlan, computed_tokens: int) -> int:
     return (computed_tokens - 1) // block
 
 
-def rows_for(plan: VllmPlan | ParentPlan, group: Group, num_tokens: int) -> int:
+def rows_for(plan: EngineLayout, group: Group, num_tokens: int) -> int:
     """Rows ``group``'s table needs for ``num_tokens``: attention ``ceil(n / (block x dcp))``,
     KDA ``ceil(n / block)`` (one state row per block in ``align`` mode)."""
     vllm = vllm_plan_of(plan)
@@ -99,7 +99,7 @@ def rows_for(plan: VllmPlan | ParentPlan, group: Group, num_tokens: int) -> int:
 
 
 def block_tables(
-    plan: VllmPlan | ParentPlan, num_tokens: int, block_ids: Iterable[int], *, stage: int = 0
+    plan: EngineLayout, num_tokens: int, block_ids: Iterable[int], *, stage: int = 0
 ) -> BlockTables:
     """Tables for a ``num_tokens`` request, handing out ``block_ids`` in order, group by group.
 

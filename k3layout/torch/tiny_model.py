@@ -28,15 +28,14 @@ import torch
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from .._frozen import Frozen
+from ..cache import LayerCacheSpec
 from ..errors import Fact, Refusal
-from ..layouts import ParentPlan, VllmPlan
+from ..layouts import EngineLayout, VllmPlan
 from ..model import HybridModel, KDALayer, MLALayer, kimi_layer_pattern
 from ..offload.stage import vllm_plan_of
-from ..sizes import ConvLayout
 from .allocation import Registered, allocate, parts_of
 from .kernels import kda_chunked, mla_decode, short_conv
 from .live import LiveLayout, validate
-from .specs import DEFAULT_CONV_LAYOUT
 from .tables import BlockTables
 
 RMS_EPS = 1e-6
@@ -127,7 +126,8 @@ class TinyK3:
                 continue
             query = c.qk_nope_head_dim + c.qk_rope_head_dim
             weights[at + "q"] = draw(c.hidden_size, c.mla_heads * query, fan_in=c.hidden_size)
-            weights[at + "kv"] = draw(c.hidden_size, layer.latent_dim, fan_in=c.hidden_size)
+            latent = c.kv_lora_rank + c.qk_rope_head_dim
+            weights[at + "kv"] = draw(c.hidden_size, latent, fan_in=c.hidden_size)
             weights[at + "w_uk"] = draw(
                 c.mla_heads, c.qk_nope_head_dim, c.kv_lora_rank, fan_in=c.kv_lora_rank
             )
@@ -148,19 +148,18 @@ class Rank:
 
 
 def tp_ranks(
-    plan: VllmPlan | ParentPlan,
+    plan: EngineLayout,
     num_blocks: int,
     *,
     fill: int | None = 0,
-    conv_layout: ConvLayout = DEFAULT_CONV_LAYOUT,
 ) -> tuple[Rank, ...]:
     """Allocate and validate one cache per attention TP rank of ``plan``."""
     ranks = []
     for _ in range(plan.deployment.attn_tp):
-        cache = allocate(plan, num_blocks, conv_layout=conv_layout, fill=fill)
+        cache = allocate(plan, num_blocks, fill=fill)
         ranks.append(
             Rank(
-                layout=validate(plan, cache.registered, conv_layout=conv_layout),
+                layout=validate(plan, cache.registered),
                 registered=cache.registered,
             )
         )
@@ -208,23 +207,40 @@ class _Step:
     def plan(self) -> VllmPlan:
         return vllm_plan_of(self.rank.layout.plan)
 
+    @property
+    def sd(self) -> bool:
+        """Whether the conv state is time-major (vLLM's default ``SD``)."""
+        return self.plan.deployment.conv_layout == "SD"
 
-def _conv(step: _Step, part: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Causal conv of ``x [T, C]`` from the history in row ``c - 1``; history to row ``c``."""
-    kda = step.plan.sizes.kda
-    rows = 0 if kda is None else kda.conv_rows  # a KDA layer exists only with KDA sizes
+    @property
+    def layer_spec(self) -> LayerCacheSpec:
+        return self.plan.sizes.spec_of(self.layer)
+
+
+def _conv(
+    step: _Step, conv: torch.Tensor, which: int, x: torch.Tensor, weight: torch.Tensor
+) -> torch.Tensor:
+    """Causal conv of ``x [T, C]`` from the history in row ``c - 1``; history to row ``c``.
+
+    ``conv`` is the layer's ONE conv tensor per block, channel group ``which`` (q, k, v) of
+    ``C`` channels: ``[rows, 3C]`` in SD, ``[3C, rows]`` in DS."""
+    rows = step.layer_spec.part("conv").shape[0 if step.sd else 3]
+    width = x.shape[1]
+    lo, hi = which * width, (which + 1) * width
+
+    def channels(block: int) -> torch.Tensor:  # [rows, C] view of one block
+        held = conv[block]
+        return held[:, lo:hi] if step.sd else held[lo:hi, :].T
+
     chunk = step.start // step.plan.block_tokens
-    time_major = step.rank.layout.spec.conv_layout == "time_major"
     if chunk == 0:
-        history = x.new_zeros(rows, x.shape[1])
+        history = x.new_zeros(rows, width)
     else:
-        stored = part[step.table[chunk - 1]]
-        history = (stored if time_major else stored.T).to(x.dtype)
+        history = channels(step.table[chunk - 1]).to(x.dtype)
     cache = history[rows - (weight.shape[1] - 1) :].T.unsqueeze(0)  # [1, C, W - 1]
     y, _ = short_conv(x.unsqueeze(0), weight, cache=cache)
     kept = torch.cat([history, x])[-rows:]
-    target = part[step.table[chunk]]
-    target.copy_(kept if time_major else kept.T)
+    channels(step.table[chunk]).copy_(kept)
     return y[0]
 
 
@@ -233,10 +249,10 @@ def _kda(step: _Step, x: torch.Tensor) -> torch.Tensor:
     tp = step.plan.deployment.attn_tp
     heads = c.kda_heads // tp
     cols = _share(c.kda_heads * c.kda_head_dim, tp, step.tp_rank)
-    conv_q, conv_k, conv_v, state = step.parts
-    q = _conv(step, conv_q, x @ w["q"][:, cols], w["conv_q"][cols])
-    k = _conv(step, conv_k, x @ w["k"][:, cols], w["conv_k"][cols])
-    v = _conv(step, conv_v, x @ w["v"][:, cols], w["conv_v"][cols])
+    conv, state = step.parts
+    q = _conv(step, conv, 0, x @ w["q"][:, cols], w["conv_q"][cols])
+    k = _conv(step, conv, 1, x @ w["k"][:, cols], w["conv_k"][cols])
+    v = _conv(step, conv, 2, x @ w["v"][:, cols], w["conv_v"][cols])
     g = -torch.nn.functional.softplus(x @ w["g"][:, cols] + c.decay_bias)
     beta = torch.sigmoid(x @ w["beta"][:, _share(c.kda_heads, tp, step.tp_rank)])
     chunk = step.start // step.plan.block_tokens

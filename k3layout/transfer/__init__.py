@@ -25,13 +25,12 @@ from .plan import (
     check_same_model,
     plan_transfer,
 )
-from .regions import Region, cursor_field, kda_fields, rank_regions
+from .regions import Region, rank_regions, slot_parts
 from .report import RankPairReport, TransferReport, transfer_report
-from .segments import FieldLayout, RegionField, RegionKind, Segment, token_segments
+from .segments import RegionField, RegionKind, Segment, part_segment, token_segments
 
 __all__ = [
     "MATCHED_FIELDS",
-    "FieldLayout",
     "RankPair",
     "RankPairReport",
     "Region",
@@ -45,14 +44,14 @@ __all__ = [
     "check_matching_deployments",
     "check_pairing",
     "check_same_model",
-    "cursor_field",
     "dcp_rank_of",
     "head_group",
-    "kda_fields",
     "paired_producer",
     "pairing_refusal",
+    "part_segment",
     "plan_transfer",
     "rank_regions",
+    "slot_parts",
     "token_segments",
     "tp_multiple_refusal",
     "transfer_report",

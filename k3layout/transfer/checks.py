@@ -45,7 +45,7 @@ def _tiling_violations(
 def transfer_violations(result: TransferPlan) -> list[str]:
     """Every invariant of ``result`` that does not hold, described (``[]`` when all hold)."""
     problems: list[str] = []
-    row_bytes = rank_sizes(result.model, result.decode).attention.bytes_per_token
+    sizes = rank_sizes(result.model, result.decode)
     producer_regions = [
         {r.key: r for r in result.producer_regions(rank)} for rank in range(result.num_producers)
     ]
@@ -70,7 +70,12 @@ def transfer_violations(result: TransferPlan) -> list[str]:
                     f"producer {pair.producer} {segment.region}: reads up to byte "
                     f"{segment.src_end_bytes} of {source.size_bytes}"
                 )
-            if segment.field == "latent" and any(
+            row_bytes = (
+                sizes.spec_of(segment.layer).part(segment.field).local_bytes(result.decode.attn_tp)
+                if segment.kind == "page" and segment.layer is not None
+                else 1
+            )
+            if any(
                 value % row_bytes
                 for value in (
                     segment.length_bytes,

@@ -18,18 +18,19 @@ state of KDA layer 40 lands in layer 40's slot wherever the two sides cut their 
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, get_args
+from typing import Any
 
 from pydantic import NonNegativeInt, PositiveInt, model_validator
 
 from .._derivation import SelfChecked, check_derivation, deriving, is_deriving
 from .._frozen import Frozen
+from ..cache import LayerCacheSpec
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..layouts import Stage, plan, project_stages
 from ..model import HybridModel
 from ..placements import Interleave
-from ..sizes import ConvLayout, rank_sizes
+from ..sizes import rank_sizes
 from .pairing import (
     check_pairing,
     coords_of,
@@ -38,12 +39,19 @@ from .pairing import (
     rank_of,
     tp_multiple_refusal,
 )
-from .regions import Region, cursor_field, dcp_placement, kda_fields, rank_regions
-from .segments import RegionKind, Segment, token_segments
+from .regions import Region, dcp_placement, rank_regions, slot_parts
+from .segments import RegionKind, Segment, part_segment, token_segments
 
-MATCHED_FIELDS: tuple[str, ...] = ("kv_dtype", "spec_tokens", "replayssm", "replayssm_cache_len")
+MATCHED_FIELDS: tuple[str, ...] = (
+    "kv_dtype",
+    "spec_tokens",
+    "conv_layout",
+    "replayssm",
+    "replayssm_cache_len",
+)
 """Deployment fields both sides must share: the latent row (``kv_dtype``), the conv rows and
-record length (``spec_tokens``), and whether and how long ReplaySSM records are kept."""
+record length (``spec_tokens``), the conv state's layout (``conv_layout``), and whether and
+how long ReplaySSM records are kept."""
 
 
 class RankPair(Frozen):
@@ -85,7 +93,6 @@ class TransferPlan(SelfChecked):
     prefill: Deployment
     decode: Deployment
     prompt_tokens: PositiveInt
-    conv_layout: ConvLayout = "channel_major"
     pairs: tuple[RankPair, ...]
 
     @model_validator(mode="after")
@@ -142,26 +149,22 @@ class TransferPlan(SelfChecked):
         """The regions producer ``rank`` holds for the request (all its stage's layers)."""
         stage, tp_rank = self.producer_coords(rank)
         return rank_regions(
-            self.model,
             self.prefill,
             rank_sizes(self.model, self.prefill),
             layers=self.producer_stages[stage].layers,
             tp_rank=tp_rank,
             prompt_tokens=self.prompt_tokens,
-            conv_layout=self.conv_layout,
         )
 
     def consumer_regions(self, rank: int) -> tuple[Region, ...]:
         """The regions consumer ``rank`` holds for the request (latent: its DCP rank's rows)."""
         stage, tp_rank = self.consumer_coords(rank)
         return rank_regions(
-            self.model,
             self.decode,
             rank_sizes(self.model, self.decode),
             layers=self.consumer_stages[stage].layers,
             tp_rank=tp_rank,
             prompt_tokens=self.prompt_tokens,
-            conv_layout=self.conv_layout,
         )
 
     @property
@@ -249,9 +252,7 @@ def check_matching_deployments(prefill: Deployment, decode: Deployment) -> None:
             )
 
 
-def _check_inputs(
-    prefill: Deployment, decode: Deployment, prompt_tokens: int, conv_layout: str
-) -> None:
+def _check_inputs(prefill: Deployment, decode: Deployment, prompt_tokens: int) -> None:
     if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
         raise Refusal(
             "invalid_argument",
@@ -263,13 +264,6 @@ def _check_inputs(
                 else repr(prompt_tokens)
             },
             hint="pass the request's number of prompt tokens",
-        )
-    if conv_layout not in get_args(ConvLayout):
-        raise Refusal(
-            "invalid_argument",
-            f"conv_layout={conv_layout!r} is not one of {', '.join(get_args(ConvLayout))}",
-            facts={"conv_layout": str(conv_layout), "allowed": get_args(ConvLayout)},
-            hint="use channel_major (the default) or time_major",
         )
     if prefill.dcp > 1:
         raise Refusal(
@@ -287,7 +281,6 @@ def plan_transfer(
     decode: Deployment,
     *,
     prompt_tokens: int,
-    conv_layout: ConvLayout = "channel_major",
     decode_model: HybridModel | None = None,
 ) -> TransferPlan:
     """Plan the transfer of one ``prompt_tokens`` request from ``prefill`` to ``decode``.
@@ -303,7 +296,7 @@ def plan_transfer(
     >>> p.num_pairs, p.bytes_per_consumer[0] == 69 * 814_080 + 24 * 512 * 576
     (64, True)
     """
-    _check_inputs(prefill, decode, prompt_tokens, conv_layout)
+    _check_inputs(prefill, decode, prompt_tokens)
     if decode_model is not None:
         check_same_model(model, decode_model)
     check_matching_deployments(prefill, decode)
@@ -314,14 +307,7 @@ def plan_transfer(
         raise refusal
     producer_stage = {layer: stage.index for stage in prefill_plan.stages for layer in stage.layers}
     sizes = decode_plan.sizes
-    fields = (
-        ()
-        if sizes.kda is None
-        else kda_fields(sizes.kda, sizes.replay if decode.replayssm else None, conv_layout)
-    )
-    cursor = cursor_field(sizes.replay) if decode.replayssm and sizes.replay else None
-    row_bytes = sizes.attention.bytes_per_token
-    tokens = dcp_placement(decode)
+    cursor = sizes.cursor
     tp_p, tp_d = prefill.attn_tp, decode.attn_tp
     pairs: list[RankPair] = []
     for stage in decode_plan.stages:
@@ -330,18 +316,30 @@ def plan_transfer(
             check_pairing(source, tp_rank, tp_p, tp_d)
             dcp_rank = dcp_rank_of(tp_rank, decode.dcp)
             by_stage: dict[int, list[Segment]] = {}
+            first_state: int | None = None
             for layer in stage.layers:
                 into = by_stage.setdefault(producer_stage[layer], [])
-                if model.module_layers[layer].kind == "mla":
-                    into.extend(token_segments(layer, row_bytes, prompt_tokens, tokens, dcp_rank))
-                else:
-                    into.extend(f.segment(layer, (tp_p, source), (tp_d, tp_rank)) for f in fields)
-            first_kda = next(
-                (i for i in stage.layers if model.module_layers[i].kind == "kda"), None
-            )
-            if cursor is not None and first_kda is not None:
-                by_stage[producer_stage[first_kda]].append(
-                    cursor.segment(None, (tp_p, source), (tp_d, tp_rank))
+                spec = sizes.spec_of(layer)
+                if spec.paging == "token":
+                    into.extend(
+                        _row_segments(
+                            spec,
+                            layer,
+                            prompt_tokens,
+                            (tp_p, source),
+                            (tp_d, tp_rank),
+                            dcp_rank=dcp_rank,
+                        )
+                    )
+                    continue
+                first_state = layer if first_state is None else first_state
+                into.extend(
+                    part_segment(part, layer, (tp_p, source), (tp_d, tp_rank))
+                    for part in slot_parts(sizes, layer)
+                )
+            if cursor is not None and first_state is not None:
+                by_stage[producer_stage[first_state]].append(
+                    part_segment(cursor.parts[0], None, (tp_p, source), (tp_d, tp_rank))
                 )
             consumer = rank_of(stage.index, tp_rank, tp_d)
             pairs.extend(
@@ -359,7 +357,6 @@ def plan_transfer(
             prefill=prefill,
             decode=decode,
             prompt_tokens=prompt_tokens,
-            conv_layout=conv_layout,
             pairs=tuple(sorted(pairs, key=lambda pair: (pair.producer, pair.consumer))),
         )
 
@@ -372,3 +369,58 @@ def _check_rank(side: str, rank: int, size: int) -> None:
             facts={"rank": rank, "num_ranks": size},
             hint=f"use 0 <= rank < {size}",
         )
+
+
+def _row_segments(
+    spec: LayerCacheSpec,
+    layer: int,
+    prompt_tokens: int,
+    src: tuple[int, int],
+    dst: tuple[int, int],
+    *,
+    dcp_rank: int = 0,
+) -> tuple[Segment, ...]:
+    """The rows of every part of an attention layer that the consumer's DCP rank owns.
+
+    A replicated row (MLA latent) is copied whole; a row whose heads the two TPs split
+    differently (GQA's K and V) would need a copy per token per head slice, which a segment
+    does not express with DCP, and is refused there."""
+    segments: list[Segment] = []
+    tokens = spec.dcp or Interleave(num_ranks=1)
+    for part in spec.parts:
+        src_row, dst_row = part.local_bytes(src[0]), part.local_bytes(dst[0])
+        if src_row == dst_row:
+            segments.extend(
+                token_segments(layer, part.name, dst_row, prompt_tokens, tokens, rank=dcp_rank)
+            )
+            continue
+        if tokens.num_ranks > 1:
+            raise Refusal(
+                "dcp_unsupported",
+                f"{spec.kind} layer {layer}: part {part.name} rows are split by heads "
+                f"differently at prefill tp={src[0]} and decode tp={dst[0]}; with "
+                f"dcp={tokens.num_ranks} a token's row is not one strided copy",
+                facts={
+                    "layer": layer,
+                    "part": part.name,
+                    "prefill_tp": src[0],
+                    "decode_tp": dst[0],
+                    "dcp": tokens.num_ranks,
+                },
+                hint="use dcp=1, or equal attention TP on both sides",
+            )
+        head = part_segment(part, layer, src, dst)  # one token's share, inside the row
+        segments.append(
+            Segment.strided(
+                part.name,
+                layer,
+                "page",
+                src_offset_bytes=head.src_offset_bytes,
+                dst_offset_bytes=0,
+                length_bytes=dst_row,
+                num_copies=prompt_tokens,
+                src_stride_bytes=src_row,
+                dst_stride_bytes=dst_row,
+            )
+        )
+    return tuple(segments)

@@ -71,7 +71,7 @@ def transfer_report(result: TransferPlan) -> TransferReport:
     return TransferReport(
         model=result.model.name,
         prompt_tokens=result.prompt_tokens,
-        conv_layout=result.conv_layout,
+        conv_layout=result.decode.conv_layout,
         num_producers=result.num_producers,
         num_consumers=result.num_consumers,
         pairs=result.num_pairs,

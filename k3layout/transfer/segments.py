@@ -16,28 +16,27 @@ producer's share by :meth:`FieldLayout.segment`. MLA rows on a DCP decode follow
 from __future__ import annotations
 
 import math
-from typing import Literal, TypeAlias
+from typing import Annotated, Literal, TypeAlias
 
-from pydantic import NonNegativeInt, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from .._frozen import Frozen
+from ..cache import CachePart, Paging
 from ..errors import Refusal
-from ..placements import Interleave, Replicate, Shard
+from ..placements import Interleave, Replicate
 
-RegionField: TypeAlias = Literal[
-    "latent", "conv", "recurrent", "replay_k", "replay_u", "replay_g", "cursor"
-]
-"""What a region holds. ``latent``: MLA latent rows (a PAGE region). The others are SLOT
-regions of one request's KDA state slot: ``conv`` (q|k|v short-conv history) and
-``recurrent`` per KDA layer, ReplaySSM's ``replay_k`` / ``replay_u`` / ``replay_g`` records
-per KDA layer, and the slot's one ``cursor`` (no layer)."""
+RegionField: TypeAlias = Annotated[str, Field(min_length=1, max_length=64)]
+"""What a region holds: a part of a layer's cache spec (``latent``, ``index``, ``k``, ``v``
+rows of an attention layer; ``conv``, ``recurrent`` and ReplaySSM's ``replay_k`` /
+``replay_u`` / ``replay_g`` of a state layer's slot), or the slot's one ``cursor`` (no layer)."""
 
 RegionKind: TypeAlias = Literal["page", "slot"]
+"""``page``: an attention layer's rows of the request's tokens; ``slot``: its state slot."""
 
 
-def region_kind(field: RegionField) -> RegionKind:
-    """``page`` for MLA latent rows, ``slot`` for everything in a KDA state slot."""
-    return "page" if field == "latent" else "slot"
+def region_kind(paging: Paging) -> RegionKind:
+    """``page`` for a token-paged part, ``slot`` for a part of a state slot."""
+    return "page" if paging == "token" else "slot"
 
 
 class Segment(Frozen):
@@ -59,6 +58,7 @@ class Segment(Frozen):
 
     field: RegionField
     layer: NonNegativeInt | None
+    kind: RegionKind
     src_offset_bytes: NonNegativeInt
     dst_offset_bytes: NonNegativeInt
     length_bytes: PositiveInt
@@ -82,6 +82,7 @@ class Segment(Frozen):
         cls,
         field: RegionField,
         layer: int | None,
+        kind: RegionKind,
         *,
         src_offset_bytes: int,
         dst_offset_bytes: int,
@@ -99,6 +100,7 @@ class Segment(Frozen):
         return cls(
             field=field,
             layer=layer,
+            kind=kind,
             src_offset_bytes=src_offset_bytes,
             dst_offset_bytes=dst_offset_bytes,
             length_bytes=length_bytes,
@@ -111,11 +113,6 @@ class Segment(Frozen):
     def region(self) -> tuple[RegionField, int | None]:
         """The region this segment reads and writes: ``(field, layer)`` on both ranks."""
         return (self.field, self.layer)
-
-    @property
-    def kind(self) -> RegionKind:
-        """``page`` or ``slot``."""
-        return region_kind(self.field)
 
     @property
     def total_bytes(self) -> int:
@@ -146,110 +143,75 @@ class Segment(Frozen):
         )
 
 
-class FieldLayout(Frozen):
-    """One field as a row-major array: its shape on a TP1 rank (``shape``, in elements of
-    ``elem_bytes``) and how attention TP places it (``tp``).
+def part_segment(
+    part: CachePart,
+    layer: int | None,
+    src: tuple[int, int],
+    dst: tuple[int, int],
+) -> Segment:
+    """The copy that fills rank ``dst = (tp, rank)``'s share of a slot ``part`` from rank
+    ``src``'s.
 
-    K3's recurrent state ``(96, 128, 128)`` fp32 with ``Shard(dim=0)`` over TP 8::
+    A replicated part is copied whole. A sharded one: the consumer's slab along the placed
+    axis must lie inside the producer's (its head group), else ``head_group_mismatch``; the
+    axes before it become the copies, those after it the contiguous length::
 
-        rank    0                 1                  ...  7
-        heads   [0, 12)           [12, 24)           ...  [84, 96)
-        bytes   [0, 786,432)      [786,432, 1.5 MiB) ...  (of the TP1 array)
+        outer = prod(shape[:dim]),  inner = prod(shape[dim+1:]) * elem
+        src_offset = (dst_off - src_off) * inner,  length = dst_size * inner
+        strides: src_size * inner (producer), dst_size * inner (consumer)
 
-    A split of an inner dimension is strided: the KDA conv state channel-major
-    ``(3, 96, 128, K-1+s)`` with ``Shard(dim=1)`` gives each rank 3 runs, one per part.
+    The SD conv state of K3, ``(K-1+s, 3, 96, 128)`` with ``Shard(2)``, gives ``3*(K-1+s)``
+    copies, one per row and channel group (q, k, v).
     """
-
-    field: RegionField
-    shape: tuple[PositiveInt, ...]
-    elem_bytes: PositiveInt
-    tp: Shard | Replicate
-
-    @model_validator(mode="after")
-    def _dim_in_shape(self) -> FieldLayout:
-        if isinstance(self.tp, Shard) and self.tp.dim >= len(self.shape):
-            raise ValueError(f"tp: dim={self.tp.dim} is not a dimension of shape {self.shape}")
-        return self
-
-    def local_size_and_offset(self, num_ranks: int, rank: int) -> tuple[int, int]:
-        """``(size, offset)`` of ``rank``'s share along the placed dimension (whole if
-        replicated)."""
-        if isinstance(self.tp, Replicate):
-            return self.tp.local_size_and_offset(self.shape[0], num_ranks, rank)
-        return self.tp.local_size_and_offset(self.shape[self.tp.dim], num_ranks, rank)
-
-    def local_shape(self, num_ranks: int, rank: int) -> tuple[int, ...]:
-        """The array a rank of ``num_ranks`` holds."""
-        size, _ = self.local_size_and_offset(num_ranks, rank)
-        dim = self.tp.dim if isinstance(self.tp, Shard) else 0
-        return (*self.shape[:dim], size, *self.shape[dim + 1 :])
-
-    def local_bytes(self, num_ranks: int, rank: int = 0) -> int:
-        """Bytes a rank of ``num_ranks`` holds."""
-        return math.prod(self.local_shape(num_ranks, rank)) * self.elem_bytes
-
-    def segment(
-        self,
-        layer: int | None,
-        src: tuple[int, int],
-        dst: tuple[int, int],
-    ) -> Segment:
-        """The copy that fills rank ``dst = (num_ranks, rank)``'s share from rank ``src``'s.
-
-        A replicated field is copied whole. A sharded one: the consumer's slab along the
-        placed dimension must lie inside the producer's (its head group), else
-        ``head_group_mismatch``; the dimensions before it become the copies, those after it
-        the contiguous length::
-
-            outer = prod(shape[:dim]),  inner = prod(shape[dim+1:]) * elem
-            src_offset = (dst_off - src_off) * inner,  length = dst_size * inner
-            strides: src_size * inner (producer), dst_size * inner (consumer)
-        """
-        if isinstance(self.tp, Replicate):
-            self.local_size_and_offset(*src)  # refuses a rank outside its TP group
-            return Segment.strided(
-                self.field,
-                layer,
-                src_offset_bytes=0,
-                dst_offset_bytes=0,
-                length_bytes=self.local_bytes(*dst),
-            )
-        dim = self.tp.dim
-        src_size, src_off = self.local_size_and_offset(*src)
-        dst_size, dst_off = self.local_size_and_offset(*dst)
-        if not src_off <= dst_off <= dst_off + dst_size <= src_off + src_size:
-            raise Refusal(
-                "head_group_mismatch",
-                f"{self.field} layer {layer}: consumer rank {dst[1]} of tp={dst[0]} holds "
-                f"[{dst_off}, {dst_off + dst_size}) of dim {dim}, outside producer rank "
-                f"{src[1]} of tp={src[0]} holding [{src_off}, {src_off + src_size})",
-                facts={
-                    "field": self.field,
-                    "producer_tp_rank": src[1],
-                    "prefill_tp": src[0],
-                    "consumer_tp_rank": dst[1],
-                    "decode_tp": dst[0],
-                },
-                hint="pair each consumer with the producer whose share contains its own",
-            )
-        inner = math.prod(self.shape[dim + 1 :]) * self.elem_bytes
+    if isinstance(part.tp, Replicate):
+        part.local_size_and_offset(*src)  # refuses a rank outside its TP group
         return Segment.strided(
-            self.field,
+            part.name,
             layer,
-            src_offset_bytes=(dst_off - src_off) * inner,
+            "slot",
+            src_offset_bytes=0,
             dst_offset_bytes=0,
-            length_bytes=dst_size * inner,
-            num_copies=math.prod(self.shape[:dim]),
-            src_stride_bytes=src_size * inner,
-            dst_stride_bytes=dst_size * inner,
+            length_bytes=part.local_bytes(dst[0]),
         )
+    dim = part.tp.dim
+    src_size, src_off = part.local_size_and_offset(*src)
+    dst_size, dst_off = part.local_size_and_offset(*dst)
+    if not src_off <= dst_off <= dst_off + dst_size <= src_off + src_size:
+        raise Refusal(
+            "head_group_mismatch",
+            f"{part.name} layer {layer}: consumer rank {dst[1]} of tp={dst[0]} holds "
+            f"[{dst_off}, {dst_off + dst_size}) of axis {dim}, outside producer rank "
+            f"{src[1]} of tp={src[0]} holding [{src_off}, {src_off + src_size})",
+            facts={
+                "field": part.name,
+                "producer_tp_rank": src[1],
+                "prefill_tp": src[0],
+                "consumer_tp_rank": dst[1],
+                "decode_tp": dst[0],
+            },
+            hint="pair each consumer with the producer whose share contains its own",
+        )
+    inner = math.prod(part.shape[dim + 1 :]) * part.elem_bytes
+    return Segment.strided(
+        part.name,
+        layer,
+        "slot",
+        src_offset_bytes=(dst_off - src_off) * inner,
+        dst_offset_bytes=0,
+        length_bytes=dst_size * inner,
+        num_copies=math.prod(part.shape[:dim]),
+        src_stride_bytes=src_size * inner,
+        dst_stride_bytes=dst_size * inner,
+    )
 
 
 def token_segments(
     layer: int,
+    field: RegionField,
     row_bytes: int,
     prompt_tokens: int,
     placement: Interleave,
+    *,
     rank: int,
 ) -> tuple[Segment, ...]:
     """The MLA rows of tokens ``[0, prompt_tokens)`` that DCP rank ``rank`` owns, copied from a
@@ -272,8 +234,9 @@ def token_segments(
     if full_runs:
         segments.append(
             Segment.strided(
-                "latent",
+                field,
                 layer,
+                "page",
                 src_offset_bytes=placement.global_token(rank, 0) * row_bytes,
                 dst_offset_bytes=0,
                 length_bytes=run * row_bytes,
@@ -289,8 +252,9 @@ def token_segments(
         if whole is not None and whole.num_copies == 1 and whole.src_end_bytes == first * row_bytes:
             # One rank (no DCP): the tail continues the whole copy.
             segments[0] = Segment.strided(
-                "latent",
+                field,
                 layer,
+                "page",
                 src_offset_bytes=whole.src_offset_bytes,
                 dst_offset_bytes=0,
                 length_bytes=count * row_bytes,
@@ -298,8 +262,9 @@ def token_segments(
         else:
             segments.append(
                 Segment.strided(
-                    "latent",
+                    field,
                     layer,
+                    "page",
                     src_offset_bytes=first * row_bytes,
                     dst_offset_bytes=local * row_bytes,
                     length_bytes=tail * row_bytes,

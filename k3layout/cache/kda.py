@@ -1,0 +1,92 @@
+"""The KDA layer kind: a fixed-size state per request, head-sharded by attention TP.
+
+Parts of a slot, back to back from its start (vLLM slices a KDA page into conv then
+recurrent, and pads at the end). K3 (H 96, D 128, K 4), ``s`` speculative tokens::
+
+    part       logical TP1 shape       TP        engine tensor on a rank      dtype
+    conv  SD   (K-1+s, 3, H, D)        Shard(2)  (K-1+s, 3*H/tp*D)            bf16
+          DS   (3, H, D, K-1+s)        Shard(1)  (3*H/tp*D, K-1+s)            bf16
+    recurrent  (H, D, D)               Shard(0)  (H/tp, D, D)                 fp32
+
+The conv state is ONE tensor (vLLM #44539): q, k and v channels side by side, each split by
+heads, so rank ``r`` holds its q, k and v shares together. In SD at TP 1 the k channels of
+row 0 start at byte ``H*D*2 = 24,576``, after the q channels.
+
+``S(tp, s) = 3*H/tp*D*(K-1+s)*2 + H/tp*D*D*4``: 832,512 B at TP 8, s 2.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, PositiveInt
+
+from .._frozen import Frozen
+from ..deployment import Deployment
+from ..placements import Shard
+from .part import CachePart
+from .replay import replay_spec
+from .spec import LayerCacheSpec, Paging
+
+CONV_CHANNEL_GROUPS: tuple[str, str, str] = ("q", "k", "v")
+"""The conv state's channel groups, side by side along its channel axis."""
+
+
+class KDALayer(Frozen):
+    """A KDA (Kimi Delta Attention) layer: a fixed-size per-request state, head-sharded by TP.
+
+    The state is three causal short convolutions (q|k|v, ``num_heads * head_dim`` channels each,
+    ``conv_kernel - 1`` rows of history) held as one tensor, and a
+    ``(num_heads, head_dim, head_dim)`` recurrence.
+    """
+
+    kind: Literal["kda"] = "kda"
+    paging: ClassVar[Paging] = "slot"
+    num_heads: PositiveInt
+    head_dim: PositiveInt
+    conv_kernel: Annotated[int, Field(ge=2)] = 4
+
+    def conv_rows(self, deployment: Deployment) -> int:
+        """Rows of conv history: ``K - 1 + spec_tokens``."""
+        return self.conv_kernel - 1 + deployment.spec_tokens
+
+    def cache_spec(self, deployment: Deployment) -> LayerCacheSpec:
+        """The conv state (one tensor, ``deployment.conv_layout``) then the recurrent state."""
+        heads, dim, rows = self.num_heads, self.head_dim, self.conv_rows(deployment)
+        groups = len(CONV_CHANNEL_GROUPS)
+        if deployment.conv_layout == "SD":
+            conv = CachePart(
+                name="conv",
+                shape=(rows, groups, heads, dim),
+                dtype="bfloat16",
+                tp=Shard(dim=2),
+                view=(1, 3),
+            )
+        else:
+            conv = CachePart(
+                name="conv",
+                shape=(groups, heads, dim, rows),
+                dtype="bfloat16",
+                tp=Shard(dim=1),
+                view=(3, 1),
+            )
+        recurrent = CachePart(
+            name="recurrent", shape=(heads, dim, dim), dtype="float32", tp=Shard(dim=0)
+        )
+        return LayerCacheSpec(kind=self.kind, paging="slot", parts=(conv, recurrent))
+
+    def side_specs(self, deployment: Deployment) -> tuple[LayerCacheSpec, ...]:
+        """ATOM's ReplaySSM records beside the state slot, when the deployment keeps them."""
+        if not deployment.replayssm:
+            return ()
+        return (replay_spec(self.num_heads, self.head_dim, deployment),)
+
+
+def conv_channel_offset(spec: LayerCacheSpec, group: str, tp: int, row: int = 0) -> int:
+    """Byte offset, inside a rank's conv tensor, of the first channel of ``group`` (q, k or v)
+    in history row ``row``, derived from the conv part's shape and layout."""
+    conv = spec.part("conv")
+    which = CONV_CHANNEL_GROUPS.index(group)
+    if conv.view == (1, 3):  # SD: (rows, 3, H, D)
+        return conv.local_offset((row, which, 0, 0), tp)
+    return conv.local_offset((which, 0, 0, row), tp)  # DS: (3, H, D, rows)

@@ -1,0 +1,126 @@
+"""A layer's cache spec: its named parts, and how it is paged.
+
+Every layer kind describes its cache as one :class:`LayerCacheSpec`: a tuple of
+:class:`~k3layout.cache.part.CachePart` and a *paging*:
+
+- ``token``: the layer keeps a row per token (MLA latent, GQA K and V). A page of ``T`` tokens
+  holds the parts back to back, each ``[T, *part]`` (tokens outermost), as the engines cut
+  one block of a layer: the MLA latent rows, then a DSA index's rows; K rows, then V rows.
+- ``slot``: the layer keeps one state per request (KDA conv and recurrent state, ReplaySSM
+  records). A slot holds the parts back to back from its start; an engine that gives the
+  slot a bigger page leaves the padding at the end.
+
+Everything per rank (bytes, the byte range of a part inside a page or slot) is derived here,
+once; layouts place pages, transfers and images copy these ranges.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypeAlias
+
+from pydantic import Field, model_validator
+
+from .._frozen import Frozen
+from ..errors import Refusal
+from ..placements import Interleave
+from .part import CachePart
+
+Paging: TypeAlias = Literal["token", "slot"]
+"""``token``: rows per token, paged by blocks of tokens; ``slot``: one state per request."""
+
+
+class PartRange(Frozen):
+    """Where one part sits inside a layer's page or slot on one rank."""
+
+    part: str
+    offset_bytes: int
+    size_bytes: int
+
+    @property
+    def end_bytes(self) -> int:
+        """One past the part's last byte."""
+        return self.offset_bytes + self.size_bytes
+
+
+class LayerCacheSpec(Frozen):
+    """What one layer keeps: ``parts`` under one ``paging``.
+
+    ``kind`` names the layer kind that built it (``mla``, ``kda``, ``gqa``, ``replay``);
+    two layers share a KV-cache group only when their specs are equal, as vLLM groups by
+    spec. ``dcp`` deals a token-paged layer's tokens to DCP ranks (``None`` for slots:
+    a state is not split by DCP).
+    """
+
+    kind: Annotated[str, Field(min_length=1)]
+    paging: Paging
+    parts: Annotated[tuple[CachePart, ...], Field(min_length=1)]
+    dcp: Interleave | None = None
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> LayerCacheSpec:
+        names = [part.name for part in self.parts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"parts: names {names} repeat")
+        if self.paging == "slot" and self.dcp is not None:
+            raise ValueError("dcp: a slot is not split by DCP")
+        return self
+
+    @property
+    def part_names(self) -> tuple[str, ...]:
+        """The parts' names, in page order."""
+        return tuple(part.name for part in self.parts)
+
+    def part(self, name: str) -> CachePart:
+        """The part called ``name`` (refuses another name, listing the parts)."""
+        for part in self.parts:
+            if part.name == name:
+                return part
+        raise Refusal(
+            "invalid_argument",
+            f"{self.kind} layer: no part {name!r}",
+            facts={"kind": self.kind, "part": name, "parts": self.part_names},
+            hint=f"use one of {', '.join(self.part_names)}",
+        )
+
+    def bytes_per_token(self, tp: int) -> int:
+        """Bytes of one token's rows on a rank (token paging; 576 for K3's fp8 latent)."""
+        self._need("token", "bytes_per_token")
+        return sum(part.local_bytes(tp) for part in self.parts)
+
+    def payload_bytes(self, tp: int, tokens: int = 1) -> int:
+        """Payload of one page of ``tokens`` tokens (token paging) or of one slot (slot
+        paging, ``tokens`` ignored): ``S(tp, s)`` for a KDA layer."""
+        rows = tokens if self.paging == "token" else 1
+        return rows * sum(part.local_bytes(tp) for part in self.parts)
+
+    def ranges(self, tp: int, tokens: int = 1) -> tuple[PartRange, ...]:
+        """Every part's byte range inside a page of ``tokens`` tokens or a slot, back to back
+        from byte 0; the ranges tile ``[0, payload_bytes)`` exactly."""
+        rows = tokens if self.paging == "token" else 1
+        ranges: list[PartRange] = []
+        offset = 0
+        for part in self.parts:
+            size = rows * part.local_bytes(tp)
+            ranges.append(PartRange(part=part.name, offset_bytes=offset, size_bytes=size))
+            offset += size
+        return tuple(ranges)
+
+    def range_of(self, name: str, tp: int, tokens: int = 1) -> PartRange:
+        """The byte range of part ``name`` inside a page or slot."""
+        self.part(name)
+        return next(r for r in self.ranges(tp, tokens) if r.part == name)
+
+    def page_shape(self, name: str, tp: int, tokens: int) -> tuple[int, ...]:
+        """The engine's shape of part ``name`` in one page: ``(tokens, *engine_shape)`` for
+        token paging, the engine shape for a slot."""
+        shape = self.part(name).engine_shape(tp)
+        return (tokens, *shape) if self.paging == "token" else shape
+
+    def _need(self, paging: Paging, what: str) -> None:
+        if self.paging != paging:
+            raise Refusal(
+                "invalid_argument",
+                f"{self.kind} layer: {what} needs {paging} paging, the layer has "
+                f"{self.paging} paging",
+                facts={"kind": self.kind, "paging": self.paging},
+            )

@@ -1,0 +1,170 @@
+"""What every engine layout answers, whatever engine it plans for.
+
+Callers (offload, transfer, the adapter, pictures, the command line, sweeps) are written
+against :class:`EngineLayout` and never ask which engine a plan is for. Both plans share
+:class:`LayoutBase`: the model, the deployment, the groups and their planes, the stages, and
+the per-rank cache specs (:attr:`LayoutBase.sizes`) derived from the model.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Protocol, runtime_checkable
+
+from pydantic import NonNegativeInt
+
+from .._frozen import Frozen
+from ..cache import LayerCacheSpec, PartRange
+from ..deployment import Deployment, EngineFlavour
+from ..errors import Refusal
+from ..model import HybridModel
+from ..sizes import RankSizes, rank_sizes
+from .groups import Group, GroupedLayout, GroupKind, PlaneMember, Stage, stage_at
+
+
+class ByteRange(Frozen):
+    """``[offset_bytes, offset_bytes + size_bytes)`` of one part of one layer's page in a
+    rank's cache (offsets from the start of the rank's backing allocation)."""
+
+    layer: NonNegativeInt
+    part: str
+    block: NonNegativeInt
+    offset_bytes: NonNegativeInt
+    size_bytes: NonNegativeInt
+
+    @property
+    def end_bytes(self) -> int:
+        """One past the last byte."""
+        return self.offset_bytes + self.size_bytes
+
+
+class LayoutBase(GroupedLayout):
+    """The fields and answers both engine layouts share."""
+
+    model: HybridModel
+    deployment: Deployment
+    stages: tuple[Stage, ...]
+
+    @cached_property
+    def sizes(self) -> RankSizes:
+        """The model's cache specs under the deployment, and their per-rank bytes."""
+        return rank_sizes(self.model, self.deployment)
+
+    def stage(self, index: int) -> Stage:
+        """Pipeline stage ``index`` (refuses an index that is not a stage)."""
+        return stage_at(self.stages, index)
+
+    def groups_of(self, kind: GroupKind, stage: int | None = None) -> tuple[Group, ...]:
+        """The groups of ``kind`` that hold layers (of the whole model, or of ``stage``)."""
+        groups = self.groups if stage is None else self.stage(stage).groups
+        return tuple(group for group in groups if group.kind == kind and group.layers)
+
+    def group_spec(self, group: Group) -> LayerCacheSpec:
+        """The cache spec every layer of ``group`` shares."""
+        if not group.layers:
+            return self.sizes.attention if group.kind == "attention" else self._state_spec()
+        return self.sizes.spec_of(group.layers[0])
+
+    def _state_spec(self) -> LayerCacheSpec:
+        state = self.sizes.state
+        if state is None:
+            raise Refusal(
+                "invalid_argument",
+                f"model {self.model.name} has no state layers",
+                facts={"model": self.model.name},
+            )
+        return state
+
+    def group_of(self, layer: int, stage: int | None = None) -> tuple[Group, int]:
+        """The group holding module layer ``layer`` and the layer's position in it."""
+        groups = self.groups if stage is None else self.stage(stage).groups
+        for group in groups:
+            if layer in group.layers:
+                return group, group.layers.index(layer)
+        raise Refusal(
+            "invalid_argument",
+            f"layer={layer} is in no group" + ("" if stage is None else f" of stage {stage}"),
+            facts={"layer": layer, "stage": stage},
+            hint="use a module layer of the model (of that stage)",
+        )
+
+    def part_range(self, layer: int, part: str) -> PartRange:
+        """Where part ``part`` of module layer ``layer`` sits inside one of its pages."""
+        group, _ = self.group_of(layer)
+        spec = self.group_spec(group)
+        return spec.range_of(part, self.deployment.attn_tp, self.tokens_per_page(group))
+
+    def part_range_list(self, layer: int) -> tuple[PartRange, ...]:
+        """Every part's byte range inside one of module ``layer``'s pages, in page order."""
+        group, _ = self.group_of(layer)
+        spec = self.group_spec(group)
+        return spec.ranges(self.deployment.attn_tp, self.tokens_per_page(group))
+
+    def tokens_per_page(self, group: Group) -> int:
+        """Tokens one page of an attention group holds on a rank (1 for a state group)."""
+        raise NotImplementedError
+
+
+@runtime_checkable
+class EngineLayout(Protocol):
+    """What a plan of any engine answers.
+
+    - ``stages``, ``groups``, ``groups_of(kind)``: the KV-cache groups, whole or per stage;
+    - ``payload_bytes(group)``: one layer's payload on one page (an attention page, or ``S``);
+    - ``page_stride_bytes(group)``: bytes between consecutive pages of one layer;
+    - ``span_tokens(group)``: tokens one page covers (attention: ``block * dcp``);
+    - ``num_blocks(budget)`` / ``blocks_bytes(n)``: capacity both ways, in the engine's unit of
+      allocation (vLLM blocks, parents);
+    - ``byte_range(layer, part, block, num_blocks)``: where any part of any layer's page lies
+      in a rank's allocation.
+    """
+
+    @property
+    def engine(self) -> EngineFlavour: ...
+    @property
+    def model(self) -> HybridModel: ...
+    @property
+    def deployment(self) -> Deployment: ...
+    @property
+    def groups(self) -> tuple[Group, ...]: ...
+    @property
+    def stages(self) -> tuple[Stage, ...]: ...
+    @property
+    def sizes(self) -> RankSizes: ...
+    @property
+    def num_planes(self) -> int: ...
+    @property
+    def planes(self) -> tuple[tuple[PlaneMember, ...], ...]: ...
+    @property
+    def bytes_per_token(self) -> float: ...
+    @property
+    def block_bytes(self) -> int: ...
+    @property
+    def packing_label(self) -> str: ...
+    @property
+    def worst_padding(self) -> float: ...
+
+    def stage(self, index: int) -> Stage: ...
+    def group(self, name: str) -> Group: ...
+    def groups_of(self, kind: GroupKind, stage: int | None = None) -> tuple[Group, ...]: ...
+    def group_spec(self, group: Group) -> LayerCacheSpec: ...
+    def group_of(self, layer: int, stage: int | None = None) -> tuple[Group, int]: ...
+    def tokens_per_page(self, group: Group) -> int: ...
+    def payload_bytes(self, group: Group) -> int: ...
+    def page_stride_bytes(self, group: Group) -> int: ...
+    def span_tokens(self, group: Group) -> int: ...
+    def page_axes(self, group: Group, num_blocks: int) -> tuple[tuple[int, int], ...]: ...
+    def plane_span_bytes(self, num_blocks: int) -> int: ...
+    def stage_block_bytes(self, stage: int) -> int: ...
+    def blocks_in(self, budget_bytes: int, stage: int | None = None) -> int: ...
+    def blocks_bytes(self, num_blocks: int, stage: int | None = None) -> int: ...
+    def part_range(self, layer: int, part: str) -> PartRange: ...
+    def part_range_list(self, layer: int) -> tuple[PartRange, ...]: ...
+    def byte_range(
+        self, layer: int, part: str, block: int, num_blocks: int, stage: int = 0
+    ) -> ByteRange: ...
+    def summary(self) -> list[tuple[str, str]]: ...
+    def block_caption(self, num_planes: int) -> str: ...
+    def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]: ...
+    def group_columns(self) -> dict[str, dict[str, str]]: ...
+    def report_fields(self) -> tuple[dict[str, object], str]: ...

@@ -1,0 +1,257 @@
+"""The tensors an engine registers for a plan, as data: every layer's parts, dtypes, shapes,
+strides and byte offsets on its plane.
+
+Allocation builds its views from this spec and validation checks live tensors against it, so
+the two cannot drift apart. The module is pure Python (no torch): the spec is a frozen
+record, built and inspected without torch.
+
+``vllm`` (vLLM's hybrid allocator): ``num_planes`` tensors of ``num_blocks x page``; the layer at
+position ``j`` of every group is cut from plane ``j``, with the page as block stride:
+
+- MLA: ``latent [num_blocks, block_tokens, 576]`` in the cache dtype (FlashMLA's ``fp8_ds_mla``
+  row is ``uint8 [.., 656]``); a DSA ``index_cache`` region follows the latent rows in the
+  page, ``uint8 [num_blocks, block_tokens, 132]``, registered under its own name.
+- KDA: the conv state (ONE tensor, q|k|v channels side by side) then the fp32 recurrent
+  state, back to back from the page start (padding at the end). The conv state is
+  ``[num_blocks, K-1+s, 3C]`` in vLLM's default ``SD`` layout or ``[num_blocks, 3C, K-1+s]``
+  in ``DS``, ``C = H/tp * D``.
+
+K3 at attention TP 8, fp8, 2 spec tokens (page 884,736 B): the conv state ``5 x 4,608`` bf16 at
+byte 0, the fp32 recurrent state ``[12, 128, 128]`` at 46,080; 832,512 B of state, then 52,224 B
+of padding. Every shape and offset comes from the layers' cache specs
+(:mod:`k3layout.cache`); this module only places them on the planes.
+
+``parent`` (tokenspeed / ATOM): one arena of ``bind(n)``, planes laid out plane-major. An MLA
+layer's pages sit at an exact page stride, ``latent [1 + n*p_m, 128, 576]``; a state group's
+pages are ``p_l`` per parent, so its parts are ``[n + 1, p_l, ...]`` with strides (plane, S).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeAlias
+
+from pydantic import NonNegativeInt, PositiveInt
+
+from .._frozen import Frozen
+from ..cache import ElementDtype, LayerCacheSpec, element_bytes
+from ..deployment import ConvLayout, EngineFlavour
+from ..errors import Refusal
+from ..offload.image import part_region_name
+from ..offload.names import LayerNames, engine_layer_names
+from .protocol import EngineLayout
+
+PartName: TypeAlias = str
+"""One tensor a layer registers: a part of its cache spec (``latent``, ``index``, ``conv``,
+``recurrent``, ``k``, ``v``)."""
+
+LayerKind: TypeAlias = Literal["attention", "index", "kda"]
+"""What a registered name holds: an attention layer's first part, another part of an
+attention layer registered under its own name (a DSA index region), or a state layer's
+parts."""
+
+
+class PartSpec(Frozen):
+    """One registered tensor: ``shape`` and ``strides`` in elements of ``dtype``, starting
+    ``offset_bytes`` past the start of its plane (block or parent 0)."""
+
+    part: PartName
+    dtype: ElementDtype
+    shape: tuple[PositiveInt, ...]
+    strides: tuple[NonNegativeInt, ...]
+    offset_bytes: NonNegativeInt
+
+    @property
+    def elem_bytes(self) -> int:
+        """Bytes per element."""
+        return element_bytes(self.dtype)
+
+
+class LayerSpec(Frozen):
+    """A registered name: its layer, group, position ``j`` in the group, plane and parts."""
+
+    name: str
+    kind: LayerKind
+    module_layer: NonNegativeInt
+    group: str
+    position: NonNegativeInt
+    plane: NonNegativeInt
+    parts: tuple[PartSpec, ...]
+
+    @property
+    def where(self) -> str:
+        """``KDA layer model.layers.4.self_attn (group linear_attention_0, layer 1, plane 1)``."""
+        kind = {"attention": "attention layer", "index": "index region", "kda": "KDA layer"}
+        return (
+            f"{kind[self.kind]} {self.name} (group {self.group}, layer {self.position}, "
+            f"plane {self.plane})"
+        )
+
+
+class CacheSpec(Frozen):
+    """Every tensor one rank registers for a plan: ``num_planes`` planes of ``plane_bytes``.
+
+    ``num_blocks`` counts vLLM blocks, or a parent arena's usable parents ``n`` (the arena
+    holds ``n + 1``). ``vllm`` planes are separate allocations; ``parent`` planes are
+    consecutive in one arena.
+    """
+
+    engine: EngineFlavour
+    stage: NonNegativeInt
+    conv_layout: ConvLayout
+    num_blocks: PositiveInt
+    page_bytes: PositiveInt
+    num_planes: PositiveInt
+    plane_span_bytes: PositiveInt
+    layers: tuple[LayerSpec, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Registered names, in registration (module) order."""
+        return tuple(layer.name for layer in self.layers)
+
+    @property
+    def allocation_bytes(self) -> int:
+        """Bytes the rank allocates: every plane."""
+        return self.num_planes * self.plane_span_bytes
+
+    def layer(self, name: str) -> LayerSpec:
+        """The spec registered as ``name``."""
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise Refusal(
+            "layer_names",
+            f"{name!r} is not registered on stage {self.stage}",
+            facts={"name": name, "stage": self.stage},
+            hint="use one of CacheSpec.names",
+        )
+
+
+def _inner_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = [1] * len(shape)
+    for axis in range(len(shape) - 2, -1, -1):
+        strides[axis] = strides[axis + 1] * shape[axis + 1]
+    return tuple(strides)
+
+
+def _part(
+    part: PartName,
+    dtype: ElementDtype,
+    page_axes: tuple[tuple[int, int], ...],
+    inner: tuple[int, ...],
+    *,
+    offset_bytes: int,
+    where: str,
+) -> PartSpec:
+    """A part whose page axes are ``(count, stride in bytes)`` and whose inner axes are packed."""
+    elem = element_bytes(dtype)
+    for value, what in [
+        (offset_bytes, "its offset"),
+        *((s, "a page stride") for _, s in page_axes),
+    ]:
+        if value % elem:
+            raise Refusal(
+                "tensor_mismatch",
+                f"{where}: {part} cannot be cut as {dtype}: {what} of {value} B is not a "
+                f"multiple of its {elem} B element",
+                facts={"part": part, "dtype": dtype, "bytes": value, "elem_bytes": elem},
+                hint="pick head dims whose conv state is a whole number of fp32 words",
+            )
+    return PartSpec(
+        part=part,
+        dtype=dtype,
+        shape=(*(count for count, _ in page_axes), *inner),
+        strides=(*(stride // elem for _, stride in page_axes), *_inner_strides(inner)),
+        offset_bytes=offset_bytes,
+    )
+
+
+def _spec_parts(
+    plan: EngineLayout,
+    spec: LayerCacheSpec,
+    tokens: int,
+    page_axes: tuple[tuple[int, int], ...],
+    where: str,
+) -> tuple[PartSpec, ...]:
+    """Every part of one page (``tokens`` rows of an attention spec, or one state slot), cut
+    at the byte range its spec gives it."""
+    tp = plan.deployment.attn_tp
+    return tuple(
+        _part(
+            r.part,
+            spec.part(r.part).dtype,
+            page_axes,
+            spec.page_shape(r.part, tp, tokens),
+            offset_bytes=r.offset_bytes,
+            where=where,
+        )
+        for r in spec.ranges(tp, tokens)
+    )
+
+
+def _check_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise Refusal(
+            "invalid_argument",
+            f"{name}={value!r} must be an integer >= 1",
+            facts={name: repr(value)},
+            hint=f"allocate at least one {name.removeprefix('num_').rstrip('s')}",
+        )
+
+
+def cache_spec(
+    plan: EngineLayout,
+    num_blocks: int,
+    *,
+    stage: int = 0,
+    names: LayerNames | None = None,
+) -> CacheSpec:
+    """The tensors a rank of pipeline stage ``stage`` registers for ``plan``.
+
+    ``num_blocks`` is vLLM's block count, or the parent engine's usable parents (``bind(n)``).
+
+    >>> from k3layout import Deployment, plan, preset
+    >>> spec = cache_spec(plan(preset("kimi-k3"), Deployment(attn_tp=8, spec_tokens=2)), 4)
+    >>> [(p.part, p.shape, p.offset_bytes) for p in spec.layer("model.layers.0.self_attn").parts]
+    [('conv', (4, 5, 4608), 0), ('recurrent', (4, 12, 128, 128), 46080)]
+    """
+    _check_count("num_blocks", num_blocks)
+    names = names or engine_layer_names(plan.model)
+    names.check_covers(plan.model)
+    held = plan.stage(stage)
+    layers: list[LayerSpec] = []
+    for group in held.groups:
+        spec = plan.group_spec(group)
+        tokens = plan.tokens_per_page(group)
+        for position, module_layer in enumerate(group.layers):
+            axes = plan.page_axes(group, num_blocks)
+            name = names.name(module_layer)
+            parts = _spec_parts(plan, spec, tokens, axes, f"layer {name}")
+            where = {
+                "module_layer": module_layer,
+                "group": group.name,
+                "position": position,
+                "plane": group.plane_of(position),
+            }
+            if spec.paging == "slot":
+                layers.append(LayerSpec(name=name, kind="kda", parts=parts, **where))
+                continue
+            layers.extend(
+                LayerSpec(
+                    name=part_region_name(name, part.part, i == 0),
+                    kind="attention" if i == 0 else "index",
+                    parts=(part,),
+                    **where,
+                )
+                for i, part in enumerate(parts)
+            )
+    return CacheSpec(
+        engine=plan.engine,
+        stage=stage,
+        conv_layout=plan.deployment.conv_layout,
+        num_blocks=num_blocks,
+        page_bytes=plan.page_stride_bytes(plan.groups_of("attention")[0]),
+        num_planes=held.num_planes,
+        plane_span_bytes=plan.plane_span_bytes(num_blocks),
+        layers=tuple(sorted(layers, key=lambda s: (s.module_layer, s.kind))),
+    )
