@@ -298,7 +298,7 @@ def test_a_checkpoint_image_checks_its_pages_and_regions(vllm_plan: VllmPlan) ->
     image = plan_ride(vllm_plan).image
     assert CheckpointImage.model_validate_json(image.model_dump_json()) == image
     refused(
-        lambda: image.model_copy(update={"page_bytes": image.page_bytes + 256}), "plan_mismatch"
+        lambda: image.model_copy(update={"page_bytes": image.page_bytes - 256}), "plan_mismatch"
     )
     refused(
         lambda: image.model_copy(update={"layer_state_bytes": image.page_bytes + 1}),

@@ -76,8 +76,8 @@ class CheckpointImage(SelfChecked):
 
     Built by hand (or loaded, or ``model_copy``'d), it is refused (``plan_mismatch``) unless the
     groups are non-empty KDA groups, the planes are plane ``j`` = allocation plane ``j`` for
-    ``j`` below the longest group, a state fits its page, and each plane's regions tile its page
-    (latent at 0, then the index, ``page_bytes`` in all) in plane order.
+    ``j`` below the longest group, a state fits its page, and each plane's regions follow each
+    other on its page (latent, then the index) in plane order.
     """
 
     stage: NonNegativeInt
@@ -132,24 +132,24 @@ class CheckpointImage(SelfChecked):
         for index, region in enumerate(self.regions):
             start = filled.get(region.attention_layer, 0)
             if layers.get(region.attention_layer) != region.module_layer or (
-                region.offset_bytes != start
+                region.offset_bytes < start
             ):
                 raise mismatch(
                     thing,
                     f"regions[{index}].offset_bytes",
-                    "an image plane's regions follow each other from byte 0 of its page",
+                    "an image plane's regions follow each other on its page, without overlap",
                     region.offset_bytes,
                     start,
                 )
-            filled[region.attention_layer] = start + region.num_bytes
+            filled[region.attention_layer] = region.offset_bytes + region.num_bytes
         order = tuple(dict.fromkeys(region.attention_layer for region in self.regions))
         planes = tuple(share.attention_layer for share in self.planes)
         if order != planes:
             raise mismatch(thing, "regions", "the regions follow the planes", order, planes)
-        for name, size in filled.items():
-            if size != self.page_bytes:
+        for name, end in filled.items():
+            if end > self.page_bytes:
                 raise mismatch(
-                    thing, f"regions of {name}", "regions fill the page", size, self.page_bytes
+                    thing, f"regions of {name}", "regions fit the page", end, self.page_bytes
                 )
 
     @property
