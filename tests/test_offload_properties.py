@@ -10,7 +10,7 @@ import math
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from k3layout import Refusal, VllmPlan, plan_vllm, preset
+from k3layout import EngineLayout, Refusal, VllmPlan, plan_vllm, preset
 from k3layout.offload import (
     RideOptions,
     RidePlan,
@@ -59,7 +59,7 @@ def rides(draw: st.DrawFn) -> RidePlan:
     return plan_ride(p, stage=stage)
 
 
-def plane_bases(p: VllmPlan, stage: int, data: st.DataObject) -> list[int]:
+def plane_bases(p: EngineLayout, stage: int, data: st.DataObject) -> list[int]:
     """Separate allocations, one per plane, in a drawn order in memory."""
     num = p.stages[stage].num_planes
     slots = data.draw(st.permutations(range(num)))
@@ -99,7 +99,8 @@ def test_the_image_covers_every_state_byte_exactly_once_and_nothing_else(
         page_start = (r.unit * image.num_planes + r.plane) * image.page_bytes
         assert page_start == r.offset_bytes
         assert r.end_bytes <= page_start + image.page_bytes <= image.image_bytes
-    assert image.image_bytes == image.num_units * image.num_planes * ride.plan.page_bytes
+    page = ride.plan.page_stride_bytes(ride.plan.groups[0])
+    assert image.image_bytes == image.num_units * image.num_planes * page
     # The image is views of the planes: unit g, plane j is published plane j in group g's
     # block, where the state of layer j of group g lives.
     names = engine_layer_names(ride.plan.model)
@@ -108,10 +109,11 @@ def test_the_image_covers_every_state_byte_exactly_once_and_nothing_else(
         st.lists(st.integers(0, 3), min_size=image.num_units, max_size=image.num_units)
     )
     published = ride.order.order
+    page = ride.plan.page_stride_bytes(ride.plan.groups[0])  # one page size on every plane
     for r in image.ranges:
-        unit_source = views[published[r.plane]].base_address + rows[r.unit] * ride.plan.page_bytes
+        unit_source = views[published[r.plane]].base_address + rows[r.unit] * page
         state_at = (
-            views[names.name(r.module_layer)].base_address + rows[r.unit] * ride.plan.page_bytes
+            views[names.name(r.module_layer)].base_address + rows[r.unit] * page
         )
         assert state_at == unit_source
 
@@ -215,7 +217,8 @@ def test_dsa_index_regions_fold_into_their_planes(ride: RidePlan) -> None:
     image = ride.image
     has_index = "index" in ride.plan.sizes.attention.part_names
     assert image.num_regions == image.num_planes * (2 if has_index else 1)
-    assert image.plane_movable_bytes == (ride.plan.page_bytes,) * image.num_planes
+    page = ride.plan.page_stride_bytes(ride.plan.groups[0])
+    assert image.plane_movable_bytes == (page,) * image.num_planes
 
 
 @settings(max_examples=40, deadline=None)

@@ -20,7 +20,7 @@ from ..offload import (
     ride_report,
 )
 from ..offload.plane_order import stage_attention_names
-from ..offload.stage import ride_stage, vllm_plan_of
+from ..offload.stage import ridable
 from .common import (
     add_deployment_options,
     add_model_options,
@@ -93,7 +93,7 @@ def _ride(args: argparse.Namespace) -> RidePlan:
     result = plan(model_from_args(args), deployment_from_args(args))
     published = None
     if args.publish_order == "module":
-        on_stage = ride_stage(vllm_plan_of(result), args.stage)
+        on_stage = ridable(result).stage(args.stage)
         published = stage_attention_names(on_stage, engine_layer_names(result.model))
     return plan_ride(result, _options(args), stage=args.stage, published=published)
 

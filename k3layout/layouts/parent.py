@@ -409,6 +409,12 @@ class ParentPlan(SelfChecked, LayoutBase):
         return self.parent_bytes
 
     @property
+    def state_rides_pages(self) -> bool:
+        """False: a parent packs ``p_m`` attention pages and ``p_l`` states per plane, so no
+        state is one attention page."""
+        return False
+
+    @property
     def packing_label(self) -> str:
         """How the layout packs, in a few characters: ``12/1`` (``p_m / p_l``)."""
         return f"{self.packing.mla_pages}/{self.packing.state_pages}"

@@ -101,6 +101,12 @@ class VllmPlan(SelfChecked, LayoutBase):
     # The engine-layout protocol.
 
     @property
+    def state_rides_pages(self) -> bool:
+        """A state group's page is one whole page of an attention layer's plane, so the
+        state rides the PAGE object (LMCache MP): true of vLLM's hybrid layout."""
+        return True
+
+    @property
     def packing_label(self) -> str:
         """How the layout packs, in a few characters: ``block 1536``."""
         return f"block {self.block_tokens}"

@@ -29,7 +29,7 @@ from ..errors import Refusal
 from ..layouts import EngineLayout
 from .names import LayerNames, engine_layer_names
 from .plane_order import check_permutation, stage_attention_names
-from .stage import image_attention_layers, kda_groups, ride_stage, vllm_plan_of
+from .stage import image_attention_layers, kda_groups, page_bytes, ridable
 from .views import TensorView, views_of
 
 MisplacedBy: TypeAlias = Literal["plane", "offset", "outside", "stride", "extent"]
@@ -93,13 +93,13 @@ def aliasing_problems(
     ``published[p]``). Refuses ``layer_names`` for names that do not match the stage and
     ``aliasing`` for an attention plane whose block stride is not the page.
     """
-    vllm = vllm_plan_of(plan)
-    names = names or engine_layer_names(vllm.model)
-    names.check_covers(vllm.model)
-    on_stage = ride_stage(vllm, stage)
+    plan = ridable(plan)
+    names = names or engine_layer_names(plan.model)
+    names.check_covers(plan.model)
+    on_stage = plan.stage(stage)
     check_permutation(published, stage_attention_names(on_stage, names), stage)
     image_attention_layers(on_stage)  # every image plane has an attention layer
-    page = vllm.page_bytes
+    page = page_bytes(plan)
     planes = views_of(views, published, stage)
     for index, (name, plane) in enumerate(zip(published, planes, strict=True)):
         if plane.block_stride_bytes != page:
@@ -182,14 +182,14 @@ def check_aliasing(
     problems = aliasing_problems(plan, views, published, stage=stage, names=names)
     if not problems:
         return
-    vllm = vllm_plan_of(plan)
-    on_stage = ride_stage(vllm, stage)
+    plan = ridable(plan)
+    on_stage = plan.stage(stage)
     num_image = len(image_attention_layers(on_stage))
     total = sum(len(group.layers) for group in kda_groups(on_stage))
     outside = tuple(p for p in problems if p.found_plane is None or p.found_plane >= num_image)
     first = problems[0]
     message = (
-        f"stage {stage}: {_rule_broken(first, published, vllm.page_bytes)}; "
+        f"stage {stage}: {_rule_broken(first, published, page_bytes(plan))}; "
         f"{len(problems)} of {total} KDA layers break the rule (layer j of every KDA group "
         "starts at published plane j and strides by the page)"
     )
@@ -212,7 +212,7 @@ def check_aliasing(
             "expected_plane": first.expected_plane,
             "misplaced_by": first.by,
             "block_stride_bytes": first.block_stride_bytes,
-            "page_bytes": vllm.page_bytes,
+            "page_bytes": page_bytes(plan),
             "num_misplaced": len(problems),
             "num_kda_layers": total,
             "num_image_planes": num_image,

@@ -28,7 +28,7 @@ from ..errors import Refusal
 from ..layouts import EngineLayout, Group
 from .names import LayerNames, index_region_name
 from .plane_order import PlaneOrder, PlaneShare, plane_order
-from .stage import kda_groups, ride_stage, vllm_plan_of
+from .stage import kda_groups, page_bytes, ridable
 
 RegionPart: TypeAlias = str
 """What a PAGE region of an attention layer holds: a part of its cache spec (the MLA
@@ -271,16 +271,16 @@ def checkpoint_image(
     >>> image.num_units, image.num_planes, image.image_bytes, image.state_bytes
     (3, 23, 61046784, 57443328)
     """
-    vllm = vllm_plan_of(plan)
-    order = plane_order(vllm, stage=stage, names=names)
+    plan = ridable(plan)
+    order = plane_order(plan, stage=stage, names=names)
     image_planes = order.image_planes
     aliased = {share.attention_layer for share in image_planes}
     with deriving():  # the planner's own image: its checks are for images built by hand
         return CheckpointImage(
             stage=stage,
-            page_bytes=vllm.page_bytes,
-            layer_state_bytes=vllm.sizes.kda_state_bytes,
-            groups=kda_groups(ride_stage(vllm, stage)),
+            page_bytes=page_bytes(plan),
+            layer_state_bytes=plan.sizes.state_bytes,
+            groups=kda_groups(plan.stage(stage)),
             planes=image_planes,
-            regions=tuple(r for r in page_regions(vllm, order) if r.attention_layer in aliased),
+            regions=tuple(r for r in page_regions(plan, order) if r.attention_layer in aliased),
         )

@@ -29,7 +29,7 @@ from .._frozen import Frozen
 from ..errors import Refusal
 from ..layouts import EngineLayout, PlaneMember, Stage
 from .names import LayerNames, engine_layer_names, name_order
-from .stage import image_attention_layers, kda_groups, ride_stage, vllm_plan_of
+from .stage import image_attention_layers, kda_groups, ridable
 from .views import TensorView, views_of
 
 
@@ -239,10 +239,10 @@ def plane_order(
     (('draft.layers.0.self_attn.attn', 'draft.layers.1.self_attn.attn'), \
 ('model.layers.3.self_attn.attn', 'model.layers.7.self_attn.attn'), 23)
     """
-    vllm = vllm_plan_of(plan)
-    names = names or engine_layer_names(vllm.model)
-    names.check_covers(vllm.model)
-    on_stage = ride_stage(vllm, stage)
+    plan = ridable(plan)
+    names = names or engine_layer_names(plan.model)
+    names.check_covers(plan.model)
+    on_stage = plan.stage(stage)
     registered = stage_attention_names(on_stage, names)
     given = name_order(registered) if published is None else tuple(published)
     check_permutation(given, registered, stage)

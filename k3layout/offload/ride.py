@@ -28,12 +28,12 @@ from pydantic import NonNegativeInt, PositiveInt, model_validator
 from .._derivation import SelfChecked, check_derivation, deriving, is_deriving
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import EngineLayout, GroupKind, VllmPlan
+from ..layouts import EngineLayout, GroupKind, Plan
 from ..model import HybridModel
 from .image import CheckpointImage, checkpoint_image
 from .names import LayerNames, engine_layer_names
 from .plane_order import PlaneOrder, plane_order
-from .stage import ride_stage, vllm_plan_of
+from .stage import ridable
 
 MambaCacheMode: TypeAlias = Literal["all", "align", "none"]
 """vLLM's ``--mamba-cache-mode`` (``vllm/config/cache.py``)."""
@@ -84,7 +84,7 @@ class RidePlan(SelfChecked):
     stored field the ride would not give (``plan_mismatch``).
     """
 
-    plan: VllmPlan
+    plan: Plan
     stage: NonNegativeInt
     options: RideOptions
     names: LayerNames
@@ -121,8 +121,12 @@ class RidePlan(SelfChecked):
 
     @property
     def block_tokens(self) -> int:
-        """Tokens of one block on a rank (one state checkpoint in ``align`` mode)."""
-        return self.plan.block_tokens
+        """Tokens of one block on a rank (one state checkpoint in ``align`` mode): the span
+        of a state group's block."""
+        state = self.plan.groups_of("kda")
+        return (
+            self.plan.span_tokens(state[0]) if state else self.plan.span_tokens(self.plan.groups[0])
+        )
 
     @property
     def spans(self) -> tuple[GroupSpan, ...]:
@@ -131,13 +135,9 @@ class RidePlan(SelfChecked):
             GroupSpan(
                 group=group.name,
                 kind=group.kind,
-                span_tokens=(
-                    self.plan.attention_span_tokens
-                    if group.kind == "attention"
-                    else self.plan.kda_span_tokens
-                ),
+                span_tokens=self.plan.span_tokens(group),
             )
-            for group in ride_stage(self.plan, self.stage).groups
+            for group in self.plan.stage(self.stage).groups
             if group.layers
         )
 
@@ -287,14 +287,14 @@ def plan_ride(
     >>> ride.chunk_tokens, ride.capped_hit(5000), ride.load_destination(4608).row
     (1536, 4608, 2)
     """
-    vllm = vllm_plan_of(plan)
-    check_ridable(vllm.model)
+    plan = ridable(plan)
+    check_ridable(plan.model)
     options = options or RideOptions()
     check_options(options)
-    names = names or engine_layer_names(vllm.model)
-    order = plane_order(vllm, published, stage=stage, names=names)
+    names = names or engine_layer_names(plan.model)
+    order = plane_order(plan, published, stage=stage, names=names)
     with deriving():  # the ride is its own derivation: its validator need not re-plan
-        ride = RidePlan(plan=vllm, stage=stage, options=options, names=names, published=order.given)
+        ride = RidePlan(plan=plan, stage=stage, options=options, names=names, published=order.given)
     check_chunk(ride)
     _ = ride.image  # every refusal at startup, none on first use
     return ride

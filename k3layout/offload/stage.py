@@ -10,13 +10,13 @@ state on planes no attention layer publishes, and is refused.
 from __future__ import annotations
 
 from ..errors import Refusal
-from ..layouts import EngineLayout, Group, Stage, VllmPlan
-from ..layouts.groups import stage_at
+from ..layouts import EngineLayout, Group, Stage
 
 
-def vllm_plan_of(plan: EngineLayout) -> VllmPlan:
-    """``plan`` if it is a ``vllm`` plan; refuses (``engine_mismatch``) a ``parent`` plan."""
-    if isinstance(plan, VllmPlan):
+def ridable(plan: EngineLayout) -> EngineLayout:
+    """``plan`` if its state rides the PAGE object; refuses (``engine_mismatch``) a layout
+    whose state pages are not whole attention pages (the ``parent`` engine)."""
+    if plan.state_rides_pages:
         return plan
     raise Refusal(
         "engine_mismatch",
@@ -27,11 +27,6 @@ def vllm_plan_of(plan: EngineLayout) -> VllmPlan:
     )
 
 
-def ride_stage(plan: VllmPlan, stage: int) -> Stage:
-    """Stage ``stage`` of ``plan`` (refuses an index that is not a stage)."""
-    return stage_at(plan.stages, stage)
-
-
 def kda_groups(stage: Stage) -> tuple[Group, ...]:
     """The stage's KDA groups that hold layers, in the plan's group order: one unit each."""
     return tuple(group for group in stage.groups if group.kind == "kda" and group.layers)
@@ -40,6 +35,11 @@ def kda_groups(stage: Stage) -> tuple[Group, ...]:
 def attention_groups(stage: Stage) -> tuple[Group, ...]:
     """The stage's attention groups that hold layers, in the plan's group order."""
     return tuple(group for group in stage.groups if group.kind == "attention" and group.layers)
+
+
+def page_bytes(plan: EngineLayout) -> int:
+    """The page every plane repeats per block (one size for every group of a riding plan)."""
+    return plan.page_stride_bytes(plan.groups[0])
 
 
 def num_image_planes(stage: Stage) -> int:

@@ -16,7 +16,7 @@ from .._frozen import Frozen
 from ..errors import Refusal
 from ..layouts import EngineLayout
 from .names import LayerNames, engine_layer_names
-from .stage import ride_stage, vllm_plan_of
+from .stage import page_bytes, ridable
 
 
 class TensorView(Frozen):
@@ -50,10 +50,10 @@ def vllm_views(
     >>> views["model.layers.4.self_attn"] == views["model.layers.7.self_attn.attn"]  # plane 1
     True
     """
-    vllm = vllm_plan_of(plan)
-    names = names or engine_layer_names(vllm.model)
-    names.check_covers(vllm.model)
-    on_stage = ride_stage(vllm, stage)
+    plan = ridable(plan)
+    names = names or engine_layer_names(plan.model)
+    names.check_covers(plan.model)
+    on_stage = plan.stage(stage)
     if len(plane_bases) != on_stage.num_planes or num_blocks < 1 or any(b < 0 for b in plane_bases):
         raise Refusal(
             "invalid_argument",
@@ -67,10 +67,10 @@ def vllm_views(
             },
             hint=f"pass {on_stage.num_planes} base addresses",
         )
-    size = num_blocks * vllm.page_bytes
+    size = num_blocks * page_bytes(plan)
     return {
         names.name(layer): TensorView(
-            base_address=plane_bases[j], block_stride_bytes=vllm.page_bytes, num_bytes=size
+            base_address=plane_bases[j], block_stride_bytes=page_bytes(plan), num_bytes=size
         )
         for group in on_stage.groups
         for j, layer in enumerate(group.layers)

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import Refusal
 from ..offload import checkpoint_image
-from ..offload.stage import kda_groups, ride_stage, vllm_plan_of
+from ..offload.stage import ridable
 from .allocation import Registered, parts_of
 from .live import LiveLayout
 from .tables import BlockTables, boundary_row
@@ -133,8 +133,7 @@ def image_units(layout: LiveLayout, registered: Registered, blocks: Sequence[int
     >>> units.num_bytes, units.page(1, 0).data_ptr() == cache.planes[0][1].data_ptr()
     (61046784, True)
     """
-    plan = vllm_plan_of(layout.plan)
-    image = checkpoint_image(plan, stage=layout.spec.stage, names=layout.names)
+    image = checkpoint_image(layout.plan, stage=layout.spec.stage, names=layout.names)
     if len(blocks) != image.num_units:
         raise Refusal(
             "invalid_argument",
@@ -152,8 +151,8 @@ def boundary_blocks(
     """Each KDA group's block holding the state after ``computed_tokens`` (a block multiple):
     row ``(n - 1) // block`` of its table, in the image's unit order."""
     row = boundary_row(layout.plan, computed_tokens)
-    stage = ride_stage(vllm_plan_of(layout.plan), layout.spec.stage)
-    return tuple(tables.block(group.name, row) for group in kda_groups(stage))
+    groups = ridable(layout.plan).groups_of("kda", layout.spec.stage)
+    return tuple(tables.block(group.name, row) for group in groups)
 
 
 def kv_units(layout: LiveLayout, registered: Registered, blocks: Sequence[int]) -> PageUnits:

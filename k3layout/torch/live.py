@@ -27,10 +27,9 @@ from pydantic import NonNegativeInt
 
 from .._frozen import Frozen
 from ..errors import Fact, Refusal
-from ..layouts import EngineLayout, Plan, VllmPlan
-from ..layouts.groups import stage_at
+from ..layouts import EngineLayout, Plan
 from ..offload import LayerNames, TensorView, check_aliasing, engine_layer_names, plane_order
-from ..offload.stage import attention_groups, num_image_planes, ride_stage, vllm_plan_of
+from ..offload.stage import num_image_planes, ridable
 from .allocation import TORCH_DTYPES, Registered
 from .specs import CacheSpec, LayerSpec, PartSpec, cache_spec
 
@@ -116,7 +115,7 @@ def _check_names(spec: CacheSpec, registered: Registered) -> None:
 def _check_groups(
     plan: EngineLayout, stage: int, names: LayerNames, groups: Sequence[Sequence[str]]
 ) -> None:
-    planned = [g for g in stage_at(plan.stages, stage).groups if g.layers]
+    planned = [g for g in plan.stage(stage).groups if g.layers]
     given = [tuple(g) for g in groups]
     for index, group in enumerate(planned):
         want = tuple(names.name(layer) for layer in group.layers)
@@ -268,11 +267,10 @@ def _check_addresses(
             )
 
 
-def _publishes(plan: VllmPlan, stage: int) -> bool:
+def _publishes(plan: EngineLayout, stage: int) -> bool:
     """Whether the stage's state can ride: every image plane has an attention layer."""
-    held = ride_stage(plan, stage)
-    longest = max((len(group.layers) for group in attention_groups(held)), default=0)
-    return num_image_planes(held) <= longest
+    longest = max((len(g.layers) for g in plan.groups_of("attention", stage)), default=0)
+    return num_image_planes(plan.stage(stage)) <= longest
 
 
 def validate(
@@ -317,8 +315,8 @@ def validate(
         layer.name: tensor_view(parts[layer.name]) for layer in spec.layers if layer.kind != "index"
     }
     order: tuple[str, ...] = ()
-    if published is not None or (isinstance(plan, VllmPlan) and _publishes(plan, stage)):
-        vllm = vllm_plan_of(plan)
+    if published is not None or (plan.state_rides_pages and _publishes(plan, stage)):
+        vllm = ridable(plan)
         order = (
             plane_order(vllm, stage=stage, names=names, views=views).order
             if published is None

@@ -17,8 +17,6 @@ from pydantic import NonNegativeInt, model_validator
 from .._frozen import Frozen
 from ..errors import Refusal
 from ..layouts import EngineLayout, Group
-from ..layouts.groups import stage_at
-from ..offload.stage import vllm_plan_of
 
 
 class BlockTables(Frozen):
@@ -74,11 +72,17 @@ class BlockTables(Frozen):
         return ids[row]
 
 
+def state_block_tokens(plan: EngineLayout) -> int:
+    """Tokens one block of a state group covers: one checkpoint per block in ``align`` mode
+    (the attention block when the model keeps no state)."""
+    state = plan.groups_of("kda")
+    return plan.span_tokens(state[0] if state else plan.groups[0])
+
+
 def boundary_row(plan: EngineLayout, computed_tokens: int) -> int:
     """The KDA row that holds the state after ``computed_tokens``: ``(n - 1) // block``, refused
     (``invalid_argument``) off the block grid, where ``align`` mode keeps no state."""
-    vllm = vllm_plan_of(plan)
-    block = vllm.block_tokens
+    block = state_block_tokens(plan)
     if computed_tokens < 1 or computed_tokens % block:
         raise Refusal(
             "invalid_argument",
@@ -93,9 +97,7 @@ def boundary_row(plan: EngineLayout, computed_tokens: int) -> int:
 def rows_for(plan: EngineLayout, group: Group, num_tokens: int) -> int:
     """Rows ``group``'s table needs for ``num_tokens``: attention ``ceil(n / (block x dcp))``,
     KDA ``ceil(n / block)`` (one state row per block in ``align`` mode)."""
-    vllm = vllm_plan_of(plan)
-    span = vllm.attention_span_tokens if group.kind == "attention" else vllm.kda_span_tokens
-    return -(-num_tokens // span)
+    return -(-num_tokens // plan.span_tokens(group))
 
 
 def block_tables(
@@ -111,7 +113,7 @@ def block_tables(
     """
     ids = iter(block_ids)
     tables: dict[str, list[int]] = {}
-    for group in stage_at(vllm_plan_of(plan).stages, stage).groups:
+    for group in plan.stage(stage).groups:
         if not group.layers:
             continue
         need = rows_for(plan, group, num_tokens)

@@ -15,7 +15,7 @@ import torch
 
 from ..errors import Refusal
 from ..offload import CheckpointImage, checkpoint_image
-from ..offload.stage import attention_groups, ride_stage, vllm_plan_of
+from ..offload.stage import ridable
 from .allocation import Registered
 from .images import boundary_blocks, image_units, kv_units, pack_units, restore_units
 from .live import LiveLayout
@@ -48,9 +48,9 @@ class Tier:
 
 def _kv_blocks(layout: LiveLayout, tables: BlockTables, computed_tokens: int) -> tuple[int, ...]:
     """The attention blocks that hold the prefix's tokens, in table order."""
-    plan = vllm_plan_of(layout.plan)
+    plan = ridable(layout.plan)
     boundary_row(plan, computed_tokens)  # refuses a prefix off the block grid
-    attention = attention_groups(ride_stage(plan, layout.spec.stage))
+    attention = plan.groups_of("attention", layout.spec.stage)
     if len(attention) != 1:
         raise Refusal(
             "invalid_argument",
@@ -59,7 +59,7 @@ def _kv_blocks(layout: LiveLayout, tables: BlockTables, computed_tokens: int) ->
             facts={"stage": layout.spec.stage, "num_attention_groups": len(attention)},
             hint="store prefixes of stages with one attention group",
         )
-    rows = -(-computed_tokens // plan.attention_span_tokens)
+    rows = -(-computed_tokens // plan.span_tokens(attention[0]))
     return tuple(tables.block(attention[0].name, row) for row in range(rows))
 
 
