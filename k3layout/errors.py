@@ -42,6 +42,8 @@ RefusalCode: TypeAlias = Literal[
     "model_mismatch",
     # torch adapter
     "tensor_mismatch",
+    # records: a stored number that its own inputs do not give
+    "plan_mismatch",
     # inputs
     "invalid_config",
     "unknown_model",

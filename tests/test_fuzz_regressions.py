@@ -375,7 +375,7 @@ def test_records_refuse_bad_values_naming_the_record_and_field() -> None:
         lambda: HybridModel.model_validate({"name": "x", "layers": [{"kind": "rnn"}]})
     )
     assert refusal.facts["record"] == "HybridModel"
-    assert refused(lambda: Deployment(8)).code == "invalid_argument"  # type: ignore[call-arg,misc]
+    assert refused(lambda: Deployment(8)).code == "invalid_argument"  # type: ignore[call-arg]
     d = Deployment()
     assert refused(lambda: setattr(d, "attn_tp", 2)).code == "invalid_argument"
 

@@ -148,9 +148,7 @@ def check(
     destination: Callable[[int, Key], Key] = lambda producer, key: key,
 ) -> bool:
     """Whether applying ``pairs`` (the plan's by default) gives every consumer its share."""
-    inputs = TransferInputs(
-        result.model, result.prefill, result.decode, result.prompt_tokens
-    )
+    inputs = TransferInputs(result.model, result.prefill, result.decode, result.prompt_tokens)
     state, axes = fill(inputs), head_axes(inputs)
     sources = producer_buffers(result, state, axes)
     got = apply(result, result.pairs if pairs is None else pairs, sources, destination)
@@ -223,9 +221,7 @@ def test_tp_rank_mod_remote_tp_is_right_for_the_latent_only() -> None:
         _, consumer_tp = result.consumer_coords(pair.consumer)
         wrong = stage * tp_p + consumer_tp % tp_p  # tp_rank % remote_tp_size
         modulo.append(RankPair(producer=wrong, consumer=pair.consumer, segments=pair.segments))
-    inputs = TransferInputs(
-        result.model, result.prefill, result.decode, result.prompt_tokens
-    )
+    inputs = TransferInputs(result.model, result.prefill, result.decode, result.prompt_tokens)
     state, axes = fill(inputs), head_axes(inputs)
     got = apply(result, tuple(modulo), producer_buffers(result, state, axes))
     for rank in range(tp_d):

@@ -11,6 +11,7 @@ from collections import defaultdict
 from itertools import pairwise
 from typing import NamedTuple
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -217,8 +218,10 @@ def test_the_checker_finds_no_violation_in_any_plan(inputs: TransferInputs) -> N
 
 
 def _with_pairs(result: TransferPlan, pairs: tuple[RankPair, ...]) -> TransferPlan:
+    # A plan re-derives itself on validation, so a broken one is built without it
+    # (model_construct), the way a corrupted plan could reach an engine's checker.
     fields = {name: getattr(result, name) for name in TransferPlan.model_fields}
-    return TransferPlan.model_validate({**fields, "pairs": pairs})
+    return TransferPlan.model_construct(**{**fields, "pairs": pairs})
 
 
 def _edit_first(result: TransferPlan, edit: dict[str, object]) -> TransferPlan:
@@ -252,6 +255,10 @@ def test_the_checker_catches_dropped_repeated_and_misplaced_copies(
     ]
     for plan in broken:
         assert transfer_violations(plan) != []
+        with pytest.raises(ValueError, match=r"plan_mismatch|is not what the planner derives"):
+            TransferPlan.model_validate(
+                {name: getattr(plan, name) for name in TransferPlan.model_fields}
+            )
 
 
 @settings(max_examples=200, deadline=None)

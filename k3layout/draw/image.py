@@ -52,9 +52,7 @@ def image_of(
     )
 
 
-def draw_image(
-    source: CheckpointImage | RidePlan | EngineLayout, *, stage: int = 0
-) -> Figure:
+def draw_image(source: CheckpointImage | RidePlan | EngineLayout, *, stage: int = 0) -> Figure:
     """The checkpoint image of one boundary as units (rows) over image planes (columns): each
     KDA layer's state in its page, padding shaded, each unit's byte range beside it.
 

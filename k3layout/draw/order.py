@@ -47,9 +47,7 @@ def order_of(
     )
 
 
-def draw_plane_order(
-    source: PlaneOrder | RidePlan | EngineLayout, *, stage: int = 0
-) -> Figure:
+def draw_plane_order(source: PlaneOrder | RidePlan | EngineLayout, *, stage: int = 0) -> Figure:
     """The given publish order beside the ride's (aliased attention layers first), a line per
     attention layer, the image planes coloured with the KDA layers that ride them."""
     order, model_name = order_of(source, stage)

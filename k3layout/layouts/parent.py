@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import NonNegativeInt, PositiveInt
+from pydantic import NonNegativeInt, PositiveInt, model_validator
 
-from .._frozen import Frozen, trusted
+from .._derivation import SelfChecked, deriving, is_deriving, mismatch
+from .._frozen import trusted
 from ..constants import DEFAULT_MAX_PADDING_FRACTION, PARENT_PAGE_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
@@ -26,15 +27,27 @@ from .packing import Packing, PackingFrame, RuleCheck, rule_1152, search_packing
 from .protocol import ByteRange, LayoutBase
 
 
-class GroupPages(Frozen):
+class GroupPages(SelfChecked):
     """How a group's pages are numbered in a bound arena: page 0 is the null page."""
 
     group: str
     pages_per_parent: PositiveInt
     page_count: PositiveInt
 
+    @model_validator(mode="after")
+    def _counts_whole_parents(self) -> GroupPages:
+        if (self.page_count - 1) % self.pages_per_parent:
+            raise mismatch(
+                f"group {self.group}",
+                "page_count",
+                "the pages are the null page and p_g per parent",
+                self.page_count,
+                1 + (self.page_count - 1) // self.pages_per_parent * self.pages_per_parent,
+            )
+        return self
 
-class LayerBinding(Frozen):
+
+class LayerBinding(SelfChecked):
     """Where one layer's pages live in a bound arena (planes laid out plane-major)."""
 
     layer: NonNegativeInt
@@ -46,14 +59,31 @@ class LayerBinding(Frozen):
     page_stride: PositiveInt
     pages_per_parent: PositiveInt
 
+    @model_validator(mode="after")
+    def _pages_fit_the_plane(self) -> LayerBinding:
+        if self.pages_per_parent * self.page_stride > self.parent_stride:
+            raise mismatch(
+                f"layer {self.layer}",
+                "page_stride",
+                "p_g pages fit one plane of a parent",
+                self.pages_per_parent * self.page_stride,
+                self.parent_stride,
+            )
+        return self
+
     def page_offset(self, page: int) -> int:
         """Arena byte offset of page ``page`` of this layer (``page // p`` picks the parent)."""
         parent, slot = divmod(page, self.pages_per_parent)
         return self.base_offset + parent * self.parent_stride + slot * self.page_stride
 
 
-class Binding(Frozen):
-    """``bind(n)``: ``n`` usable parents plus the null parent, every layer's page addresses."""
+class Binding(SelfChecked):
+    """``bind(n)``: ``n`` usable parents plus the null parent, every layer's page addresses.
+
+    Built by hand (or loaded, or ``model_copy``'d), it is refused (``plan_mismatch``) unless
+    every address follows from ``(num_parents, num_planes, plane_bytes)`` and the groups' pages
+    per parent, as :meth:`ParentPlan.bind` lays them out.
+    """
 
     num_parents: NonNegativeInt
     num_planes: PositiveInt
@@ -61,13 +91,60 @@ class Binding(Frozen):
     groups: tuple[GroupPages, ...]
     layers: tuple[LayerBinding, ...]
 
+    @model_validator(mode="after")
+    def _addresses_follow(self) -> Binding:
+        if is_deriving():
+            return self
+        thing = "parent binding"
+        per_parent: dict[str, int] = {}
+        for index, pages in enumerate(self.groups):
+            if pages.page_count != 1 + self.num_parents * pages.pages_per_parent:
+                raise mismatch(
+                    thing,
+                    f"groups[{index}].page_count",
+                    "a group numbers the null page and p_g pages per parent",
+                    pages.page_count,
+                    1 + self.num_parents * pages.pages_per_parent,
+                )
+            per_parent[pages.group] = pages.pages_per_parent
+        previous = -1
+        for index, bound in enumerate(self.layers):
+            expected = (
+                bound.layer if bound.layer > previous else previous + 1,
+                per_parent.get(bound.group, bound.pages_per_parent),
+                bound.plane % self.num_planes,
+                bound.plane * (self.num_parents + 1) * self.plane_bytes,
+                self.plane_bytes,
+                min(bound.page_stride, self.plane_bytes // bound.pages_per_parent),
+            )
+            stored = (
+                bound.layer,
+                bound.pages_per_parent,
+                bound.plane,
+                bound.base_offset,
+                bound.parent_stride,
+                bound.page_stride,
+            )
+            if bound.group not in per_parent or stored != expected:
+                raise mismatch(
+                    thing,
+                    f"layers[{index}]",
+                    "layers are listed once in order, in a bound group, and page p_g fits the "
+                    "plane at plane * (n + 1) * plane_bytes + parent * plane_bytes "
+                    "(layer, p_g, plane, base, parent stride, page stride)",
+                    stored,
+                    expected,
+                )
+            previous = bound.layer
+        return self
+
     @property
     def arena_bytes(self) -> int:
         """``(n + 1) * parent``: the arena one rank allocates."""
         return (self.num_parents + 1) * self.num_planes * self.plane_bytes
 
 
-class ParentPlan(LayoutBase):
+class ParentPlan(SelfChecked, LayoutBase):
     """The parent-block layout of one model under one deployment.
 
     ``groups``, ``num_planes`` (one per MLA layer plus one per draft layer: no state group is
@@ -75,12 +152,25 @@ class ParentPlan(LayoutBase):
     (the packing is solved once so that every stage agrees); each of ``stages`` holds its
     projected groups and allocates one plane per position of its longest group
     (``stage_parent_bytes``).
+
+    A plan built outside :func:`~k3layout.plan` (by hand, :func:`~k3layout.load_plan`, or
+    ``model_copy(update=...)``, which re-validates here) is re-planned from its own ``model``
+    and ``deployment`` and refused (``plan_mismatch``) at the first field that differs.
     """
 
     engine: Literal["parent"] = "parent"
     packing: Packing
     max_padding: float | None
     rule_1152: RuleCheck | None
+
+    @model_validator(mode="after")
+    def _is_its_own_derivation(self) -> ParentPlan:
+        # Built outside the pipeline (by hand, load_plan, model_copy): re-plan and compare.
+        if not is_deriving():
+            from .rederive import check_plan  # noqa: PLC0415 - rederive imports the pipeline
+
+            check_plan(self)
+        return self
 
     @property
     def page_tokens(self) -> int:
@@ -303,13 +393,14 @@ class ParentPlan(LayoutBase):
                 )
                 for position, layer in enumerate(group.layers)
             )
-        return Binding(
-            num_parents=num_parents,
-            num_planes=held.num_planes,
-            plane_bytes=plane,
-            groups=tuple(pages),
-            layers=tuple(sorted(layers, key=lambda b: b.layer)),
-        )
+        with deriving():  # bind's own layout: its checks are for bindings built by hand
+            return Binding(
+                num_parents=num_parents,
+                num_planes=held.num_planes,
+                plane_bytes=plane,
+                groups=tuple(pages),
+                layers=tuple(sorted(layers, key=lambda b: b.layer)),
+            )
 
     # The engine-layout protocol.
 

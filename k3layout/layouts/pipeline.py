@@ -13,6 +13,7 @@ from typing import Annotated, Generic, TypeAlias, TypeVar
 from pydantic import ConfigDict, Field, TypeAdapter
 
 from .._args import expect_args
+from .._derivation import deriving
 from .._divisors import divisors_near
 from .._validation import validate_json
 from ..deployment import Deployment, EngineFlavour
@@ -89,7 +90,8 @@ def _run(model: HybridModel, deployment: Deployment, seams: EngineSeams[PlanT]) 
     sizes = rank_sizes(model, deployment)
     groups = seams.group(model, sizes)
     stages = project_stages(model, deployment, groups)
-    return seams.pack(model, deployment, sizes, groups, stages)
+    with deriving():  # the plan is its own derivation: its validator need not re-plan
+        return seams.pack(model, deployment, sizes, groups, stages)
 
 
 def plan_vllm(model: HybridModel, deployment: Deployment) -> VllmPlan:
@@ -114,7 +116,8 @@ def with_engine(deployment: Deployment, engine: EngineFlavour) -> Deployment:
 
 
 def load_plan(data: str | bytes) -> VllmPlan | ParentPlan:
-    """A plan back from its JSON (``plan.model_dump_json()``); bad JSON, a bad field or byte
-    counts beyond int64 are refused naming the field."""
+    """A plan back from its JSON (``plan.model_dump_json()``), re-planned from its own model and
+    deployment: a stored number the planner would not give is refused (``plan_mismatch``);
+    bad JSON, a bad field or byte counts beyond int64 are refused naming the field."""
     expect_args(("data", data, (str, bytes, bytearray)))
     return checked_bytes(validate_json(PLAN_ADAPTER, data, "plan"), "block_bytes", "parent_bytes")

@@ -51,9 +51,7 @@ class SpecReport(Frozen):
             )
             for p in spec.parts
         )
-        return cls(
-            kind=spec.kind, paging=spec.paging, bytes=spec.payload_bytes(tp), parts=parts
-        )
+        return cls(kind=spec.kind, paging=spec.paging, bytes=spec.payload_bytes(tp), parts=parts)
 
 
 class SizesReport(Frozen):

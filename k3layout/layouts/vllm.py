@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import PositiveInt
+from pydantic import PositiveInt, model_validator
 
+from .._derivation import SelfChecked, is_deriving
 from .._frozen import trusted
 from ..constants import MLA_KERNEL_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
 from ..deployment import Deployment
@@ -29,7 +30,7 @@ from .groups import Group, Stage, group_kind, group_names, split_strided
 from .protocol import ByteRange, LayoutBase
 
 
-class VllmPlan(LayoutBase):
+class VllmPlan(SelfChecked, LayoutBase):
     """The vLLM hybrid layout of one model under one deployment.
 
     ``groups`` and ``num_planes`` (``group_size``: 29 for K3 + DSpark) describe the whole
@@ -37,11 +38,24 @@ class VllmPlan(LayoutBase):
     ``stages`` holds the groups projected onto one pipeline stage, which allocates its own
     planes (``stage_block_bytes``). Plane ``j`` of block ``b`` starts at
     ``(j * num_blocks + b) * page`` of a rank's allocation (layer-outermost, vLLM's default).
+
+    A plan built outside :func:`~k3layout.plan` (by hand, :func:`~k3layout.load_plan`, or
+    ``model_copy(update=...)``, which re-validates here) is re-planned from its own ``model``
+    and ``deployment`` and refused (``plan_mismatch``) at the first field that differs.
     """
 
     engine: Literal["vllm"] = "vllm"
     block_tokens: PositiveInt
     page_bytes: PositiveInt
+
+    @model_validator(mode="after")
+    def _is_its_own_derivation(self) -> VllmPlan:
+        # Built outside the pipeline (by hand, load_plan, model_copy): re-plan and compare.
+        if not is_deriving():
+            from .rederive import check_plan  # noqa: PLC0415 - rederive imports the pipeline
+
+            check_plan(self)
+        return self
 
     @property
     def block_bytes(self) -> int:

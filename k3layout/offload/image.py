@@ -21,9 +21,10 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TypeAlias
 
-from pydantic import NonNegativeInt, PositiveInt
+from pydantic import NonNegativeInt, PositiveInt, model_validator
 
 from .._args import expect_args, expect_bounded_int
+from .._derivation import SelfChecked, is_deriving, mismatch
 from .._frozen import Frozen, trusted
 from ..constants import MAX_RANKS
 from ..errors import Refusal
@@ -71,10 +72,16 @@ class StateRange(Frozen):
         return self.offset_bytes + self.num_bytes
 
 
-class CheckpointImage(Frozen):
+class CheckpointImage(SelfChecked):
     """The geometry of one boundary's image on one rank: ``groups`` are the KDA groups (one
     unit each), ``planes`` the leading published planes every unit spans, ``regions`` the PAGE
-    regions of those planes (two per DSA layer)."""
+    regions of those planes (two per DSA layer).
+
+    Built by hand (or loaded, or ``model_copy``'d), it is refused (``plan_mismatch``) unless the
+    groups are non-empty KDA groups, the planes are plane ``j`` = allocation plane ``j`` for
+    ``j`` below the longest group, a state fits its page, and each plane's regions follow each
+    other on its page (latent, then the index) in plane order.
+    """
 
     stage: NonNegativeInt
     page_bytes: PositiveInt
@@ -82,6 +89,71 @@ class CheckpointImage(Frozen):
     groups: tuple[Group, ...]
     planes: tuple[PlaneShare, ...]
     regions: tuple[PageRegion, ...]
+
+    @model_validator(mode="after")
+    def _holds_together(self) -> CheckpointImage:
+        if is_deriving():
+            return self
+        thing = f"checkpoint image of stage {self.stage}"
+        for index, group in enumerate(self.groups):
+            if group.kind != "kda" or not group.layers:
+                raise mismatch(
+                    thing, f"groups[{index}]", "a unit is a KDA group with layers", group, "kda"
+                )
+        longest = max((len(group.layers) for group in self.groups), default=0)
+        if len(self.planes) != longest:
+            raise mismatch(
+                thing,
+                "len(planes)",
+                "a unit spans the longest KDA group",
+                len(self.planes),
+                longest,
+            )
+        for index, share in enumerate(self.planes):
+            if (share.plane, share.allocation_plane) != (index, index):
+                raise mismatch(
+                    thing,
+                    f"planes[{index}].plane",
+                    "image plane j is published and allocated j-th",
+                    (share.plane, share.allocation_plane),
+                    (index, index),
+                )
+        if self.layer_state_bytes > self.page_bytes or (self.groups and not self.layer_state_bytes):
+            raise mismatch(
+                thing,
+                "layer_state_bytes",
+                "a KDA state is not empty and fits its page",
+                self.layer_state_bytes,
+                self.page_bytes,
+            )
+        self._regions_tile_pages(thing)
+        return self
+
+    def _regions_tile_pages(self, thing: str) -> None:
+        layers = {share.attention_layer: share.module_layer for share in self.planes}
+        filled: dict[str, int] = {}
+        for index, region in enumerate(self.regions):
+            start = filled.get(region.attention_layer, 0)
+            if layers.get(region.attention_layer) != region.module_layer or (
+                region.offset_bytes < start
+            ):
+                raise mismatch(
+                    thing,
+                    f"regions[{index}].offset_bytes",
+                    "an image plane's regions follow each other on its page, without overlap",
+                    region.offset_bytes,
+                    start,
+                )
+            filled[region.attention_layer] = region.offset_bytes + region.num_bytes
+        order = tuple(dict.fromkeys(region.attention_layer for region in self.regions))
+        planes = tuple(share.attention_layer for share in self.planes)
+        if order != planes:
+            raise mismatch(thing, "regions", "the regions follow the planes", order, planes)
+        for name, end in filled.items():
+            if end > self.page_bytes:
+                raise mismatch(
+                    thing, f"regions of {name}", "regions fit the page", end, self.page_bytes
+                )
 
     @property
     def num_units(self) -> int:

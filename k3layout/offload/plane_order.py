@@ -24,9 +24,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
-from pydantic import NonNegativeInt
+from pydantic import NonNegativeInt, model_validator
 
 from .._args import expect_args, expect_bounded_int, expect_items
+from .._derivation import SelfChecked, is_deriving, mismatch
 from .._frozen import Frozen, trusted
 from ..constants import MAX_RANKS
 from ..errors import Refusal
@@ -47,18 +48,67 @@ class PlaneShare(Frozen):
     riders: tuple[PlaneMember, ...]
 
 
-class PlaneOrder(Frozen):
+class PlaneOrder(SelfChecked):
     """The publish order of one stage's attention layers, aliased planes first.
 
     ``given`` is the order the engine would publish in (name order by default), ``planes`` the
     reordered planes; the first ``num_image_planes`` are the ones the KDA state rides, plane
     ``j`` aliased by layer ``j`` of every KDA group.
+
+    Built by hand (or loaded, or ``model_copy``'d), it is refused (``plan_mismatch``) unless
+    plane ``j`` is published ``j``-th, the planes publish every given layer once, and image
+    plane ``j`` is allocation plane ``j`` with KDA riders.
     """
 
     stage: NonNegativeInt
     given: tuple[str, ...]
     planes: tuple[PlaneShare, ...]
     num_image_planes: NonNegativeInt
+
+    @model_validator(mode="after")
+    def _holds_together(self) -> PlaneOrder:
+        if is_deriving():
+            return self
+        thing = f"plane order of stage {self.stage}"
+        for index, share in enumerate(self.planes):
+            if share.plane != index:
+                raise mismatch(
+                    thing, f"planes[{index}].plane", "plane j is published j-th", share.plane, index
+                )
+            if any(rider.kind != "kda" for rider in share.riders):
+                raise mismatch(
+                    thing,
+                    f"planes[{index}].riders",
+                    "only KDA layers ride an attention plane",
+                    tuple(rider.kind for rider in share.riders),
+                    tuple("kda" for _ in share.riders),
+                )
+        if sorted(self.order) != sorted(self.given) or len(set(self.given)) != len(self.given):
+            raise mismatch(
+                thing,
+                "planes",
+                "the planes publish each given attention layer once",
+                self.order,
+                self.given,
+            )
+        if self.num_image_planes > len(self.planes):
+            raise mismatch(
+                thing,
+                "num_image_planes",
+                "the image planes are some of the planes",
+                self.num_image_planes,
+                len(self.planes),
+            )
+        for index, share in enumerate(self.image_planes):
+            if share.allocation_plane != index or not share.riders:
+                raise mismatch(
+                    thing,
+                    f"planes[{index}].allocation_plane",
+                    "image plane j is allocation plane j, which KDA layers ride",
+                    share.allocation_plane,
+                    index,
+                )
+        return self
 
     @property
     def order(self) -> tuple[str, ...]:

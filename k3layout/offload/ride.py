@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Final, Literal, TypeAlias
 
-from pydantic import NonNegativeInt, PositiveInt
+from pydantic import NonNegativeInt, PositiveInt, model_validator
 
 from .._args import expect_args, expect_bounded_int, expect_items
+from .._derivation import SelfChecked, check_derivation, deriving, is_deriving
 from .._frozen import Frozen, trusted
 from ..constants import MAX_RANKS
 from ..errors import Refusal
@@ -73,11 +74,16 @@ class LoadDestination(Frozen):
     groups: tuple[str, ...]
 
 
-class RidePlan(Frozen):
+class RidePlan(SelfChecked):
     """The ride of one rank of pipeline stage ``stage``: build it with :func:`plan_ride`.
 
     ``published`` is the order the engine would publish its attention layers in; ``order``
     moves the aliased ones first and ``image`` is the checkpoint image of one boundary.
+
+    A ride built by hand (or loaded, or ``model_copy``'d) is re-planned with :func:`plan_ride`
+    from its own plan, options, stage, names and publish order, so it refuses what
+    :func:`plan_ride` refuses (``mamba_cache_mode="none"``, a chunk off the grid, ..) and a
+    stored field the ride would not give (``plan_mismatch``).
     """
 
     plan: Plan
@@ -85,6 +91,25 @@ class RidePlan(Frozen):
     options: RideOptions
     names: LayerNames
     published: tuple[str, ...]
+
+    @model_validator(mode="after")
+    def _is_its_own_derivation(self) -> RidePlan:
+        # Built outside plan_ride: check the ride's rules by planning it again, then compare.
+        if not is_deriving():
+            derived = plan_ride(
+                self.plan,
+                self.options,
+                stage=self.stage,
+                published=self.published,
+                names=self.names,
+            )
+            check_derivation(
+                f"ride plan of {self.plan.model.name} stage {self.stage}",
+                self,
+                derived,
+                hint="build the ride with k3layout.plan_ride",
+            )
+        return self
 
     @cached_property
     def order(self) -> PlaneOrder:
@@ -279,7 +304,8 @@ def plan_ride(
     check_options(options)
     names = names or engine_layer_names(plan.model)
     order = plane_order(plan, published, stage=stage, names=names)
-    ride = RidePlan(plan=plan, stage=stage, options=options, names=names, published=order.given)
+    with deriving():  # the ride is its own derivation: its validator need not re-plan
+        ride = RidePlan(plan=plan, stage=stage, options=options, names=names, published=order.given)
     # ride.order would be plane_order(plan, order.given, ...): this very order (a cached
     # property keeps its value in the instance dict, so it is seeded there).
     ride.__dict__["order"] = order

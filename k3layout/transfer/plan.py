@@ -18,10 +18,12 @@ state of KDA layer 40 lands in layer 40's slot wherever the two sides cut their 
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Any
 
-from pydantic import NonNegativeInt, PositiveInt
+from pydantic import NonNegativeInt, PositiveInt, model_validator
 
 from .._args import expect_args
+from .._derivation import SelfChecked, check_derivation, deriving, is_deriving
 from .._frozen import Frozen, trusted, trusted_variant
 from .._validation import describe
 from ..cache import LayerCacheSpec
@@ -78,12 +80,17 @@ class RankPair(Frozen):
         return sum(s.total_bytes for s in self.segments if s.kind == kind)
 
 
-class TransferPlan(Frozen):
+class TransferPlan(SelfChecked):
     """Every copy that moves one ``prompt_tokens`` request from ``prefill`` to ``decode``.
 
     Producer ranks are numbered ``stage * prefill.attn_tp + tp_rank`` and consumer ranks
     ``stage * decode.attn_tp + tp_rank`` (within the attention-DP replica that serves the
     request); ``pairs`` are sorted by (producer, consumer) and hold only pairs that copy.
+
+    A transfer plan built by hand (or loaded, or ``model_copy``'d) is planned again with
+    :func:`plan_transfer` from its own model, deployments, prompt and layout: it refuses what
+    :func:`plan_transfer` refuses, and pairs or segments the transfer would not give
+    (``plan_mismatch``, naming the first that differs).
     """
 
     model: HybridModel
@@ -91,6 +98,21 @@ class TransferPlan(Frozen):
     decode: Deployment
     prompt_tokens: PositiveInt
     pairs: tuple[RankPair, ...]
+
+    @model_validator(mode="after")
+    def _is_its_own_derivation(self) -> TransferPlan:
+        # Built outside plan_transfer: plan it again from every stored input, then compare.
+        if not is_deriving():
+            inputs: dict[str, Any] = {
+                name: getattr(self, name) for name in type(self).model_fields if name != "pairs"
+            }
+            check_derivation(
+                f"transfer plan of {self.model.name}",
+                self,
+                plan_transfer(**inputs),
+                hint="build the transfer with k3layout.plan_transfer",
+            )
+        return self
 
     @property
     def num_producers(self) -> int:
@@ -346,13 +368,14 @@ def plan_transfer(
                 for index, segments in by_stage.items()
                 if segments
             )
-    return TransferPlan(
-        model=model,
-        prefill=prefill,
-        decode=decode,
-        prompt_tokens=prompt_tokens,
-        pairs=tuple(sorted(pairs, key=lambda pair: (pair.producer, pair.consumer))),
-    )
+    with deriving():  # the transfer is its own derivation: its validator need not re-plan
+        return TransferPlan(
+            model=model,
+            prefill=prefill,
+            decode=decode,
+            prompt_tokens=prompt_tokens,
+            pairs=tuple(sorted(pairs, key=lambda pair: (pair.producer, pair.consumer))),
+        )
 
 
 def _check_rank(side: str, rank: int, size: int) -> None:
