@@ -23,6 +23,10 @@ T = TypeVar("T")
 SIZE_ERRORS = frozenset({"less_than_equal", "less_than", "too_long"})
 """Pydantic error types that mean "above a bound": refused as ``size_limit``."""
 
+UNION_TAGS: tuple[str, ...] = ("vllm", "parent")
+"""The tags of the plan union (``deployment.ENGINES``): pydantic puts a tagged union's tag in
+an error's location, where it names no field, so a refusal's field leaves it out."""
+
 MAX_LISTED = 3
 """Errors named in one message; the rest are counted."""
 
@@ -59,14 +63,25 @@ def _problem(error: ErrorDetails) -> str:
     return f"{field_path(error['loc'])}: {message}{shown}"
 
 
-def validate_json(adapter: TypeAdapter[T], data: str | bytes | bytearray, subject: str) -> T:
+def validate_json(
+    adapter: TypeAdapter[T],
+    data: str | bytes | bytearray,
+    subject: str,
+    *,
+    tags: tuple[str, ...] = UNION_TAGS,
+) -> T:
     """``adapter.validate_json(data)``, a failure refused (``invalid_argument``) naming the
-    field. Pydantic's JSON parser bounds nesting depth, so deep JSON is refused too."""
+    field. Pydantic's JSON parser bounds nesting depth, so deep JSON is refused too. ``tags``
+    are tagged unions' tags, which name no field: they are left out of the field."""
     try:
         return adapter.validate_json(data)
     except ValidationError as error:
         raise refusal_from_validation(
-            error, subject, facts={"record": subject}, hint=f"pass the JSON of a {subject}"
+            error,
+            subject,
+            facts={"record": subject},
+            hint=f"pass the JSON of a {subject}",
+            tags=tags,
         ) from None
 
 
@@ -77,13 +92,15 @@ def refusal_from_validation(
     code: RefusalCode = "invalid_argument",
     facts: Mapping[str, Fact] | None = None,
     hint: str | None = None,
+    tags: tuple[str, ...] = UNION_TAGS,
 ) -> Refusal:
-    """One refusal for ``error``, its message prefixed with ``subject`` (what was validated)."""
+    """One refusal for ``error``, its message prefixed with ``subject`` (what was validated);
+    tagged unions' ``tags`` are left out of the field."""
     details = error.errors(include_url=False)
     if not details:  # pragma: no cover - pydantic always reports at least one error
         return Refusal(code, f"{subject}: invalid", facts=facts, hint=hint)
     first = details[0]
-    field = field_path(first["loc"])
+    field = field_path(tuple(part for part in first["loc"] if part not in tags))
     inner: Any = (first.get("ctx") or {}).get("error")
     if isinstance(inner, Refusal):
         # The inner refusal's field is relative to where its validator ran.

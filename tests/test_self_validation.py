@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from k3layout import (
+    ENGINES,
     Binding,
     CheckpointImage,
     Deployment,
@@ -42,6 +43,7 @@ from k3layout import (
     plan_transfer,
     testing,
 )
+from k3layout._validation import UNION_TAGS
 from k3layout.layouts import invariants, rederive
 from k3layout.testing import plannable_inputs
 
@@ -67,7 +69,7 @@ def refused(action: Callable[[], object], code: str, field: str | None = None) -
     assert refusal.code == code, str(excinfo.value)
     if field is not None:
         assert refusal.facts["field"] == field
-        assert field in str(excinfo.value)
+        assert field.rsplit(".", 1)[-1] in str(excinfo.value)  # the message names the field
     return refusal
 
 
@@ -258,7 +260,9 @@ def test_a_ride_round_trips_and_refuses_a_tampered_plan_or_options(vllm_plan: Vl
     assert RidePlan.model_validate_json(ride.model_dump_json()) == ride
     data = json.loads(ride.model_dump_json())
     data["plan"]["page_bytes"] = 12345
-    refused(lambda: RidePlan.model_validate_json(json.dumps(data)), "plan_mismatch", "page_bytes")
+    refused(
+        lambda: RidePlan.model_validate_json(json.dumps(data)), "plan_mismatch", "plan.page_bytes"
+    )
     refused(
         lambda: ride.model_copy(update={"options": RideOptions(prefix_caching=False)}),
         "prefix_caching_off",
@@ -419,3 +423,7 @@ def test_the_plan_invariants_import_and_run_without_hypothesis() -> None:
 
 def test_testing_re_exports_the_same_invariant_checks() -> None:
     assert testing.plan_invariant_violations is invariants.plan_invariant_violations
+
+
+def test_the_union_tags_left_out_of_refused_fields_are_the_engines() -> None:
+    assert UNION_TAGS == ENGINES

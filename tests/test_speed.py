@@ -49,11 +49,12 @@ def huge_model(heads: int, head_dim: int, kv_lora_rank: int = 512) -> HybridMode
     return HybridModel(name="huge", model_type="kimi_k3", layers=(kda, mla))
 
 
-def test_a_state_near_2_to_the_60_raises_the_block_exactly() -> None:
-    # S = 864,691,149,393,100,866 (60 bits): float division would give a block 128 tokens short.
-    heads, head_dim = 3, (1 << 28) + 1
+def test_a_state_near_2_to_the_62_raises_the_block_exactly() -> None:
+    # A 62-bit state within the model bounds (MAX_MODEL_DIM heads and head dim): float
+    # division would give a block 128 tokens short.
+    heads, head_dim = 1_048_575, 1_048_343
     state = state_bytes(heads, head_dim, 4, 1, 0)
-    assert state.bit_length() == 60
+    assert state.bit_length() == 62
     per_token = 576  # fp8 latent
     block = 128 * -(-state // (128 * per_token))
     assert block != 128 * math.ceil(state / (128 * per_token))  # the float formula is off here
@@ -87,7 +88,7 @@ def reference_packing(
 
 @pytest.mark.parametrize(
     ("heads", "head_dim", "kv_lora_rank"),
-    [(3, (1 << 20) + 1, 1 << 30), (5, (1 << 21) + 3, (1 << 31) + 64), (96, 128, 512)],
+    [(3, (1 << 19) + 1, (1 << 20) - 64), (5, (1 << 19) + 3, (1 << 20) - 128), (96, 128, 512)],
 )
 def test_the_packing_search_is_exact_at_any_size(
     heads: int, head_dim: int, kv_lora_rank: int

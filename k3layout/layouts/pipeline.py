@@ -120,4 +120,5 @@ def load_plan(data: str | bytes) -> VllmPlan | ParentPlan:
     deployment: a stored number the planner would not give is refused (``plan_mismatch``);
     bad JSON, a bad field or byte counts beyond int64 are refused naming the field."""
     expect_args(("data", data, (str, bytes, bytearray)))
-    return checked_bytes(validate_json(PLAN_ADAPTER, data, "plan"), "block_bytes", "parent_bytes")
+    loaded = validate_json(PLAN_ADAPTER, data, "plan")
+    return checked_bytes(loaded, "block_bytes", "parent_bytes")
