@@ -13,13 +13,13 @@ K3 (H = 96, D = 128, K = 4) at tp 8, s 2: 46,080 + 786,432 = 832,512 bytes.
 from __future__ import annotations
 
 import math
-from functools import reduce
+from functools import cached_property, reduce
 
 from pydantic import NonNegativeInt, PositiveInt
 
 from ._args import expect_args
 from ._divisors import nearest_divisors
-from ._frozen import Frozen
+from ._frozen import Frozen, trusted
 from .cache import LayerCacheSpec, cursor_spec
 from .constants import PARENT_PAGE_TOKENS
 from .deployment import Deployment
@@ -52,12 +52,12 @@ class RankSizes(Frozen):
             )
         return self.specs[self.layer_specs[layer]]
 
-    @property
+    @cached_property
     def attention(self) -> LayerCacheSpec:
         """The target's first attention (token-paged) spec."""
         return next(spec for spec in self.specs if spec.paging == "token")
 
-    @property
+    @cached_property
     def state(self) -> LayerCacheSpec | None:
         """The state layers' spec (``None`` for a model without state layers)."""
         return next((spec for spec in self.specs if spec.paging == "slot"), None)
@@ -67,7 +67,7 @@ class RankSizes(Frozen):
         """The slot's ReplaySSM write cursor, when records are kept."""
         return None if self.replay is None else cursor_spec()
 
-    @property
+    @cached_property
     def attention_bytes_per_token(self) -> int:
         """Movable bytes per token of the target's attention layer (576 for K3 fp8; a DSA
         index row is a part of its layer)."""
@@ -77,7 +77,7 @@ class RankSizes(Frozen):
         """Bytes of one attention page of ``tokens`` tokens (73,728 for K3 fp8, 128 tokens)."""
         return self.attention.payload_bytes(self.attn_tp, tokens)
 
-    @property
+    @cached_property
     def state_bytes(self) -> int:
         """``S(tp, s)`` per state layer per rank; 0 for a model without state layers."""
         return 0 if self.state is None else self.state.payload_bytes(self.attn_tp)
@@ -136,26 +136,25 @@ def rank_sizes(model: HybridModel, deployment: Deployment) -> RankSizes:
     """Per-rank sizes of ``model``'s layers under ``deployment`` (refuses what cannot shard)."""
     expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
     check_heads(model, deployment.attn_tp)
-    by_layer: dict[object, int] = {}
+    records, per_layer = model.distinct_layers
     specs: list[LayerCacheSpec] = []
-    layer_specs: list[int] = []
+    of_record: list[int] = []
     replay: LayerCacheSpec | None = None
-    for layer in model.module_layers:
-        index = by_layer.get(layer)
-        if index is None:
-            spec = layer.cache_spec(deployment)
-            for side in layer.side_specs(deployment):
-                replay = replay or side
-            index = specs.index(spec) if spec in specs else len(specs)
-            if index == len(specs):
-                specs.append(spec)
-            by_layer[layer] = index
-        layer_specs.append(index)
+    for record in records:
+        spec = record.cache_spec(deployment)
+        for side in record.side_specs(deployment):
+            replay = replay or side
+        if spec not in specs:
+            specs.append(spec)
+        of_record.append(specs.index(spec))
+    layer_specs = tuple(of_record[i] for i in per_layer)
     check_uniform_layers(model, tuple(specs))
-    sizes = RankSizes(
+    # Specs built by the layer kinds from validated records: nothing to re-validate.
+    sizes = trusted(
+        RankSizes,
         attn_tp=deployment.attn_tp,
         specs=tuple(specs),
-        layer_specs=tuple(layer_specs),
+        layer_specs=layer_specs,
         replay=replay,
     )
     for spec in specs:  # every part splits evenly (KV heads, records) or is refused here

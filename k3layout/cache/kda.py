@@ -17,13 +17,14 @@ row 0 start at byte ``H*D*2 = 24,576``, after the q channels.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
 from .._frozen import Frozen
 from ..constants import MAX_CONV_KERNEL
-from ..deployment import Deployment
+from ..deployment import ConvLayout, Deployment
 from ..placements import Shard
 from .part import CachePart, Dim
 from .replay import replay_spec
@@ -53,28 +54,9 @@ class KDALayer(Frozen):
 
     def cache_spec(self, deployment: Deployment) -> LayerCacheSpec:
         """The conv state (one tensor, ``deployment.conv_layout``) then the recurrent state."""
-        heads, dim, rows = self.num_heads, self.head_dim, self.conv_rows(deployment)
-        groups = len(CONV_CHANNEL_GROUPS)
-        if deployment.conv_layout == "SD":
-            conv = CachePart(
-                name="conv",
-                shape=(rows, groups, heads, dim),
-                dtype="bfloat16",
-                tp=Shard(dim=2),
-                view=(1, 3),
-            )
-        else:
-            conv = CachePart(
-                name="conv",
-                shape=(groups, heads, dim, rows),
-                dtype="bfloat16",
-                tp=Shard(dim=1),
-                view=(3, 1),
-            )
-        recurrent = CachePart(
-            name="recurrent", shape=(heads, dim, dim), dtype="float32", tp=Shard(dim=0)
+        return _kda_spec(
+            self.num_heads, self.head_dim, self.conv_rows(deployment), deployment.conv_layout
         )
-        return LayerCacheSpec(kind=self.kind, paging="slot", parts=(conv, recurrent))
 
     def side_specs(self, deployment: Deployment) -> tuple[LayerCacheSpec, ...]:
         """ATOM's ReplaySSM records beside the state slot, when the deployment keeps them."""
@@ -91,3 +73,29 @@ def conv_channel_offset(spec: LayerCacheSpec, group: str, tp: int, row: int = 0)
     if conv.view == (1, 3):  # SD: (rows, 3, H, D)
         return conv.local_offset((row, which, 0, 0), tp)
     return conv.local_offset((which, 0, 0, row), tp)  # DS: (3, H, D, rows)
+
+
+@lru_cache(maxsize=1024)
+def _kda_spec(heads: int, dim: int, rows: int, layout: ConvLayout) -> LayerCacheSpec:
+    """The spec of one KDA geometry (a frozen value, shared between plans)."""
+    groups = len(CONV_CHANNEL_GROUPS)
+    if layout == "SD":
+        conv = CachePart(
+            name="conv",
+            shape=(rows, groups, heads, dim),
+            dtype="bfloat16",
+            tp=Shard(dim=2),
+            view=(1, 3),
+        )
+    else:
+        conv = CachePart(
+            name="conv",
+            shape=(groups, heads, dim, rows),
+            dtype="bfloat16",
+            tp=Shard(dim=1),
+            view=(3, 1),
+        )
+    recurrent = CachePart(
+        name="recurrent", shape=(heads, dim, dim), dtype="float32", tp=Shard(dim=0)
+    )
+    return LayerCacheSpec(kind="kda", paging="slot", parts=(conv, recurrent))

@@ -12,6 +12,7 @@ A DSA index row belongs to the layer that owns it, so it is a part of that layer
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
@@ -19,7 +20,7 @@ from pydantic import Field
 from .._frozen import Frozen
 from ..constants import FLASHMLA_FP8_SCALE_GROUP, MAX_MODEL_DIM
 from ..deployment import Deployment
-from ..dtypes import DTYPE_BYTES, KV_ELEMENT_DTYPE
+from ..dtypes import DTYPE_BYTES, KV_ELEMENT_DTYPE, KvCacheDtype
 from ..errors import Refusal
 from ..placements import Interleave, Replicate
 from .part import CachePart, Dim
@@ -51,43 +52,49 @@ class MLALayer(Frozen):
 
     def cache_spec(self, deployment: Deployment) -> LayerCacheSpec:
         """The latent (and DSA index) rows of one token, replicated over TP, dealt by DCP."""
-        if deployment.kv_dtype == "fp8_ds_mla":
-            if self.kv_lora_rank % FLASHMLA_FP8_SCALE_GROUP:
-                raise Refusal(
-                    "dtype_unsupported",
-                    f"kv_dtype=fp8_ds_mla needs kv_lora_rank divisible by "
-                    f"{FLASHMLA_FP8_SCALE_GROUP} (kv_lora_rank={self.kv_lora_rank})",
-                    facts={"kv_dtype": deployment.kv_dtype, "kv_lora_rank": self.kv_lora_rank},
-                    hint="use kv_dtype=fp8 or bf16",
-                )
-            # FlashMLA's packed row: fp8 latent, one fp32 scale per 128, bf16 rope.
-            scales = self.kv_lora_rank // FLASHMLA_FP8_SCALE_GROUP * DTYPE_BYTES["float32"]
-            row = self.kv_lora_rank + scales + self.qk_rope_head_dim * DTYPE_BYTES["bfloat16"]
-            latent = CachePart(name="latent", shape=(row,), dtype="uint8", tp=Replicate())
-        else:
-            latent = CachePart(
-                name="latent",
-                shape=(self.latent_dim,),
-                dtype=KV_ELEMENT_DTYPE[deployment.kv_dtype],
-                tp=Replicate(),
-            )
-        parts = [latent]
-        if self.index_bytes_per_token:
-            parts.append(
-                CachePart(
-                    name="index",
-                    shape=(self.index_bytes_per_token,),
-                    dtype="uint8",
-                    tp=Replicate(),
-                )
-            )
-        return LayerCacheSpec(
-            kind=self.kind,
-            paging="token",
-            parts=tuple(parts),
-            dcp=Interleave(num_ranks=deployment.dcp, interleave=deployment.dcp_interleave),
-        )
+        return _mla_spec(self, deployment.kv_dtype, deployment.dcp, deployment.dcp_interleave)
 
     def side_specs(self, deployment: Deployment) -> tuple[LayerCacheSpec, ...]:
         """Nothing beside the page."""
         return ()
+
+
+@lru_cache(maxsize=1024)
+def _mla_spec(layer: MLALayer, kv_dtype: KvCacheDtype, dcp: int, interleave: int) -> LayerCacheSpec:
+    """The spec of one MLA geometry under one cache dtype and DCP (a frozen value, shared)."""
+    if kv_dtype == "fp8_ds_mla":
+        if layer.kv_lora_rank % FLASHMLA_FP8_SCALE_GROUP:
+            raise Refusal(
+                "dtype_unsupported",
+                f"kv_dtype=fp8_ds_mla needs kv_lora_rank divisible by "
+                f"{FLASHMLA_FP8_SCALE_GROUP} (kv_lora_rank={layer.kv_lora_rank})",
+                facts={"kv_dtype": kv_dtype, "kv_lora_rank": layer.kv_lora_rank},
+                hint="use kv_dtype=fp8 or bf16",
+            )
+        # FlashMLA's packed row: fp8 latent, one fp32 scale per 128, bf16 rope.
+        scales = layer.kv_lora_rank // FLASHMLA_FP8_SCALE_GROUP * DTYPE_BYTES["float32"]
+        row = layer.kv_lora_rank + scales + layer.qk_rope_head_dim * DTYPE_BYTES["bfloat16"]
+        latent = CachePart(name="latent", shape=(row,), dtype="uint8", tp=Replicate())
+    else:
+        latent = CachePart(
+            name="latent",
+            shape=(layer.latent_dim,),
+            dtype=KV_ELEMENT_DTYPE[kv_dtype],
+            tp=Replicate(),
+        )
+    parts = [latent]
+    if layer.index_bytes_per_token:
+        parts.append(
+            CachePart(
+                name="index",
+                shape=(layer.index_bytes_per_token,),
+                dtype="uint8",
+                tp=Replicate(),
+            )
+        )
+    return LayerCacheSpec(
+        kind=layer.kind,
+        paging="token",
+        parts=tuple(parts),
+        dcp=Interleave(num_ranks=dcp, interleave=interleave),
+    )

@@ -20,7 +20,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, model_validator
 
-from .._frozen import Frozen
+from .._frozen import Frozen, trusted
 from ..errors import Refusal
 from ..placements import Interleave
 from .part import CachePart
@@ -90,20 +90,12 @@ class LayerCacheSpec(Frozen):
     def payload_bytes(self, tp: int, tokens: int = 1) -> int:
         """Payload of one page of ``tokens`` tokens (token paging) or of one slot (slot
         paging, ``tokens`` ignored): ``S(tp, s)`` for a KDA layer."""
-        rows = tokens if self.paging == "token" else 1
-        return rows * sum(part.local_bytes(tp) for part in self.parts)
+        return self.ranges(tp, tokens)[-1].end_bytes
 
     def ranges(self, tp: int, tokens: int = 1) -> tuple[PartRange, ...]:
         """Every part's byte range inside a page of ``tokens`` tokens or a slot, back to back
         from byte 0; the ranges tile ``[0, payload_bytes)`` exactly."""
-        rows = tokens if self.paging == "token" else 1
-        ranges: list[PartRange] = []
-        offset = 0
-        for part in self.parts:
-            size = rows * part.local_bytes(tp)
-            ranges.append(PartRange(part=part.name, offset_bytes=offset, size_bytes=size))
-            offset += size
-        return tuple(ranges)
+        return _ranges(self, tp, tokens if self.paging == "token" else 1)
 
     def range_of(self, name: str, tp: int, tokens: int = 1) -> PartRange:
         """The byte range of part ``name`` inside a page or slot."""
@@ -124,3 +116,15 @@ class LayerCacheSpec(Frozen):
                 f"{self.paging} paging",
                 facts={"kind": self.kind, "paging": self.paging},
             )
+
+
+def _ranges(spec: LayerCacheSpec, tp: int, rows: int) -> tuple[PartRange, ...]:
+    """The part ranges of ``rows`` rows of ``spec`` on a rank of ``tp``."""
+    ranges: list[PartRange] = []
+    offset = 0
+    for part in spec.parts:
+        size = rows * part.local_bytes(tp)
+        # Sizes from the part's own validated shape: nothing to re-validate.
+        ranges.append(trusted(PartRange, part=part.name, offset_bytes=offset, size_bytes=size))
+        offset += size
+    return tuple(ranges)

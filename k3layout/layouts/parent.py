@@ -229,7 +229,7 @@ class ParentPlan(SelfChecked, LayoutBase):
         }
 
     def report_fields(self) -> tuple[dict[str, object], str]:
-        """The report's engine fields, and the name of a stage's unit bytes."""
+        """The report's engine fields, and the name of a stage's block (parent) bytes."""
         return {
             "mla_page_bytes": self.mla_page_bytes,
             "plane_bytes": self.packing.plane_bytes,
@@ -354,8 +354,8 @@ class ParentPlan(SelfChecked, LayoutBase):
         """Lay out ``num_parents`` usable parents (+ the null parent 0) plane-major.
 
         Plane ``k`` spans ``[k, k+1) * (n+1) * plane_bytes``; page ``x`` of a layer on plane
-        ``k`` sits at ``k*(n+1)*plane + (x // p_g)*plane + (x % p_g)*unit``, ``unit`` being the
-        MLA page (exact stride: MLA page ``x`` is at ``x * page``) or the state ``S``.
+        ``k`` sits at ``k*(n+1)*plane + (x // p_g)*plane + (x % p_g)*payload``, the payload
+        being the MLA page (exact stride: MLA page ``x`` is at ``x * page``) or the state ``S``.
         """
         if num_parents < 0:
             raise Refusal(
@@ -372,7 +372,7 @@ class ParentPlan(SelfChecked, LayoutBase):
             if not group.layers:
                 continue
             per_parent = self.pages_per_parent(group)
-            unit = self.payload_bytes(group)
+            payload = self.payload_bytes(group)
             pages.append(
                 GroupPages(
                     group=group.name,
@@ -388,7 +388,7 @@ class ParentPlan(SelfChecked, LayoutBase):
                     plane=group.plane_of(position),
                     base_offset=group.plane_of(position) * plane_span,
                     parent_stride=plane,
-                    page_stride=unit,
+                    page_stride=payload,
                     pages_per_parent=per_parent,
                 )
                 for position, layer in enumerate(group.layers)
@@ -430,7 +430,7 @@ class ParentPlan(SelfChecked, LayoutBase):
         return 1 if self.group_spec(group).paging == "slot" else PARENT_PAGE_TOKENS
 
     def page_stride_bytes(self, group: Group) -> int:
-        """Bytes between consecutive pages of one layer inside a parent: its unit (the exact
+        """Bytes between consecutive pages of one layer inside a parent: its payload (the exact
         page stride of MLA pages, ``S`` for state)."""
         return self.payload_bytes(group)
 
@@ -438,11 +438,11 @@ class ParentPlan(SelfChecked, LayoutBase):
         """How one layer's pages repeat on its plane of ``bind(num_blocks)``: attention pages
         at the exact page stride (``1 + n * p_g`` of them, parents back to back), state pages
         ``p_l`` per parent at stride ``S``."""
-        unit = self.payload_bytes(group)
+        payload = self.payload_bytes(group)
         per_parent = self.pages_per_parent(group)
         if self.group_spec(group).paging == "token":
-            return ((1 + num_blocks * per_parent, unit),)
-        return ((num_blocks + 1, self.packing.plane_bytes), (per_parent, unit))
+            return ((1 + num_blocks * per_parent, payload),)
+        return ((num_blocks + 1, self.packing.plane_bytes), (per_parent, payload))
 
     def plane_span_bytes(self, num_blocks: int) -> int:
         """Bytes of one plane of ``bind(num_blocks)``: the usable parents and the null one."""

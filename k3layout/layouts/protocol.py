@@ -75,12 +75,28 @@ class LayoutBase(GroupedLayout):
             )
         return state
 
+    @cached_property
+    def positions(self) -> dict[int | None, dict[int, tuple[Group, int]]]:
+        """Memo of :meth:`group_of`: for the whole plan (``None``) and each stage asked about,
+        every module layer's group and position (filled on first use)."""
+        return {}
+
+    @cached_property
+    def page_ranges(self) -> dict[int, tuple[PartRange, ...]]:
+        """Memo of :meth:`part_range_list`, by the index of the layer's spec in
+        ``sizes.specs`` (filled on first use: a few specs, many layers)."""
+        return {}
+
     def group_of(self, layer: int, stage: int | None = None) -> tuple[Group, int]:
         """The group holding module layer ``layer`` and the layer's position in it."""
-        groups = self.groups if stage is None else self.stage(stage).groups
-        for group in groups:
-            if layer in group.layers:
-                return group, group.layers.index(layer)
+        held = self.positions.get(stage)
+        if held is None:
+            groups = self.groups if stage is None else self.stage(stage).groups
+            held = {i: (g, j) for g in groups for j, i in enumerate(g.layers)}
+            self.positions[stage] = held
+        found = held.get(layer)
+        if found is not None:
+            return found
         raise Refusal(
             "invalid_argument",
             f"layer={layer} is in no group" + ("" if stage is None else f" of stage {stage}"),
@@ -90,15 +106,23 @@ class LayoutBase(GroupedLayout):
 
     def part_range(self, layer: int, part: str) -> PartRange:
         """Where part ``part`` of module layer ``layer`` sits inside one of its pages."""
-        group, _ = self.group_of(layer)
-        spec = self.group_spec(group)
-        return spec.range_of(part, self.deployment.attn_tp, self.tokens_per_page(group))
+        for found in self.part_range_list(layer):
+            if found.part == part:
+                return found
+        spec = self.group_spec(self.group_of(layer)[0])
+        spec.part(part)  # refuses, naming the layer's parts
+        raise Refusal("invalid_argument", f"layer {layer} has no part {part!r}")
 
     def part_range_list(self, layer: int) -> tuple[PartRange, ...]:
         """Every part's byte range inside one of module ``layer``'s pages, in page order."""
         group, _ = self.group_of(layer)
-        spec = self.group_spec(group)
-        return spec.ranges(self.deployment.attn_tp, self.tokens_per_page(group))
+        index = self.sizes.layer_specs[layer]
+        ranges = self.page_ranges.get(index)
+        if ranges is None:
+            spec = self.sizes.specs[index]
+            ranges = spec.ranges(self.deployment.attn_tp, self.tokens_per_page(group))
+            self.page_ranges[index] = ranges
+        return ranges
 
     def tokens_per_page(self, group: Group) -> int:
         """Tokens one page of an attention group holds on a rank (1 for a state group)."""
@@ -113,7 +137,7 @@ class EngineLayout(Protocol):
     - ``payload_bytes(group)``: one layer's payload on one page (an attention page, or ``S``);
     - ``page_stride_bytes(group)``: bytes between consecutive pages of one layer;
     - ``span_tokens(group)``: tokens one page covers (attention: ``block * dcp``);
-    - ``num_blocks(budget)`` / ``blocks_bytes(n)``: capacity both ways, in the engine's unit of
+    - ``blocks_in(budget)`` / ``blocks_bytes(n)``: capacity both ways, in the engine's block of
       allocation (vLLM blocks, parents);
     - ``byte_range(layer, part, block, num_blocks)``: where any part of any layer's page lies
       in a rank's allocation.

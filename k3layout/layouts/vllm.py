@@ -2,7 +2,7 @@
 
 1. **Block size raise**: ``A = max(128, requested)``; the attention block becomes
    ``A * ceil(S / (A * attn_bytes_per_token))`` tokens, so one attention page can hold one KDA
-   state; the KDA page is padded up to the attention page. Every per-layer page is one unit.
+   state; the KDA page is padded up to the attention page, so every layer has one page size.
 2. **Grouping**: layers with identical specs form a bucket; ``group_size`` is the smallest
    bucket, or the largest when it is under 1.5x the smallest; a bucket of ``n`` splits into
    ``ceil(n / group_size)`` strided groups ``bucket[i::num_groups]``.
@@ -210,7 +210,7 @@ class VllmPlan(SelfChecked, LayoutBase):
         return {group.name: {} for group in self.groups}
 
     def report_fields(self) -> tuple[dict[str, object], str]:
-        """The report's engine fields, and the name of a stage's unit bytes."""
+        """The report's engine fields, and the name of a stage's block bytes."""
         return {
             "block_tokens": self.block_tokens,
             "page_bytes": self.page_bytes,
@@ -257,9 +257,12 @@ def group_vllm(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
     K3 + DSpark: buckets KDA 69 and attention 29; 69 >= 1.5 x 29 so ``group_size`` = 29 and
     KDA splits into ceil(69/29) = 3 groups of 23, 23, 23 (KDA first: module layer 0 is KDA).
     """
-    buckets: dict[int, list[int]] = {}
-    for layer_id, spec_index in enumerate(sizes.layer_specs):
-        buckets.setdefault(spec_index, []).append(layer_id)
+    # One bucket per spec, from the model's (cached) layers of each distinct record: records
+    # whose specs coincide under this deployment share a bucket.
+    buckets: dict[int, tuple[int, ...]] = {}
+    for ids in model.layer_ids_by_record:
+        index = sizes.layer_specs[ids[0]]
+        buckets[index] = tuple(sorted((*buckets[index], *ids))) if index in buckets else ids
     smallest = min(len(ids) for ids in buckets.values())
     largest = max(len(ids) for ids in buckets.values())
     ratio_num, ratio_den = VLLM_GROUP_SIZE_RATIO
@@ -268,7 +271,7 @@ def group_vllm(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
     groups: list[Group] = []
     for index, ids in buckets.items():
         kind = kinds[index]
-        splits = split_strided(tuple(ids), -(-len(ids) // group_size))
+        splits = split_strided(ids, -(-len(ids) // group_size))
         prefix = None if list(kinds.values()).count(kind) == 1 else sizes.specs[index].kind
         names = group_names(kind, len(splits), prefix)
         groups.extend(

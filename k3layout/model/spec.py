@@ -92,6 +92,25 @@ class HybridModel(Frozen):
         return tuple(layer for layer in self.layers if isinstance(layer, KDALayer))
 
     @cached_property
+    def distinct_layers(self) -> tuple[tuple[AnyLayer, ...], tuple[int, ...]]:
+        """The distinct layer records in module order of first use, and for every module layer
+        the index of its record among them (computed once per model): a layer's cache spec
+        is built once per record, not once per layer."""
+        index: dict[AnyLayer, int] = {}
+        per_layer = tuple(index.setdefault(layer, len(index)) for layer in self.module_layers)
+        return tuple(index), per_layer
+
+    @cached_property
+    def layer_ids_by_record(self) -> tuple[tuple[int, ...], ...]:
+        """For every distinct layer record (:attr:`distinct_layers`), the module ids of the
+        layers that use it, in module order (computed once per model)."""
+        records, per_layer = self.distinct_layers
+        ids: list[list[int]] = [[] for _ in records]
+        for layer_id, record in enumerate(per_layer):
+            ids[record].append(layer_id)
+        return tuple(tuple(group) for group in ids)
+
+    @cached_property
     def head_counts(self) -> tuple[tuple[str, int], ...]:
         """The distinct ``(kind, num_heads)`` of the model's layers, sorted (``KDA`` before
         ``MLA``): what attention TP must divide (computed once per model)."""

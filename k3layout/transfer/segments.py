@@ -44,13 +44,16 @@ class Segment(Frozen):
 
     Copy ``i`` reads ``[src_offset_bytes + i*src_stride_bytes, .. + length_bytes)`` and writes
     ``[dst_offset_bytes + i*dst_stride_bytes, .. + length_bytes)``. The conv state of TP8
-    decode rank ``d`` taken from a TP1 K3 producer (channel-major, no spec tokens, so 3 rows)
-    is one segment of three copies, one per part q|k|v::
+    decode rank ``d`` taken from a TP1 K3 producer in the ``DS`` layout (channel-major, no spec
+    tokens, so 3 rows) is one segment of three copies, one per channel group q|k|v::
 
         copy  src offset            dst offset   length
         0     d*9,216               0            9,216    12 heads x 128 x 3 rows x 2 B
         1     73,728 + d*9,216      9,216        9,216    src stride: a TP1 part,
         2     147,456 + d*9,216     18,432       9,216    96 x 128 x 3 x 2 = 73,728
+
+    In vLLM's default ``SD`` layout (time-major) the same share is ``3 x 3`` copies of
+    ``12 x 128 x 2 = 3,072`` B, one per row and channel group, a TP1 group (24,576 B) apart.
 
     A single copy is stored with strides 0; a run of copies that touch end to end on both sides
     is stored as one copy (so a replicated region is one copy, written whole).
