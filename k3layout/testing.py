@@ -23,10 +23,10 @@ from functools import reduce
 from hypothesis import strategies as st
 
 from .deployment import CONV_LAYOUTS, ENGINES, Deployment, EngineFlavour
-from .dtypes import KV_CACHE_DTYPES
+from .dtypes import KV_CACHE_DTYPES, KvCacheDtype
 from .errors import RefusalCode
 from .layouts.invariants import plan_invariant_violations
-from .model import PRESETS, HybridModel, KDALayer, Layer, MLALayer, preset
+from .model import PRESETS, GQALayer, HybridModel, KDALayer, Layer, MLALayer, preset
 
 __all__ = [
     "deployments",
@@ -70,7 +70,7 @@ def hybrid_models(
     draw: st.DrawFn, max_layers: int = 48, draft: bool | None = None, kda: bool = True
 ) -> HybridModel:
     """Hybrid models: one MLA and one KDA geometry, any layer pattern with at least one MLA
-    layer, optionally draft layers (``draft=None``: either) and DSA index rows."""
+    layer, optionally draft layers (``draft=None``: either; MLA or GQA) and DSA index rows."""
     num_layers = draw(st.integers(1, max_layers))
     heads = draw(st.sampled_from(HEAD_COUNTS))
     mla = draw(mla_layers(heads))
@@ -83,11 +83,18 @@ def hybrid_models(
     layers: tuple[Layer, ...] = tuple(mla if is_mla else kda_layer for is_mla in kinds)
     least, most = {None: (0, 6), True: (1, 6), False: (0, 0)}[draft]
     num_draft = draw(st.integers(least, most))
+    drafted: Layer = mla
+    if num_draft and not mla.index_bytes_per_token and mla.latent_dim % 2 == 0 and draw(
+        st.booleans()
+    ):
+        # A GQA draft (DSpark may be GQA) whose one replicated KV head's K and V rows are as
+        # long as the latent row, so every engine can give it one page size at any TP.
+        drafted = GQALayer(num_heads=heads, num_kv_heads=1, head_dim=mla.latent_dim // 2)
     return HybridModel(
         name=f"synthetic-{num_layers}",
         model_type="kimi_k3",
         layers=layers,
-        draft_layers=(mla,) * num_draft,
+        draft_layers=(drafted,) * num_draft,
     )
 
 
@@ -107,6 +114,13 @@ def _heads(model: HybridModel) -> int:
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _kv_dtypes(model: HybridModel) -> tuple[KvCacheDtype, ...]:
+    """The cache dtypes ``model``'s layers all take: FlashMLA's packed row only without GQA."""
+    if any(layer.kind == "gqa" for layer in model.module_layers):
+        return tuple(d for d in KV_CACHE_DTYPES if d != "fp8_ds_mla")
+    return KV_CACHE_DTYPES
 
 
 @st.composite
@@ -136,7 +150,7 @@ def deployments(
         pp=pp,
         dcp=dcp,
         dcp_interleave=interleave,
-        kv_dtype=draw(st.sampled_from(KV_CACHE_DTYPES)),
+        kv_dtype=draw(st.sampled_from(_kv_dtypes(model))),
         spec_tokens=draw(st.integers(0, 7)),
         block_tokens=block,
         max_padding=draw(st.one_of(st.none(), st.floats(0.05, 1.0))),

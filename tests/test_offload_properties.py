@@ -215,8 +215,10 @@ def test_a_chunk_is_valid_exactly_when_every_span_divides_it(ride: RidePlan, chu
 @given(rides())
 def test_dsa_index_regions_fold_into_their_planes(ride: RidePlan) -> None:
     image = ride.image
-    has_index = "index" in ride.plan.sizes.attention.part_names
-    assert image.num_regions == image.num_planes * (2 if has_index else 1)
+    # One region per part of each image plane's attention layer: an MLA latent, a DSA layer's
+    # latent and index, a GQA layer's K and V.
+    parts = [len(ride.plan.sizes.spec_of(share.module_layer).parts) for share in image.planes]
+    assert image.num_regions == sum(parts)
     page = ride.plan.page_stride_bytes(ride.plan.groups[0])
     assert image.plane_movable_bytes == (page,) * image.num_planes
 

@@ -26,6 +26,7 @@ from pydantic import NonNegativeInt, PositiveInt
 from .._frozen import Frozen
 from ..errors import Refusal
 from ..layouts import EngineLayout, Group, GroupKind, LayoutBase
+from ..layouts.groups import num_planes as num_planes_of
 from ..layouts.groups import stage_at
 from .figure import (
     CELL_SIZE,
@@ -121,7 +122,7 @@ def draw_planes(plan: EngineLayout, *, stage: int | None = None) -> Figure:
     """
     cells = plane_cells(plan, stage)
     groups = drawn_groups(plan, stage)
-    num_planes = max((len(group.layers) for group in groups), default=0)
+    num_planes = num_planes_of(groups)
     colours = group_colours(groups)
     rows = {group.name: len(groups) - 1 - index for index, group in enumerate(groups)}
     width = max(8.5, 2.4 + 0.36 * num_planes)
@@ -169,7 +170,8 @@ def draw_planes(plan: EngineLayout, *, stage: int | None = None) -> Figure:
             gid=f"label.{cell.group}.{cell.layer}",
         )
     for group in groups:
-        for j in range(len(group.layers), num_planes):
+        used = range(group.first_plane, group.first_plane + len(group.layers))
+        for j in (j for j in range(num_planes) if j not in used):
             page_cell(
                 ax,
                 (j + offset, rows[group.name] + offset),

@@ -27,10 +27,14 @@ def _common_violations(result: EngineLayout) -> list[str]:
     if grouped != module_ids:
         problems.append(f"groups do not partition the module layers: {grouped} != {module_ids}")
     for group in result.groups:
-        wanted = "mla" if group.kind == "attention" else "kda"
-        wrong = [i for i in group.layers if model.module_layers[i].kind != wanted]
+        # An attention group pages tokens; a state group keeps slots; one spec per group.
+        wanted = "token" if group.kind == "attention" else "slot"
+        wrong = [i for i in group.layers if model.module_layers[i].paging != wanted]
         if wrong:
             problems.append(f"group {group.name} ({group.kind}) holds layers {wrong}")
+        specs = {result.sizes.layer_specs[i] for i in group.layers}
+        if len(specs) > 1:
+            problems.append(f"group {group.name} mixes {len(specs)} cache specs")
     if result.num_planes != num_planes(result.groups):
         problems.append(f"num_planes {result.num_planes} != longest group")
     bounds = pp_stage_bounds(model.num_layers, result.deployment.pp, result.deployment.pp_partition)
