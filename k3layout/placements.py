@@ -81,7 +81,7 @@ class ReplicaShard(Frozen):
     def local_size_and_offset(self, extent: int, num_ranks: int, rank: int) -> tuple[int, int]:
         """``(size, offset)`` of ``rank``'s share of ``extent``."""
         _check_rank(num_ranks, rank)
-        if extent >= num_ranks:
+        if expect_int("extent", extent) >= num_ranks:
             return Shard(dim=self.dim).local_size_and_offset(extent, num_ranks, rank)
         if num_ranks % extent:
             raise Refusal(

@@ -17,7 +17,7 @@ from functools import cached_property, reduce
 
 from pydantic import NonNegativeInt, PositiveInt
 
-from ._args import expect_args
+from ._args import expect_args, expect_int
 from ._divisors import nearest_divisors
 from ._frozen import Frozen, trusted
 from .cache import LayerCacheSpec, cursor_spec
@@ -43,7 +43,7 @@ class RankSizes(Frozen):
 
     def spec_of(self, layer: int) -> LayerCacheSpec:
         """The cache spec of module layer ``layer``."""
-        if not 0 <= layer < len(self.layer_specs):
+        if not 0 <= expect_int("layer", layer) < len(self.layer_specs):
             raise Refusal(
                 "invalid_argument",
                 f"layer={layer} is not a module layer (the model has {len(self.layer_specs)})",

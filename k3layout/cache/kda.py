@@ -22,9 +22,11 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
+from .._args import expect_args
 from .._frozen import Frozen
 from ..constants import MAX_CONV_KERNEL
 from ..deployment import ConvLayout, Deployment
+from ..errors import Refusal
 from ..placements import Shard
 from .part import CachePart, Dim
 from .replay import replay_spec
@@ -68,7 +70,15 @@ class KDALayer(Frozen):
 def conv_channel_offset(spec: LayerCacheSpec, group: str, tp: int, row: int = 0) -> int:
     """Byte offset, inside a rank's conv tensor, of the first channel of ``group`` (q, k or v)
     in history row ``row``, derived from the conv part's shape and layout."""
+    expect_args(("spec", spec, LayerCacheSpec), ("group", group, str), ("row", row, int))
     conv = spec.part("conv")
+    if group not in CONV_CHANNEL_GROUPS:
+        raise Refusal(
+            "invalid_argument",
+            f"group={group!r} is not a channel group of the conv state",
+            facts={"field": "group", "group": group, "allowed": CONV_CHANNEL_GROUPS},
+            hint=f"use one of {', '.join(CONV_CHANNEL_GROUPS)}",
+        )
     which = CONV_CHANNEL_GROUPS.index(group)
     if conv.view == (1, 3):  # SD: (rows, 3, H, D)
         return conv.local_offset((row, which, 0, 0), tp)

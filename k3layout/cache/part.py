@@ -20,6 +20,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, PositiveInt, model_validator
 
+from .._args import expect_items
 from .._frozen import Frozen
 from ..constants import MAX_MODEL_DIM
 from ..dtypes import DTYPE_BYTES, DTypeName
@@ -121,6 +122,7 @@ class CachePart(Frozen):
         The k channels of K3's SD conv state, row 0, start at index ``(0, 1, 0, 0)``: after
         the q channels, ``H/tp * D * 2`` bytes (24,576 at TP 1, 3,072 at TP 8).
         """
+        expect_items("index", index, int)
         local = self.local_shape(tp)
         if len(index) != len(local) or any(
             not 0 <= i < n for i, n in zip(index, local, strict=True)

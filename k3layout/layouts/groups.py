@@ -13,6 +13,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, NonNegativeInt
 
+from .._args import expect_int
 from .._frozen import Frozen, trusted
 from ..cache import LayerCacheSpec
 from ..deployment import Deployment
@@ -116,7 +117,7 @@ class Stage(GroupedLayout):
 
 def stage_at(stages: tuple[Stage, ...], index: int) -> Stage:
     """``stages[index]``, refusing (``invalid_argument``) an index that is not a stage."""
-    if not 0 <= index < len(stages):
+    if not 0 <= expect_int("stage", index) < len(stages):
         raise Refusal(
             "invalid_argument",
             f"stage={index} is not a pipeline stage (pp={len(stages)})",

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import NonNegativeInt, PositiveInt, model_validator
 
+from .._args import expect, expect_int
 from .._derivation import SelfChecked, deriving, is_deriving, mismatch
 from .._frozen import trusted
 from ..constants import DEFAULT_MAX_PADDING_FRACTION, PARENT_PAGE_TOKENS
@@ -206,11 +207,13 @@ class ParentPlan(SelfChecked, LayoutBase):
 
     def payload_bytes(self, group: Group) -> int:
         """Payload of one layer of ``group`` on one of its pages: the MLA page or ``S``."""
+        expect("group", group, Group)
         return self.frame.payload_bytes(group)
 
     def pages_per_parent(self, group: Group) -> int:
         """``p_g``: pages of ``group`` one parent holds (``p_m``, ``p_l``, or as many of a
         draft's own pages as a plane holds)."""
+        expect("group", group, Group)
         packing = self.packing
         return self.frame.pages_per_plane(group, packing.mla_pages, packing.state_pages)
 
@@ -268,6 +271,7 @@ class ParentPlan(SelfChecked, LayoutBase):
     ) -> int:
         """Pages ``group`` needs: MLA ``ceil(tokens / 128) + max_live - 1``, each state group
         ``2 * max_live`` (a running and a checkpoint slot per request), plus protected pages."""
+        expect("group", group, Group)
         _check_load(tokens, max_live, protected_pages)
         if group.kind == "attention":
             return -(-tokens // PARENT_PAGE_TOKENS) + max_live - 1 + protected_pages
@@ -341,7 +345,7 @@ class ParentPlan(SelfChecked, LayoutBase):
 
     def parents_for_budget(self, budget_bytes: int, stage: int | None = None) -> int:
         """Usable parents in ``budget_bytes`` (one parent is the null parent)."""
-        if budget_bytes < 0:
+        if expect_int("budget_bytes", budget_bytes) < 0:
             raise Refusal(
                 "invalid_argument",
                 f"budget_bytes={budget_bytes} must be >= 0",
@@ -438,6 +442,7 @@ class ParentPlan(SelfChecked, LayoutBase):
         """How one layer's pages repeat on its plane of ``bind(num_blocks)``: attention pages
         at the exact page stride (``1 + n * p_g`` of them, parents back to back), state pages
         ``p_l`` per parent at stride ``S``."""
+        expect_int("num_blocks", num_blocks)
         payload = self.payload_bytes(group)
         per_parent = self.pages_per_parent(group)
         if self.group_spec(group).paging == "token":
@@ -446,6 +451,7 @@ class ParentPlan(SelfChecked, LayoutBase):
 
     def plane_span_bytes(self, num_blocks: int) -> int:
         """Bytes of one plane of ``bind(num_blocks)``: the usable parents and the null one."""
+        expect_int("num_blocks", num_blocks)
         return (num_blocks + 1) * self.packing.plane_bytes
 
     def span_tokens(self, group: Group) -> int:
@@ -471,6 +477,7 @@ class ParentPlan(SelfChecked, LayoutBase):
     ) -> ByteRange:
         """Where ``part`` of page ``block`` of module ``layer`` lies in the arena of
         ``bind(num_blocks)`` on a rank of ``stage`` (page 0 is the null page)."""
+        expect_int("block", block)
         self.group_of(layer, stage)  # refuses a layer the stage does not hold
         binding = next(b for b in self.bind(num_blocks, stage).layers if b.layer == layer)
         pages = 1 + num_blocks * binding.pages_per_parent
@@ -492,6 +499,7 @@ class ParentPlan(SelfChecked, LayoutBase):
 
     def block_caption(self, num_planes: int) -> str:
         """One parent in words, for pictures."""
+        expect_int("num_planes", num_planes)
         packing = self.packing
         return (
             f"one parent: packing p_m/p_l {packing.mla_pages}/{packing.state_pages}, "

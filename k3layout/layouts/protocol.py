@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import NonNegativeInt
 
+from .._args import expect
 from .._frozen import Frozen
 from ..cache import LayerCacheSpec, PartRange
 from ..deployment import Deployment, EngineFlavour
@@ -56,11 +57,13 @@ class LayoutBase(GroupedLayout):
 
     def groups_of(self, kind: GroupKind, stage: int | None = None) -> tuple[Group, ...]:
         """The groups of ``kind`` that hold layers (of the whole model, or of ``stage``)."""
+        expect("kind", kind, str)
         groups = self.groups if stage is None else self.stage(stage).groups
         return tuple(group for group in groups if group.kind == kind and group.layers)
 
     def group_spec(self, group: Group) -> LayerCacheSpec:
         """The cache spec every layer of ``group`` shares."""
+        expect("group", group, Group)
         if not group.layers:
             return self.sizes.attention if group.kind == "attention" else self._state_spec()
         return self.sizes.spec_of(group.layers[0])
@@ -91,6 +94,7 @@ class LayoutBase(GroupedLayout):
         """The group holding module layer ``layer`` and the layer's position in it."""
         held = self.positions.get(stage)
         if held is None:
+            expect("stage", stage, (int, type(None)))
             groups = self.groups if stage is None else self.stage(stage).groups
             held = {i: (g, j) for g in groups for j, i in enumerate(g.layers)}
             self.positions[stage] = held

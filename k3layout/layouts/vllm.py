@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import PositiveInt, model_validator
 
+from .._args import expect_args, expect_int
 from .._derivation import SelfChecked, is_deriving
 from .._frozen import trusted
 from ..constants import MLA_KERNEL_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
@@ -139,10 +140,12 @@ class VllmPlan(SelfChecked, LayoutBase):
     def page_axes(self, group: Group, num_blocks: int) -> tuple[tuple[int, int], ...]:
         """How one layer's pages repeat on its plane: ``(count, stride in bytes)`` per axis;
         ``num_blocks`` blocks of one page each."""
+        expect_int("num_blocks", num_blocks)
         return ((num_blocks, self.page_bytes),)
 
     def plane_span_bytes(self, num_blocks: int) -> int:
         """Bytes of one plane holding ``num_blocks`` blocks."""
+        expect_int("num_blocks", num_blocks)
         return num_blocks * self.page_bytes
 
     def span_tokens(self, group: Group) -> int:
@@ -178,6 +181,7 @@ class VllmPlan(SelfChecked, LayoutBase):
 
     def block_caption(self, num_planes: int) -> str:
         """One block in words, for pictures."""
+        expect_int("num_planes", num_planes)
         return (
             f"one block: {self.block_tokens:,} tokens, a {self.page_bytes:,} B page per layer "
             f"on each of {num_planes} planes = {num_planes * self.page_bytes:,} B"
@@ -222,11 +226,12 @@ class VllmPlan(SelfChecked, LayoutBase):
 
 
 def _check_non_negative(name: str, value: int) -> None:
-    if value < 0:
+    if expect_int(name, value) < 0:
         raise Refusal("invalid_argument", f"{name}={value} must be >= 0", facts={name: value})
 
 
 def _check_block(block: int, num_blocks: int) -> None:
+    expect_args(("block", block, int), ("num_blocks", num_blocks, int))
     if not 0 <= block < num_blocks:
         raise Refusal(
             "invalid_argument",
