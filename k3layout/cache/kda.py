@@ -89,22 +89,13 @@ def conv_channel_offset(spec: LayerCacheSpec, group: str, tp: int, row: int = 0)
 def _kda_spec(heads: int, dim: int, rows: int, layout: ConvLayout) -> LayerCacheSpec:
     """The spec of one KDA geometry (a frozen value, shared between plans)."""
     groups = len(CONV_CHANNEL_GROUPS)
-    if layout == "SD":
-        conv = CachePart(
-            name="conv",
-            shape=(rows, groups, heads, dim),
-            dtype="bfloat16",
-            tp=Shard(dim=2),
-            view=(1, 3),
-        )
-    else:
-        conv = CachePart(
-            name="conv",
-            shape=(groups, heads, dim, rows),
-            dtype="bfloat16",
-            tp=Shard(dim=1),
-            view=(3, 1),
-        )
+    # SD: (rows, q|k|v, heads, dim), heads on axis 2; DS: (q|k|v, heads, dim, rows), axis 1.
+    shape, axis, view = (
+        ((rows, groups, heads, dim), 2, (1, 3))
+        if layout == "SD"
+        else ((groups, heads, dim, rows), 1, (3, 1))
+    )
+    conv = CachePart(name="conv", shape=shape, dtype="bfloat16", tp=Shard(dim=axis), view=view)
     recurrent = CachePart(
         name="recurrent", shape=(heads, dim, dim), dtype="float32", tp=Shard(dim=0)
     )

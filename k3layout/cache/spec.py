@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import Field, model_validator
+from pydantic import Field, NonNegativeInt, model_validator
 
 from .._frozen import Frozen, trusted
 from ..errors import Refusal
@@ -33,8 +33,8 @@ class PartRange(Frozen):
     """Where one part sits inside a layer's page or slot on one rank."""
 
     part: str
-    offset_bytes: int
-    size_bytes: int
+    offset_bytes: NonNegativeInt
+    size_bytes: NonNegativeInt
 
     @property
     def end_bytes(self) -> int:

@@ -14,7 +14,6 @@ from typing import Protocol, runtime_checkable
 from pydantic import NonNegativeInt
 
 from .._args import expect
-from .._frozen import Frozen
 from ..cache import LayerCacheSpec, PartRange
 from ..deployment import Deployment, EngineFlavour
 from ..errors import Refusal
@@ -23,20 +22,13 @@ from ..sizes import RankSizes, rank_sizes
 from .groups import Group, GroupedLayout, GroupKind, PlaneMember, Stage, stage_at
 
 
-class ByteRange(Frozen):
-    """``[offset_bytes, offset_bytes + size_bytes)`` of one part of one layer's page in a
-    rank's cache (offsets from the start of the rank's backing allocation)."""
+class ByteRange(PartRange):
+    """``[offset_bytes, offset_bytes + size_bytes)`` of part ``part`` of module layer ``layer``'s
+    page of block ``block`` in a rank's cache (offsets from the start of the rank's backing
+    allocation, where :class:`PartRange` counts from the page's start)."""
 
     layer: NonNegativeInt
-    part: str
     block: NonNegativeInt
-    offset_bytes: NonNegativeInt
-    size_bytes: NonNegativeInt
-
-    @property
-    def end_bytes(self) -> int:
-        """One past the last byte."""
-        return self.offset_bytes + self.size_bytes
 
 
 class LayoutBase(GroupedLayout):
