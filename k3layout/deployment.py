@@ -17,6 +17,7 @@ from .constants import (
 )
 from .dtypes import KvCacheDtype
 from .errors import Refusal
+from .placements import Interleave
 
 EngineFlavour: TypeAlias = Literal["vllm", "parent"]
 """``vllm``: vLLM's hybrid allocator (one page per layer per block, planes shared by groups).
@@ -87,6 +88,12 @@ class Deployment(Frozen):
                 hint="give one layer count per pipeline stage",
             )
         return self
+
+    @property
+    def dcp_placement(self) -> Interleave:
+        """How DCP deals an attention block's tokens to ranks (one rank holds all without
+        DCP)."""
+        return Interleave(num_ranks=self.dcp, interleave=self.dcp_interleave)
 
     @property
     def world_size(self) -> int:

@@ -87,10 +87,6 @@ class RankSizes(Frozen):
         """The same as :attr:`state_bytes` (K3's state layers are KDA)."""
         return self.state_bytes
 
-    def part_bytes(self, spec: LayerCacheSpec, part: str) -> int:
-        """Bytes of one token's (token paging) or one slot's ``part`` on a rank."""
-        return spec.part(part).local_bytes(self.attn_tp)
-
 
 def check_uniform_layers(model: HybridModel, specs: tuple[LayerCacheSpec, ...]) -> None:
     """One cache spec per layer kind; refuses (``mixed_layer_specs``) a model that mixes them.

@@ -84,8 +84,11 @@ def hybrid_models(
     least, most = {None: (0, 6), True: (1, 6), False: (0, 0)}[draft]
     num_draft = draw(st.integers(least, most))
     drafted: Layer = mla
-    if num_draft and not mla.index_bytes_per_token and mla.latent_dim % 2 == 0 and draw(
-        st.booleans()
+    if (
+        num_draft
+        and not mla.index_bytes_per_token
+        and mla.latent_dim % 2 == 0
+        and draw(st.booleans())
     ):
         # A GQA draft (DSpark may be GQA) whose one replicated KV head's K and V rows are as
         # long as the latent row, so every engine can give it one page size at any TP.

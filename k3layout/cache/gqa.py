@@ -20,7 +20,7 @@ from .._frozen import Frozen
 from ..deployment import Deployment
 from ..dtypes import KV_ELEMENT_DTYPE
 from ..errors import Refusal
-from ..placements import Interleave, ReplicaShard
+from ..placements import ReplicaShard
 from .part import CachePart, Dim
 from .spec import LayerCacheSpec, Paging
 
@@ -53,7 +53,7 @@ class GQALayer(Frozen):
                 CachePart(name=name, shape=shape, dtype=dtype, tp=ReplicaShard(dim=0))
                 for name in ("k", "v")
             ),
-            dcp=Interleave(num_ranks=deployment.dcp, interleave=deployment.dcp_interleave),
+            dcp=deployment.dcp_placement,
         )
 
     def side_specs(self, deployment: Deployment) -> tuple[LayerCacheSpec, ...]:

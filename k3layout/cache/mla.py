@@ -52,7 +52,7 @@ class MLALayer(Frozen):
 
     def cache_spec(self, deployment: Deployment) -> LayerCacheSpec:
         """The latent (and DSA index) rows of one token, replicated over TP, dealt by DCP."""
-        return _mla_spec(self, deployment.kv_dtype, deployment.dcp, deployment.dcp_interleave)
+        return _mla_spec(self, deployment.kv_dtype, deployment.dcp_placement)
 
     def side_specs(self, deployment: Deployment) -> tuple[LayerCacheSpec, ...]:
         """Nothing beside the page."""
@@ -60,7 +60,7 @@ class MLALayer(Frozen):
 
 
 @lru_cache(maxsize=1024)
-def _mla_spec(layer: MLALayer, kv_dtype: KvCacheDtype, dcp: int, interleave: int) -> LayerCacheSpec:
+def _mla_spec(layer: MLALayer, kv_dtype: KvCacheDtype, dcp: Interleave) -> LayerCacheSpec:
     """The spec of one MLA geometry under one cache dtype and DCP (a frozen value, shared)."""
     if kv_dtype == "fp8_ds_mla":
         if layer.kv_lora_rank % FLASHMLA_FP8_SCALE_GROUP:
@@ -96,5 +96,5 @@ def _mla_spec(layer: MLALayer, kv_dtype: KvCacheDtype, dcp: int, interleave: int
         kind=layer.kind,
         paging="token",
         parts=tuple(parts),
-        dcp=Interleave(num_ranks=dcp, interleave=interleave),
+        dcp=dcp,
     )

@@ -97,11 +97,6 @@ class LayerCacheSpec(Frozen):
         from byte 0; the ranges tile ``[0, payload_bytes)`` exactly."""
         return _ranges(self, tp, tokens if self.paging == "token" else 1)
 
-    def range_of(self, name: str, tp: int, tokens: int = 1) -> PartRange:
-        """The byte range of part ``name`` inside a page or slot."""
-        self.part(name)
-        return next(r for r in self.ranges(tp, tokens) if r.part == name)
-
     def page_shape(self, name: str, tp: int, tokens: int) -> tuple[int, ...]:
         """The engine's shape of part ``name`` in one page: ``(tokens, *engine_shape)`` for
         token paging, the engine shape for a slot."""

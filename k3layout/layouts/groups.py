@@ -13,7 +13,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, NonNegativeInt
 
-from .._args import expect_int
+from .._args import expect, expect_int
 from .._frozen import Frozen, trusted
 from ..cache import LayerCacheSpec
 from ..deployment import Deployment
@@ -94,6 +94,11 @@ class GroupedLayout(Frozen):
     def planes(self) -> tuple[tuple[PlaneMember, ...], ...]:
         """For every plane ``j``, layer ``j`` of each group (the layers aliasing it)."""
         return plane_members(self.groups)
+
+    def groups_of(self, kind: GroupKind) -> tuple[Group, ...]:
+        """The groups of ``kind`` that hold layers, in group order."""
+        expect("kind", kind, str)
+        return tuple(group for group in self.groups if group.kind == kind and group.layers)
 
     def group(self, name: str) -> Group:
         """The group called ``name`` (refuses a name that is not a group)."""

@@ -91,7 +91,11 @@ def _run(model: HybridModel, deployment: Deployment, seams: EngineSeams[PlanT]) 
     groups = seams.group(model, sizes)
     stages = project_stages(model, deployment, groups)
     with deriving():  # the plan is its own derivation: its validator need not re-plan
-        return seams.pack(model, deployment, sizes, groups, stages)
+        result = seams.pack(model, deployment, sizes, groups, stages)
+    # plan.sizes derives exactly these from (model, deployment): keep the ones just derived
+    # (a cached property keeps its value in the instance dict, so it is seeded there).
+    result.__dict__["sizes"] = sizes
+    return result
 
 
 def plan_vllm(model: HybridModel, deployment: Deployment) -> VllmPlan:

@@ -49,9 +49,18 @@ class LayoutBase(GroupedLayout):
 
     def groups_of(self, kind: GroupKind, stage: int | None = None) -> tuple[Group, ...]:
         """The groups of ``kind`` that hold layers (of the whole model, or of ``stage``)."""
-        expect("kind", kind, str)
-        groups = self.groups if stage is None else self.stage(stage).groups
-        return tuple(group for group in groups if group.kind == kind and group.layers)
+        return super().groups_of(kind) if stage is None else self.stage(stage).groups_of(kind)
+
+    @property
+    def state_span_tokens(self) -> int:
+        """Tokens one block of a state group covers: one state checkpoint per block in
+        ``align`` mode (the first group's span when the model keeps no state)."""
+        state = self.groups_of("kda")
+        return self.span_tokens(state[0] if state else self.groups[0])
+
+    def span_tokens(self, group: Group) -> int:
+        """Tokens one page of ``group`` covers (each engine says)."""
+        raise NotImplementedError
 
     def group_spec(self, group: Group) -> LayerCacheSpec:
         """The cache spec every layer of ``group`` shares."""
@@ -175,6 +184,8 @@ class EngineLayout(Protocol):
     def payload_bytes(self, group: Group) -> int: ...
     def page_stride_bytes(self, group: Group) -> int: ...
     def span_tokens(self, group: Group) -> int: ...
+    @property
+    def state_span_tokens(self) -> int: ...
     def page_axes(self, group: Group, num_blocks: int) -> tuple[tuple[int, int], ...]: ...
     def plane_span_bytes(self, num_blocks: int) -> int: ...
     def stage_block_bytes(self, stage: int) -> int: ...

@@ -87,7 +87,7 @@ class VllmPlan(SelfChecked, LayoutBase):
     @property
     def dcp_placement(self) -> Interleave:
         """Which DCP rank holds each token of an attention block."""
-        return Interleave(num_ranks=self.deployment.dcp, interleave=self.deployment.dcp_interleave)
+        return self.deployment.dcp_placement
 
     def stage_block_bytes(self, stage: int) -> int:
         """Bytes one block costs on a rank of pipeline stage ``stage``."""

@@ -31,7 +31,7 @@ from ..errors import Refusal
 from ..layouts import EngineLayout, LayoutBase
 from .names import LayerNames, engine_layer_names
 from .plane_order import check_permutation, stage_attention_names
-from .stage import image_attention_layers, kda_groups, page_bytes, ridable
+from .stage import image_attention_layers, page_bytes, ridable
 from .views import TensorView, views_of
 
 MisplacedBy: TypeAlias = Literal["plane", "offset", "outside", "stride", "extent"]
@@ -118,7 +118,7 @@ def aliasing_problems(
                 hint="register each attention layer as num_blocks x page",
             )
     problems: list[Misplaced] = []
-    for unit, group in enumerate(kda_groups(on_stage)):
+    for unit, group in enumerate(on_stage.groups_of("kda")):
         layer_names = tuple(names.name(layer) for layer in group.layers)
         for j, (module_layer, view) in enumerate(
             zip(group.layers, views_of(views, layer_names, stage), strict=True)
@@ -194,7 +194,7 @@ def check_aliasing(
     plan = ridable(plan)
     on_stage = plan.stage(stage)
     num_image = len(image_attention_layers(on_stage))
-    total = sum(len(group.layers) for group in kda_groups(on_stage))
+    total = sum(len(group.layers) for group in on_stage.groups_of("kda"))
     outside = tuple(p for p in problems if p.found_plane is None or p.found_plane >= num_image)
     first = problems[0]
     message = (

@@ -31,7 +31,7 @@ from ..errors import Refusal
 from ..layouts import EngineLayout, Group, LayoutBase
 from .names import LayerNames, index_region_name
 from .plane_order import PlaneOrder, PlaneShare, plane_order
-from .stage import kda_groups, page_bytes, ridable
+from .stage import page_bytes, ridable
 
 RegionPart: TypeAlias = str
 """What a PAGE region of an attention layer holds: a part of its cache spec (the MLA
@@ -319,7 +319,7 @@ def image_of_order(plan: EngineLayout, order: PlaneOrder, stage: int) -> Checkpo
         stage=stage,
         page_bytes=page_bytes(plan),
         layer_state_bytes=plan.sizes.state_bytes,
-        groups=kda_groups(plan.stage(stage)),
+        groups=plan.stage(stage).groups_of("kda"),
         planes=image_planes,
         regions=_regions(plan, image_planes),
     )

@@ -33,7 +33,7 @@ from ..constants import MAX_RANKS
 from ..errors import Refusal
 from ..layouts import EngineLayout, GroupKind, LayoutBase, PlaneMember, Stage
 from .names import LayerNames, engine_layer_names, name_order
-from .stage import image_attention_layers, kda_groups, ridable
+from .stage import image_attention_layers, ridable
 from .views import TensorView, views_of
 
 
@@ -185,7 +185,7 @@ def aliased_by_address(
     attention = views_of(views, given, stage.index)
     aliased: list[str] = []
     for j, expected in enumerate(planned):
-        rider = next(group for group in kda_groups(stage) if j < len(group.layers))
+        rider = next(group for group in stage.groups_of("kda") if j < len(group.layers))
         rider_name = names.name(rider.layers[j])
         base = views_of(views, (rider_name,), stage.index)[0].base_address
         matches = [n for n, v in zip(given, attention, strict=True) if v.base_address == base]

@@ -125,10 +125,7 @@ class RidePlan(SelfChecked):
     def block_tokens(self) -> int:
         """Tokens of one block on a rank (one state checkpoint in ``align`` mode): the span
         of a state group's block."""
-        state = self.plan.groups_of("kda")
-        return (
-            self.plan.span_tokens(state[0]) if state else self.plan.span_tokens(self.plan.groups[0])
-        )
+        return self.plan.state_span_tokens
 
     @property
     def spans(self) -> tuple[GroupSpan, ...]:

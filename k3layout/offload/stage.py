@@ -10,7 +10,7 @@ state on planes no attention layer publishes, and is refused.
 from __future__ import annotations
 
 from ..errors import Refusal
-from ..layouts import EngineLayout, Group, Stage
+from ..layouts import EngineLayout, Stage
 
 
 def ridable(plan: EngineLayout) -> EngineLayout:
@@ -27,16 +27,6 @@ def ridable(plan: EngineLayout) -> EngineLayout:
     )
 
 
-def kda_groups(stage: Stage) -> tuple[Group, ...]:
-    """The stage's KDA groups that hold layers, in the plan's group order: one unit each."""
-    return tuple(group for group in stage.groups if group.kind == "kda" and group.layers)
-
-
-def attention_groups(stage: Stage) -> tuple[Group, ...]:
-    """The stage's attention groups that hold layers, in the plan's group order."""
-    return tuple(group for group in stage.groups if group.kind == "attention" and group.layers)
-
-
 def page_bytes(plan: EngineLayout) -> int:
     """The page every plane repeats per block (one size for every group of a riding plan)."""
     return plan.page_stride_bytes(plan.groups[0])
@@ -44,7 +34,7 @@ def page_bytes(plan: EngineLayout) -> int:
 
 def num_image_planes(stage: Stage) -> int:
     """Planes one unit of the image spans: the stage's longest KDA group (0 without KDA)."""
-    return max((len(group.layers) for group in kda_groups(stage)), default=0)
+    return max((len(group.layers) for group in stage.groups_of("kda")), default=0)
 
 
 def image_attention_layers(stage: Stage) -> tuple[int, ...]:
@@ -54,7 +44,7 @@ def image_attention_layers(stage: Stage) -> tuple[int, ...]:
     K3 + DSpark, one stage: planes 0..22 are attention layers 3, 7, ..., 91 (the first 23 of
     the attention group); 92 and the draft's 93..97 are not aliased.
     """
-    attention = attention_groups(stage)
+    attention = stage.groups_of("attention")
     planes = num_image_planes(stage)
     if attention and len(attention[0].layers) >= planes:
         return attention[0].layers[:planes]  # the first attention group owns every plane
@@ -62,7 +52,7 @@ def image_attention_layers(stage: Stage) -> tuple[int, ...]:
     for plane in range(planes):
         owner = next((group for group in attention if plane < len(group.layers)), None)
         if owner is None:
-            rider = next(group for group in kda_groups(stage) if plane < len(group.layers))
+            rider = next(group for group in stage.groups_of("kda") if plane < len(group.layers))
             num_attention = max((len(group.layers) for group in attention), default=0)
             raise Refusal(
                 "aliasing",

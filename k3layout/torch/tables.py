@@ -72,17 +72,10 @@ class BlockTables(Frozen):
         return ids[row]
 
 
-def state_block_tokens(plan: EngineLayout) -> int:
-    """Tokens one block of a state group covers: one checkpoint per block in ``align`` mode
-    (the attention block when the model keeps no state)."""
-    state = plan.groups_of("kda")
-    return plan.span_tokens(state[0] if state else plan.groups[0])
-
-
 def boundary_row(plan: EngineLayout, computed_tokens: int) -> int:
     """The KDA row that holds the state after ``computed_tokens``: ``(n - 1) // block``, refused
     (``invalid_argument``) off the block grid, where ``align`` mode keeps no state."""
-    block = state_block_tokens(plan)
+    block = plan.state_span_tokens
     if computed_tokens < 1 or computed_tokens % block:
         raise Refusal(
             "invalid_argument",

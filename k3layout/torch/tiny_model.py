@@ -36,7 +36,7 @@ from ..offload.stage import ridable
 from .allocation import Registered, allocate, parts_of
 from .kernels import kda_chunked, mla_decode, short_conv
 from .live import LiveLayout, validate
-from .tables import BlockTables, state_block_tokens
+from .tables import BlockTables
 
 RMS_EPS = 1e-6
 
@@ -232,7 +232,7 @@ def _conv(
         held = conv[block]
         return held[:, lo:hi] if step.sd else held[lo:hi, :].T
 
-    chunk = step.start // state_block_tokens(step.plan)
+    chunk = step.start // step.plan.state_span_tokens
     if chunk == 0:
         history = x.new_zeros(rows, width)
     else:
@@ -255,7 +255,7 @@ def _kda(step: _Step, x: torch.Tensor) -> torch.Tensor:
     v = _conv(step, conv, 2, x @ w["v"][:, cols], w["conv_v"][cols])
     g = -torch.nn.functional.softplus(x @ w["g"][:, cols] + c.decay_bias)
     beta = torch.sigmoid(x @ w["beta"][:, _share(c.kda_heads, tp, step.tp_rank)])
-    chunk = step.start // state_block_tokens(step.plan)
+    chunk = step.start // step.plan.state_span_tokens
     initial = None if chunk == 0 else state[step.table[chunk - 1]].to(x.dtype).unsqueeze(0)
     shape = (1, x.shape[0], heads, c.kda_head_dim)
     o, final = kda_chunked(
@@ -274,7 +274,7 @@ def _kda(step: _Step, x: torch.Tensor) -> torch.Tensor:
 def _mla(step: _Step, x: torch.Tensor) -> torch.Tensor:
     c, w = step.model.config, step.w
     tp = step.plan.deployment.attn_tp
-    block, tokens = state_block_tokens(step.plan), x.shape[0]
+    block, tokens = step.plan.state_span_tokens, x.shape[0]
     (cache,) = step.parts
     cache[step.table[step.start // block]][:tokens].copy_(x @ w["kv"])
     query = c.qk_nope_head_dim + c.qk_rope_head_dim
@@ -323,15 +323,15 @@ def _check_run(
             dcp=deployment.dcp,
             kv_dtype=deployment.kv_dtype,
         )
-    if len(ranks) != deployment.attn_tp or start % state_block_tokens(plan):
+    if len(ranks) != deployment.attn_tp or start % plan.state_span_tokens:
         raise _refuse_run(
             f"needs one rank per attn_tp={deployment.attn_tp} (got {len(ranks)}) and a start "
-            f"on the block grid of {state_block_tokens(plan)} (got start={start})",
+            f"on the block grid of {plan.state_span_tokens} (got start={start})",
             "pass tp_ranks(plan, ...) and a start that is a multiple of the block",
             attn_tp=deployment.attn_tp,
             num_ranks=len(ranks),
             start=start,
-            block_tokens=state_block_tokens(plan),
+            block_tokens=plan.state_span_tokens,
         )
     vocab = model.config.vocab_size
     if (
@@ -361,8 +361,8 @@ def run(
     with the cache holding tokens ``[0, start)`` already (``start`` on the block grid)."""
     plan = _check_run(model, ranks, tokens, start)
     logits = []
-    for begin in range(start, tokens.shape[0], state_block_tokens(plan)):
-        x = model.weights["embed"][tokens[begin : begin + state_block_tokens(plan)]]
+    for begin in range(start, tokens.shape[0], plan.state_span_tokens):
+        x = model.weights["embed"][tokens[begin : begin + plan.state_span_tokens]]
         for layer, kind in enumerate(model.config.model().layers):
             normed = _rms(x)
             partials = [

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .._args import expect_args
-from ..sizes import rank_sizes
 from .pairing import pairing_refusal
 from .plan import TransferPlan
 from .regions import Region
@@ -47,7 +46,7 @@ def transfer_violations(result: TransferPlan) -> list[str]:
     """Every invariant of ``result`` that does not hold, described (``[]`` when all hold)."""
     expect_args(("result", result, TransferPlan))
     problems: list[str] = []
-    sizes = rank_sizes(result.model, result.decode)
+    sizes = result.decode_sizes
     producer_regions = [
         {r.key: r for r in result.producer_regions(rank)} for rank in range(result.num_producers)
     ]

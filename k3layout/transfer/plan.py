@@ -34,7 +34,7 @@ from ..layouts import Stage, plan, project_stages
 from ..limits import check_bound
 from ..model import HybridModel
 from ..placements import Interleave
-from ..sizes import rank_sizes
+from ..sizes import RankSizes, rank_sizes
 from .pairing import (
     check_pairing,
     coords_of,
@@ -43,7 +43,7 @@ from .pairing import (
     rank_of,
     tp_multiple_refusal,
 )
-from .regions import Region, dcp_placement, rank_regions, slot_parts
+from .regions import Region, rank_regions, slot_parts
 from .segments import RegionKind, Segment, part_segment, token_segments
 
 MATCHED_FIELDS: tuple[str, ...] = (
@@ -147,14 +147,14 @@ class TransferPlan(SelfChecked):
     @property
     def dcp_placement(self) -> Interleave:
         """Which decode DCP rank owns each token."""
-        return dcp_placement(self.decode)
+        return self.decode.dcp_placement
 
     def producer_regions(self, rank: int) -> tuple[Region, ...]:
         """The regions producer ``rank`` holds for the request (all its stage's layers)."""
         stage, tp_rank = self.producer_coords(rank)
         return rank_regions(
             self.prefill,
-            rank_sizes(self.model, self.prefill),
+            self.prefill_sizes,
             layers=self.producer_stages[stage].layers,
             tp_rank=tp_rank,
             prompt_tokens=self.prompt_tokens,
@@ -165,11 +165,21 @@ class TransferPlan(SelfChecked):
         stage, tp_rank = self.consumer_coords(rank)
         return rank_regions(
             self.decode,
-            rank_sizes(self.model, self.decode),
+            self.decode_sizes,
             layers=self.consumer_stages[stage].layers,
             tp_rank=tp_rank,
             prompt_tokens=self.prompt_tokens,
         )
+
+    @cached_property
+    def prefill_sizes(self) -> RankSizes:
+        """The prefill's per-rank cache specs (derived once per plan)."""
+        return rank_sizes(self.model, self.prefill)
+
+    @cached_property
+    def decode_sizes(self) -> RankSizes:
+        """The decode's per-rank cache specs (derived once per plan)."""
+        return rank_sizes(self.model, self.decode)
 
     @property
     def num_pairs(self) -> int:
@@ -361,11 +371,11 @@ def plan_transfer(
             pairs.extend(
                 trusted(
                     RankPair,
-                    producer=rank_of(index, source, tp_p),
+                    producer=rank_of(producer_stage_index, source, tp_p),
                     consumer=consumer,
                     segments=tuple(segments),
                 )
-                for index, segments in by_stage.items()
+                for producer_stage_index, segments in by_stage.items()
                 if segments
             )
     with deriving():  # the transfer is its own derivation: its validator need not re-plan

@@ -26,7 +26,6 @@ from pydantic import NonNegativeInt
 from .._frozen import Frozen
 from ..cache import CachePart
 from ..deployment import Deployment
-from ..placements import Interleave
 from ..sizes import RankSizes
 from .pairing import dcp_rank_of
 from .segments import RegionField, RegionKind
@@ -53,16 +52,9 @@ def slot_parts(sizes: RankSizes, layer: int) -> tuple[CachePart, ...]:
     return parts if sizes.replay is None else (*parts, *sizes.replay.parts)
 
 
-def dcp_placement(deployment: Deployment) -> Interleave:
-    """How ``deployment`` deals tokens to DCP ranks (one rank holds all without DCP)."""
-    return Interleave(num_ranks=deployment.dcp, interleave=deployment.dcp_interleave)
-
-
 def latent_rows(deployment: Deployment, tp_rank: int, prompt_tokens: int) -> int:
     """Attention rows of a ``prompt_tokens`` request on ``tp_rank``: its DCP rank's tokens."""
-    return dcp_placement(deployment).local_count(
-        prompt_tokens, dcp_rank_of(tp_rank, deployment.dcp)
-    )
+    return deployment.dcp_placement.local_count(prompt_tokens, dcp_rank_of(tp_rank, deployment.dcp))
 
 
 def rank_regions(
