@@ -50,3 +50,20 @@ def test_the_readme_main_job_plans() -> None:
     )
     assert run.returncode == 0, run.stderr
     assert "25,657,344" in run.stdout
+
+
+def test_the_test_setup_installs_vllm_without_its_cuda_torch() -> None:
+    root = Path(__file__).parent.parent
+    readme = (root / "README.md").read_text()
+    setup_and_test = [b.split("```", 1)[0] for b in readme.split("```sh\n")[1:]][1]
+    conformance = root / "tests" / "conformance"
+
+    def requirements(name: str) -> list[str]:
+        lines = (conformance / name).read_text().splitlines()
+        return [line for line in lines if line and not line.startswith("#")]
+
+    assert "vllm==0.33.0" in requirements("vllm-no-deps.txt")
+    assert "--no-deps -r tests/conformance/vllm-no-deps.txt" in setup_and_test
+    assert setup_and_test.index("torch==2.13.0") < setup_and_test.index("vllm-no-deps")
+    # Nothing installed with its dependencies may pull torch (vLLM pins a CUDA 2.14).
+    assert not any(line.startswith("torch") for line in requirements("vllm-deps.txt"))

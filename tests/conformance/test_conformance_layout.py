@@ -1,0 +1,150 @@
+"""The planner's ``vllm`` layout against vLLM 0.33's own start-up, run on CPU.
+
+For every configuration of the grid, vLLM resolves its block, groups its layers and sizes its
+KV cache; the planner, given the same model (loaded from the same ``config.json``) and the same
+flags, must answer the same: the block, the page, each group's kind, layers and order, the
+planes of every pipeline stage, the bytes of a block, ``num_blocks`` for a memory budget and
+where every layer's page of blocks 0, 1 and N-1 lies in the rank's one backing allocation. A
+configuration vLLM refuses, the planner refuses too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from vllm_required import require_vllm
+
+require_vllm()
+
+from vllm_engine import FIXTURES, MODEL_FILES, Case, Engine, layer_id, start  # noqa: E402
+
+from k3layout import Deployment, HybridModel, Refusal, VllmPlan, load_config, plan  # noqa: E402
+
+BUDGET = 40 << 30
+HEADS = {"kimi-k3": 96, "kimi-linear": 32}
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def grid() -> list[Case]:
+    cases = []
+    for model, heads in HEADS.items():
+        max_len = 8192 if model == "kimi-k3" else 4096
+        for tp in divisors(heads):
+            for dtype in ("fp8", "bf16"):
+                cases.append(Case(model, tp, dtype, max_model_len=max_len))
+            for pp in (2, 4):
+                cases.append(Case(model, tp, "fp8", pp=pp, max_model_len=max_len))
+            for dcp in (2, 4, 8):
+                cases.append(Case(model, tp, "fp8", dcp=dcp, max_model_len=max_len))
+    return cases
+
+
+_MODELS: dict[str, HybridModel] = {}
+
+
+def planner_model(case: Case) -> HybridModel:
+    if case.model not in _MODELS:
+        _MODELS[case.model] = load_config(FIXTURES / MODEL_FILES[case.model])
+    return _MODELS[case.model]
+
+
+def deployment(case: Case) -> Deployment:
+    return Deployment(
+        engine="vllm",
+        attn_tp=case.attn_tp,
+        pp=case.pp,
+        dcp=case.dcp,
+        kv_dtype=case.kv_dtype,
+        block_tokens=case.block_tokens,
+    )
+
+
+def both(case: Case, tmp: Path) -> tuple[Engine | Exception, VllmPlan | Refusal]:
+    """vLLM's start-up and the planner's plan of ``case``, or what each refused with."""
+    engine: Engine | Exception
+    try:
+        engine = start(case, tmp, BUDGET)
+    except (ValueError, AssertionError, RuntimeError) as error:
+        engine = error
+    planned: VllmPlan | Refusal
+    try:
+        result = plan(planner_model(case), deployment(case))
+        assert isinstance(result, VllmPlan)
+        planned = result
+    except Refusal as refusal:
+        planned = refusal
+    return engine, planned
+
+
+def groups_of(engine: Engine) -> list[tuple[str, tuple[int, ...]]]:
+    """vLLM's global groups as (kind, module layers), in its order."""
+    kinds = {"MambaSpec": "kda", "MLAAttentionSpec": "full_attention"}
+    found: dict[int, tuple[str, list[int]]] = {}
+    for config in engine.kv_cache_configs:
+        for index, group in enumerate(config.kv_cache_groups):
+            kind = kinds[type(group.kv_cache_spec).__name__]
+            found.setdefault(index, (kind, []))[1].extend(layer_id(n) for n in group.layer_names)
+    return [(kind, tuple(sorted(layers))) for kind, layers in found.values()]
+
+
+def planned_groups(result: VllmPlan) -> list[tuple[str, tuple[int, ...]]]:
+    return [
+        ("kda" if group.kind == "kda" else "full_attention", group.layers)
+        for group in result.groups
+    ]
+
+
+def page_offsets(engine: Engine, stage: int) -> dict[tuple[int, int], int]:
+    """Each layer's page of blocks 0, 1 and N-1 in stage ``stage``'s backing, by
+    ``(layer, block)``: ``offset + l * layer_stride + b * block_stride``."""
+    config = engine.kv_cache_configs[stage]
+    last = config.num_blocks - 1
+    offsets: dict[tuple[int, int], int] = {}
+    for tensor in config.kv_cache_tensors:
+        for position, name in enumerate(tensor.layers):
+            for block in (0, 1, last):
+                offsets[(layer_id(name), block)] = (
+                    tensor.offset + position * tensor.layer_stride + block * tensor.block_stride
+                )
+    return offsets
+
+
+def planned_offsets(result: VllmPlan, stage: int, num_blocks: int) -> dict[tuple[int, int], int]:
+    offsets: dict[tuple[int, int], int] = {}
+    for layer in result.stage(stage).layers:
+        first = result.group_spec(result.group_of(layer, stage)[0]).parts[0].name
+        inner = result.part_range(layer, first).offset_bytes
+        for block in (0, 1, num_blocks - 1):
+            at = result.byte_range(layer, first, block, num_blocks, stage)
+            offsets[(layer, block)] = at.offset_bytes - inner
+    return offsets
+
+
+def describe(value: Any) -> str:
+    return f"{type(value).__name__}: {value}"
+
+
+@pytest.mark.parametrize("case", grid(), ids=str)
+def test_planner_answers_what_vllm_resolves(case: Case, tmp_path: Path) -> None:
+    engine, result = both(case, tmp_path)
+    if isinstance(engine, Exception) or isinstance(result, Refusal):
+        assert isinstance(engine, Exception) and isinstance(result, Refusal), (
+            f"only one side refused: vLLM {describe(engine)}; planner {describe(result)}"
+        )
+        return
+    assert result.block_tokens == engine.block_size
+    pages = {c.kv_cache_groups[0].kv_cache_spec.page_size_bytes for c in engine.kv_cache_configs}
+    assert pages == {result.page_bytes}
+    assert planned_groups(result) == groups_of(engine)
+    for stage, config in enumerate(engine.kv_cache_configs):
+        backing = {tensor.size for tensor in config.kv_cache_tensors}
+        num_blocks = config.num_blocks
+        assert result.num_blocks(BUDGET) == num_blocks
+        assert backing == {result.blocks_bytes(num_blocks, stage)}
+        assert result.stage_block_bytes(stage) * num_blocks in backing
+        assert planned_offsets(result, stage, num_blocks) == page_offsets(engine, stage)

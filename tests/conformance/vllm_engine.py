@@ -1,0 +1,254 @@
+"""vLLM 0.33's own KV-cache start-up, run on CPU without weights, GPUs or process groups.
+
+The conformance tests compare the planner with what this module gets from vLLM's code: the
+engine's config objects built from a fixture ``config.json``, every attention layer of the
+model built the way vLLM's Kimi-K3 decoder builds it (the layer classes' ``__new__`` plus
+``nn.Module.__init__``, with only the attributes their ``__init__`` sets and the cache spec
+reads), then the engine core's steps in order: the platform's block-size alignment, the
+worker's ``get_kv_cache_spec``, the KV-cache layout resolution, the global groups and
+``get_kv_cache_configs`` for each pipeline stage. Nothing of vLLM is copied here: every number
+comes out of vLLM's functions.
+
+Where vLLM asks the hardware (the platform's hybrid-allocator support, the KDA prefill
+backend's availability), this module sets what a CUDA (SM90) engine would resolve, and says so.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    ModelConfig,
+    ParallelConfig,
+    VllmConfig,
+)
+from vllm.config.vllm import set_current_vllm_config
+from vllm.distributed.kv_transfer.kv_connector.utils import (
+    get_current_attn_backends,
+)
+from vllm.distributed.utils import get_pp_indices
+from vllm.models.kimi_k3.nvidia.kda import KimiK3DeltaAttention
+from vllm.models.kimi_k3.nvidia.mla import MultiHeadLatentAttention
+from vllm.platforms.interface import Platform
+from vllm.v1.attention.backends.utils import (
+    get_supported_kv_cache_layouts,
+    resolve_kv_cache_layout,
+)
+from vllm.v1.core.kv_cache_planning import (
+    get_global_kv_cache_groups,
+    get_kv_cache_configs,
+)
+from vllm.v1.core.kv_cache_utils import (
+    generate_scheduler_kv_cache_config,
+    get_max_concurrency_for_kv_cache_config,
+)
+from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec
+from vllm.v1.worker.utils import customize_attention_spec
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+MODEL_FILES = {
+    "kimi-k3": "kimi-k3.config.json",
+    "kimi-linear": "kimi-linear-48b-a3b.config.json",
+}
+BACKENDS = ("FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "TRITON_MLA")
+KV_CACHE_DTYPE = {"fp8": "fp8", "bf16": "auto"}  # k3layout's name -> vLLM's --kv-cache-dtype
+LAYER_ID = re.compile(r"\.layers\.(\d+)\.")
+
+
+def mla_backend(name: str) -> type[Any]:
+    """vLLM's MLA attention backend class of ``--attention-backend name``."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: PLC0415
+
+    backend: type[Any] = AttentionBackendEnum[name].get_class()
+    return backend
+
+
+@dataclass(frozen=True)
+class Case:
+    """One engine start-up: the flags an operator passes to ``vllm serve``."""
+
+    model: str = "kimi-k3"
+    attn_tp: int = 1
+    kv_dtype: str = "fp8"
+    pp: int = 1
+    dcp: int = 1
+    backend: str = "FLASHMLA"
+    block_tokens: int | None = None
+    max_model_len: int = 8192
+
+    def __str__(self) -> str:
+        flags = [self.model, f"tp{self.attn_tp}", self.kv_dtype, self.backend]
+        flags += [f"pp{self.pp}"] * (self.pp > 1) + [f"dcp{self.dcp}"] * (self.dcp > 1)
+        flags += [f"block{self.block_tokens}"] * (self.block_tokens is not None)
+        return "-".join(flags)
+
+
+@dataclass
+class Engine:
+    """What vLLM resolved for a :class:`Case`: its config, each stage's layer specs (by
+    layer name, in registration order) and each stage's ``KVCacheConfig``."""
+
+    case: Case
+    config: VllmConfig
+    specs: list[dict[str, KVCacheSpec]]
+    kv_cache_configs: list[KVCacheConfig] = field(default_factory=list)
+
+    @property
+    def block_size(self) -> int:
+        """The attention block the engine resolved (``cache_config.block_size``)."""
+        block: int = self.config.cache_config.block_size
+        return block
+
+
+def layer_id(name: str) -> int:
+    """The module layer index in a vLLM layer name (``...layers.{i}.self_attn``)."""
+    found = LAYER_ID.search(name)
+    assert found is not None, name
+    return int(found.group(1))
+
+
+def model_config(case: Case, directory: Path) -> ModelConfig:
+    """vLLM's ``ModelConfig`` of the fixture in ``directory`` (no tokenizer, no weights)."""
+    return ModelConfig(
+        model=str(directory),
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        max_model_len=case.max_model_len,
+    )
+
+
+def vllm_config(case: Case, directory: Path) -> VllmConfig:
+    """The engine's ``VllmConfig`` for ``case`` with the fixture config in ``directory``."""
+    cache = CacheConfig(
+        block_size=case.block_tokens,
+        cache_dtype=KV_CACHE_DTYPE[case.kv_dtype],
+    )
+    parallel = ParallelConfig(
+        tensor_parallel_size=case.attn_tp,
+        pipeline_parallel_size=case.pp,
+        decode_context_parallel_size=case.dcp,
+    )
+    config = VllmConfig(
+        model_config=model_config(case, directory),
+        cache_config=cache,
+        parallel_config=parallel,
+        device_config=DeviceConfig(device="cpu"),
+    )
+    # A CUDA platform supports the hybrid allocator; the CPU platform this runs on does not,
+    # so VllmConfig disabled it. Restore the CUDA engine's setting.
+    config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    return config
+
+
+def _kda_layer(config: VllmConfig, name: str, text: Any) -> KimiK3DeltaAttention:
+    """A Kimi-K3 KDA layer with the attributes its cache spec reads."""
+    layer = KimiK3DeltaAttention.__new__(KimiK3DeltaAttention)
+    nn.Module.__init__(layer)
+    kda = text.linear_attn_config
+    speculative = config.speculative_config
+    layer.prefix = name
+    layer.tp_size = config.parallel_config.tensor_parallel_size
+    layer.model_config = config.model_config
+    layer.cache_config = config.cache_config
+    layer.speculative_config = speculative
+    layer.num_spec = speculative.num_speculative_tokens if speculative else 0
+    layer.num_heads = kda["num_heads"]
+    layer.head_dim = kda["head_dim"]
+    layer.conv_size = kda["short_conv_kernel_size"]
+    # resolve_kda_prefill_backend asks the GPU; an SM90 engine with a bf16 model resolves
+    # "flashkda" for K3 (bounded gate, head_dim 128). Tests pass the backend they model.
+    layer.kda_prefill_backend = "triton"
+    return layer
+
+
+def _mla_layer(config: VllmConfig, name: str, text: Any, backend: type[Any]) -> Any:
+    """A Kimi-K3 MLA layer with the attributes its cache spec and backend lookup read."""
+    layer = MultiHeadLatentAttention.__new__(MultiHeadLatentAttention)
+    nn.Module.__init__(layer)
+    layer.layer_name = name
+    layer.head_size = text.kv_lora_rank + text.qk_rope_head_dim
+    layer.kv_cache_dtype = config.cache_config.cache_dtype
+    layer.attn_backend = backend
+    layer.non_causal_multi_token_decode = False
+    return layer
+
+
+def build_layers(config: VllmConfig, case: Case, stage: int) -> dict[str, nn.Module]:
+    """The attention layers pipeline stage ``stage`` registers, by vLLM name, in module
+    order: KDA or MLA as the model config's ``is_kda_layer`` says."""
+    text = config.model_config.hf_text_config
+    start, end = get_pp_indices(text.num_hidden_layers, stage, case.pp)
+    prefix = "language_model.model" if case.model.startswith("kimi-k3") else "model"
+    backend = mla_backend(case.backend)
+    layers: dict[str, nn.Module] = {}
+    for index in range(start, end):
+        name = f"{prefix}.layers.{index}.self_attn"
+        layers[name] = (
+            _kda_layer(config, name, text)
+            if text.is_kda_layer(index)
+            else _mla_layer(config, name, text, backend)
+        )
+    return layers
+
+
+def worker_specs(config: VllmConfig, layers: dict[str, nn.Module]) -> dict[str, KVCacheSpec]:
+    """The worker's ``get_kv_cache_spec``: each layer's spec, customised by its backend."""
+    specs: dict[str, KVCacheSpec] = {}
+    for name, layer in layers.items():
+        spec = layer.get_kv_cache_spec(config)  # type: ignore[operator]
+        if isinstance(spec, AttentionSpec):
+            spec = customize_attention_spec(layer.get_attn_backend(), spec)  # type: ignore[operator]
+        specs[name] = spec
+    return specs
+
+
+def start(case: Case, tmp: Path, memory_bytes: int = 40 << 30) -> Engine:
+    """Run vLLM's KV-cache start-up for ``case``; ``memory_bytes`` is each rank's budget.
+
+    Raises what vLLM raises when it refuses the configuration."""
+    directory = tmp / str(case)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_bytes((FIXTURES / MODEL_FILES[case.model]).read_bytes())
+    config = vllm_config(case, directory)
+    stages = [build_layers(config, case, stage) for stage in range(case.pp)]
+    context = config.compilation_config.static_forward_context
+    # Every stage runs the same block-size alignment over its own layers.
+    context.clear()
+    context.update(stages[0])
+    with set_current_vllm_config(config):
+        Platform.update_block_size_for_backend(config)
+    specs = []
+    for layers in stages:
+        context.clear()
+        context.update(layers)
+        specs.append(worker_specs(config, layers))
+    context.clear()
+    for layers in stages:
+        context.update(layers)
+    with set_current_vllm_config(config):
+        layouts = get_supported_kv_cache_layouts(get_current_attn_backends(config))
+        resolve_kv_cache_layout(
+            config, [[layout.name for layout in layouts]], [s for d in specs for s in d.values()]
+        )
+        groups = get_global_kv_cache_groups(config, specs)
+        config.adjust_dcp_kv_cache_interleave_size(groups)
+        kv_cache_configs = get_kv_cache_configs(config, specs, [memory_bytes] * len(specs), groups)
+    return Engine(case=case, config=config, specs=specs, kv_cache_configs=kv_cache_configs)
+
+
+def max_concurrency(engine: Engine) -> float:
+    """vLLM's ``get_max_concurrency_for_kv_cache_config`` of the scheduler's config."""
+    scheduler = generate_scheduler_kv_cache_config(engine.kv_cache_configs)
+    with set_current_vllm_config(engine.config):
+        return float(get_max_concurrency_for_kv_cache_config(engine.config, scheduler))
+
+
+def with_block(case: Case, block_tokens: int | None) -> Case:
+    """``case`` with another requested block size."""
+    return replace(case, block_tokens=block_tokens)
