@@ -18,6 +18,7 @@ from .constants import (
 from .dtypes import KvCacheDtype
 from .errors import Refusal
 from .placements import Interleave
+from .vllm_rules import AttentionBackend, KvCacheLayout
 
 EngineFlavour: TypeAlias = Literal["vllm", "parent"]
 """``vllm``: vLLM's hybrid allocator (one page per layer per block, planes shared by groups).
@@ -54,6 +55,9 @@ class Deployment(Frozen):
     - ``replayssm``: ATOM ReplaySSM records beside each KDA state slot.
     - ``conv_layout``: the KDA conv state's layout, vLLM's ``VLLM_SSM_CONV_STATE_LAYOUT``
       (``SD``, the default, or ``DS``).
+    - ``attention_backend``: vLLM's MLA backend (``--attention-backend``; its kernel blocks
+      shape the block); ``kv_cache_layout``: vLLM's ``VLLM_KV_CACHE_LAYOUT`` (``LBNHC``, the
+      default, layer-outermost; ``BLHNC`` block-outermost). Both are ``vllm`` settings.
 
     Sizes above the bounds of :mod:`k3layout.constants` (``MAX_RANKS``, ``MAX_BLOCK_TOKENS``,
     ``MAX_PADDING_LIMIT``, ...) are refused with ``size_limit``.
@@ -77,6 +81,8 @@ class Deployment(Frozen):
         REPLAYSSM_DEFAULT_CACHE_LEN
     )
     conv_layout: ConvLayout = "SD"
+    attention_backend: AttentionBackend = "FLASHMLA"
+    kv_cache_layout: KvCacheLayout = "LBNHC"
 
     @model_validator(mode="after")
     def _partition_matches_pp(self) -> Deployment:

@@ -26,6 +26,10 @@ RefusalCode: TypeAlias = Literal[
     "packing_search_exhausted",
     "budget_too_small",
     "page_size",
+    # vLLM's own rules (k3layout.vllm_rules) and settings of one engine only
+    "block_unsupported",
+    "layout_unsupported",
+    "engine_setting",
     # offload (LMCache MP ride)
     "engine_mismatch",
     "model_not_ridable",

@@ -27,6 +27,14 @@ from .dtypes import KV_CACHE_DTYPES, KvCacheDtype
 from .errors import RefusalCode
 from .layouts.invariants import plan_invariant_violations
 from .model import PRESETS, GQALayer, HybridModel, KDALayer, Layer, MLALayer, preset
+from .vllm_rules import (
+    ATTENTION_BACKENDS,
+    KV_CACHE_LAYOUTS,
+    AttentionBackend,
+    KvCacheLayout,
+    smallest_kernel_block,
+    supports_block,
+)
 
 __all__ = [
     "deployments",
@@ -119,9 +127,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _kv_dtypes(model: HybridModel) -> tuple[KvCacheDtype, ...]:
-    """The cache dtypes ``model``'s layers all take: FlashMLA's packed row only without GQA."""
-    if any(layer.kind == "gqa" for layer in model.module_layers):
+def _kv_dtypes(model: HybridModel, engine: EngineFlavour) -> tuple[KvCacheDtype, ...]:
+    """The cache dtypes ``model``'s layers all take: FlashMLA's packed row only without GQA,
+    and not on vLLM's dense MLA backends."""
+    if engine == "vllm" or any(layer.kind == "gqa" for layer in model.module_layers):
         return tuple(d for d in KV_CACHE_DTYPES if d != "fp8_ds_mla")
     return KV_CACHE_DTYPES
 
@@ -143,8 +152,18 @@ def deployments(
     if engine == "vllm":
         dcp = draw(st.sampled_from(_divisors(attn_tp)) if plannable else st.integers(1, 16))
     pp = draw(st.integers(1, min(model.num_layers, 8)))
+    backend: AttentionBackend = "FLASHMLA"
+    layout: KvCacheLayout = "LBNHC"
     block = draw(st.one_of(st.none(), st.sampled_from((16, 64, 128, 256, 512, 2048))))
-    # Every raised block is a multiple of 128, so an interleave of up to 16 always divides it.
+    if engine == "vllm":
+        backend = draw(st.sampled_from(ATTENTION_BACKENDS))
+        if backend == "TRITON_MLA":  # the one backend whose kernel takes a whole block
+            layout = draw(st.sampled_from(KV_CACHE_LAYOUTS))
+        if block is not None and not supports_block(backend, block):
+            kernel = smallest_kernel_block(backend)
+            block = kernel * -(-block // kernel)
+    # Every raised block is a power-of-two multiple of 128 (the requested blocks are powers
+    # of two), so an interleave of up to 16 always divides it.
     interleave = draw(st.sampled_from((1, 1, 2, 4, 8, 16)))
     return Deployment(
         engine=engine,
@@ -153,12 +172,14 @@ def deployments(
         pp=pp,
         dcp=dcp,
         dcp_interleave=interleave,
-        kv_dtype=draw(st.sampled_from(_kv_dtypes(model))),
+        kv_dtype=draw(st.sampled_from(_kv_dtypes(model, engine or "vllm"))),
         spec_tokens=draw(st.integers(0, 7)),
         block_tokens=block,
         max_padding=draw(st.one_of(st.none(), st.floats(0.05, 1.0))),
         replayssm=draw(st.booleans()),
         conv_layout=draw(st.sampled_from(CONV_LAYOUTS)),
+        attention_backend=backend,
+        kv_cache_layout=layout,
     )
 
 

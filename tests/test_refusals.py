@@ -124,7 +124,7 @@ def test_a_search_that_runs_past_its_bound_is_refused(
 
 def test_fp8_ds_mla_needs_a_latent_in_scale_groups_of_128() -> None:
     model = HybridModel(name="m", model_type="x", layers=(MLALayer(num_heads=8, kv_lora_rank=200),))
-    refusal = refusal_of(model, kv_dtype="fp8_ds_mla")
+    refusal = refusal_of(model, kv_dtype="fp8_ds_mla", engine="parent")
     assert refusal.code == "dtype_unsupported"
     assert refusal.facts["kv_lora_rank"] == 200
 

@@ -138,14 +138,17 @@ def test_a_dsa_index_region_follows_the_latent_rows_in_the_page() -> None:
     cache = allocate(p, num_blocks=2)
     (latent,) = cache.layers["model.layers.1.self_attn.attn"]
     (index,) = cache.layers["model.layers.1.self_attn.attn.indexer.k_cache"]
-    assert index.shape == (2, 128, 132) and index.dtype == torch.uint8
-    # 128 latent rows of 576 bf16 come first, then the 128 index rows of 132 B
-    assert index.data_ptr() - latent.data_ptr() == 128 * 576 * 2
-    assert index.stride(0) == p.page_bytes == 128 * (576 * 2 + 132)
+    block = p.block_tokens  # FlashMLA's preferred 64: no state to raise the block for
+    assert block == 64
+    assert index.shape == (2, block, 132) and index.dtype == torch.uint8
+    # the block's latent rows of 576 bf16 come first, then its index rows of 132 B
+    assert index.data_ptr() - latent.data_ptr() == block * 576 * 2
+    assert index.stride(0) == p.page_bytes == block * (576 * 2 + 132)
 
 
 def test_flashmla_fp8_rows_are_raw_656_byte_rows() -> None:
-    p = plan_vllm(preset("kimi-k3"), Deployment(attn_tp=8, kv_dtype="fp8_ds_mla"))
+    # vLLM's dense MLA backends refuse fp8_ds_mla; the parent engine's FlashMLA pages take it
+    p = plan_parent(preset("kimi-k3"), Deployment(attn_tp=8, kv_dtype="fp8_ds_mla"))
     (latent,) = allocate(p, num_blocks=1).layers["model.layers.3.self_attn.attn"]
     assert latent.dtype == torch.uint8
     assert latent.shape[2] == 512 + 512 // 128 * 4 + 64 * 2  # fp8 latent, fp32 scales, bf16 rope

@@ -89,7 +89,7 @@ def test_bf16_halves_the_block_but_keeps_the_page(
     assert p.page_bytes == 884_736
 
 
-@pytest.mark.parametrize("requested", [16, 128, 256, 512, 1536])
+@pytest.mark.parametrize("requested", [64, 128, 256, 512, 1536])
 def test_requested_blocks_up_to_the_raise_give_the_same_block(
     k3: HybridModel, requested: int
 ) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..constants import MLA_KERNEL_BLOCK_TOKENS, PARENT_ALIGNMENT_BYTES
 from ..placements import pp_stage_bounds
+from ..vllm_rules import smallest_kernel_block
 from .groups import num_planes
 from .parent import ParentPlan
 from .protocol import EngineLayout
@@ -59,10 +60,18 @@ def _common_violations(result: EngineLayout) -> list[str]:
 def _vllm_violations(result: VllmPlan) -> list[str]:
     problems: list[str] = []
     sizes = result.sizes
-    align = max(MLA_KERNEL_BLOCK_TOKENS, result.deployment.block_tokens or 0)
-    if result.block_tokens % align:
-        problems.append(f"block {result.block_tokens} is not a multiple of {align}")
-    if result.block_tokens != block_tokens_for(sizes, result.deployment.block_tokens):
+    deployment = result.deployment
+    kernel = smallest_kernel_block(deployment.attention_backend)
+    requested = deployment.block_tokens or 0
+    align = max(MLA_KERNEL_BLOCK_TOKENS, requested, kernel)
+    if result.block_tokens % kernel:
+        problems.append(f"block {result.block_tokens} is not on {kernel}-token kernel blocks")
+    if result.block_tokens < requested:
+        problems.append(f"block {result.block_tokens} is below the requested {requested}")
+    if result.block_tokens % result.kernel_block_tokens:
+        problems.append("the kernel block does not divide the block")
+    raised = block_tokens_for(sizes, deployment.block_tokens, deployment.attention_backend)
+    if result.block_tokens != raised:
         problems.append("block is not the raise of the requested block")
     if result.page_bytes != result.block_tokens * sizes.attention_bytes_per_token:
         problems.append("page is not block x attention bytes per token")

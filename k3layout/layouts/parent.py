@@ -622,7 +622,19 @@ def default_max_padding(model: HybridModel, deployment: Deployment) -> float | N
 
 
 def check_parent(model: HybridModel, deployment: Deployment) -> None:
-    """Refuse what the parent engine does not run: decode context parallel."""
+    """Refuse what the parent engine does not run: decode context parallel, and vLLM's own
+    settings (an attention backend or KV-cache layout other than the defaults), which would
+    otherwise be ignored silently."""
+    for name, default in (("attention_backend", "FLASHMLA"), ("kv_cache_layout", "LBNHC")):
+        value = getattr(deployment, name)
+        if value != default:
+            raise Refusal(
+                "engine_setting",
+                f"{name}={value!r} is a vLLM setting; engine=parent lays out its own pages "
+                f"(FlashMLA 64-token pages, layer-outermost)",
+                facts={"engine": "parent", "field": name, name: value},
+                hint=f"leave {name} at {default!r} for engine=parent, or use engine=vllm",
+            )
     if deployment.dcp > 1:
         raise Refusal(
             "dcp_unsupported",

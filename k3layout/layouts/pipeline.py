@@ -23,7 +23,7 @@ from ..model import HybridModel
 from ..sizes import RankSizes, rank_sizes
 from .groups import Group, Stage, project_stages
 from .parent import ParentPlan, check_parent, group_parent, pack_parent
-from .vllm import VllmPlan, group_vllm, pack_vllm
+from .vllm import VllmPlan, check_vllm, group_vllm, pack_vllm
 
 Plan: TypeAlias = Annotated[VllmPlan | ParentPlan, Field(discriminator="engine")]
 """A plan of either engine, tagged by ``engine``."""
@@ -47,11 +47,7 @@ class EngineSeams(Generic[PlanT]):
     ]
 
 
-def _no_check(model: HybridModel, deployment: Deployment) -> None:
-    return None
-
-
-VLLM_SEAMS = EngineSeams[VllmPlan](check=_no_check, group=group_vllm, pack=pack_vllm)
+VLLM_SEAMS = EngineSeams[VllmPlan](check=check_vllm, group=group_vllm, pack=pack_vllm)
 PARENT_SEAMS = EngineSeams[ParentPlan](check=check_parent, group=group_parent, pack=pack_parent)
 
 

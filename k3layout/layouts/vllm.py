@@ -1,13 +1,16 @@
 """Engine layout A: vLLM's hybrid allocator (``engine="vllm"``).
 
-1. **Block size raise**: ``A = max(128, requested)``; the attention block becomes
-   ``A * ceil(S / (A * attn_bytes_per_token))`` tokens, so one attention page can hold one KDA
-   state; the KDA page is padded up to the attention page, so every layer has one page size.
+1. **Block size raise** (:func:`~k3layout.vllm_rules.aligned_block_tokens`): ``A = max(128,
+   requested)``; the attention block becomes ``A * ceil(S / (A * attn_bytes_per_token))``
+   tokens on whole kernel blocks of the attention backend, so one attention page can hold one
+   KDA state; the KDA page is padded up to the attention page, so every layer has one page
+   size. The rules of the vLLM release followed are in :mod:`k3layout.vllm_rules`.
 2. **Grouping**: layers with identical specs form a bucket; ``group_size`` is the smallest
    bucket, or the largest when it is under 1.5x the smallest; a bucket of ``n`` splits into
    ``ceil(n / group_size)`` strided groups ``bucket[i::num_groups]``.
-3. **Shared planes**: ``group_size`` tensors of ``num_blocks x page``; tensor ``j`` is shared by
-   layer ``j`` of every group.
+3. **Shared planes**: one backing per rank of ``group_size`` planes of ``num_blocks`` pages;
+   plane ``j`` is shared by layer ``j`` of every group. ``LBNHC`` (the default) puts plane
+   ``j``'s pages in one run; ``BLHNC`` puts block ``b``'s pages of every plane in one run.
 """
 
 from __future__ import annotations
@@ -20,13 +23,22 @@ from pydantic import PositiveInt, model_validator
 from .._args import expect_args, expect_int
 from .._derivation import SelfChecked, is_deriving
 from .._frozen import trusted
-from ..constants import MLA_KERNEL_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
+from ..constants import VLLM_GROUP_SIZE_RATIO
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..limits import checked_bytes
 from ..model import HybridModel
 from ..placements import Interleave
 from ..sizes import RankSizes
+from ..vllm_rules import (
+    AttentionBackend,
+    aligned_block_tokens,
+    check_kv_dtype,
+    check_layout_serves,
+    kernel_block_tokens,
+    smallest_kernel_block,
+    supports_block,
+)
 from .groups import Group, Stage, group_kind, group_names, split_strided
 from .protocol import ByteRange, LayoutBase
 
@@ -139,9 +151,30 @@ class VllmPlan(SelfChecked, LayoutBase):
 
     def page_axes(self, group: Group, num_blocks: int) -> tuple[tuple[int, int], ...]:
         """How one layer's pages repeat on its plane: ``(count, stride in bytes)`` per axis;
-        ``num_blocks`` blocks of one page each."""
+        ``num_blocks`` blocks of one page each (``LBNHC``)."""
         expect_int("num_blocks", num_blocks)
         return ((num_blocks, self.page_bytes),)
+
+    @property
+    def kernel_block_tokens(self) -> int:
+        """The attention backend's kernel block: the block is split into these for the
+        attention kernels (FlashMLA: 64), or kept whole (``TRITON_MLA``)."""
+        return kernel_block_tokens(self.deployment.attention_backend, self.block_tokens)
+
+    def layer_stride_bytes(self, num_blocks: int, stage: int = 0) -> int:
+        """Bytes between plane ``j`` and ``j + 1`` of the same block in a rank's backing:
+        a whole plane (``LBNHC``) or one page (``BLHNC``)."""
+        expect_int("num_blocks", num_blocks)
+        if self.deployment.kv_cache_layout == "BLHNC":
+            return self.page_bytes
+        return num_blocks * self.page_bytes
+
+    def block_stride_bytes(self, stage: int = 0) -> int:
+        """Bytes between block ``b`` and ``b + 1`` of one layer in a rank's backing: one
+        page (``LBNHC``) or the stage's whole block (``BLHNC``)."""
+        if self.deployment.kv_cache_layout == "BLHNC":
+            return self.stage_block_bytes(stage)
+        return self.page_bytes
 
     def plane_span_bytes(self, num_blocks: int) -> int:
         """Bytes of one plane holding ``num_blocks`` blocks."""
@@ -170,11 +203,17 @@ class VllmPlan(SelfChecked, LayoutBase):
     ) -> ByteRange:
         """Where ``part`` of module ``layer``'s page of block ``block`` lies in a rank of
         ``stage`` holding ``num_blocks`` blocks: plane ``j`` (the layer's position in its
-        group) starts at ``j * num_blocks * page``, block ``b`` at ``b * page`` in it."""
+        group) and block ``b`` at ``j * layer_stride + b * block_stride`` (``LBNHC``: plane
+        ``j`` starts at ``j * num_blocks * page``; ``BLHNC``: block ``b`` at ``b * planes *
+        page``)."""
         _check_block(block, num_blocks)
         _, position = self.group_of(layer, stage)
         inner = self.part_range(layer, part)
-        offset = (position * num_blocks + block) * self.page_bytes + inner.offset_bytes
+        offset = (
+            position * self.layer_stride_bytes(num_blocks, stage)
+            + block * self.block_stride_bytes(stage)
+            + inner.offset_bytes
+        )
         return ByteRange(
             layer=layer, part=part, block=block, offset_bytes=offset, size_bytes=inner.size_bytes
         )
@@ -241,18 +280,38 @@ def _check_block(block: int, num_blocks: int) -> None:
         )
 
 
-def block_tokens_for(sizes: RankSizes, requested: int | None) -> int:
+def block_tokens_for(
+    sizes: RankSizes, requested: int | None, backend: AttentionBackend = "FLASHMLA"
+) -> int:
     """vLLM's block size raise: the smallest multiple of ``A = max(128, requested)`` whose
-    attention page holds one KDA state.
+    attention page holds one KDA state, on whole kernel blocks of ``backend``.
 
     >>> 128 * math.ceil(832_512 / (128 * 576))  # K3 tp 8, fp8, 2 spec tokens
     1536
     """
-    align = max(MLA_KERNEL_BLOCK_TOKENS, requested or 0)
-    if sizes.state is None:
-        return align
-    per_block = align * sizes.attention_bytes_per_token
-    return align * -(-sizes.state_bytes // per_block)
+    state = 0 if sizes.state is None else sizes.state_bytes
+    return aligned_block_tokens(backend, requested, state, sizes.attention_bytes_per_token)
+
+
+def check_vllm(model: HybridModel, deployment: Deployment) -> None:
+    """What vLLM refuses before it plans: a cache dtype its dense MLA backends do not take,
+    a requested block the attention backend's kernels do not take (its selector refuses it
+    before the block is raised)."""
+    backend = deployment.attention_backend
+    if model.mla_layers:
+        check_kv_dtype(deployment.kv_dtype, backend)
+    requested = deployment.block_tokens
+    if requested is not None and not supports_block(backend, requested):
+        kernel = smallest_kernel_block(backend)
+        raise Refusal(
+            "block_unsupported",
+            f"block_tokens={requested} is not a multiple of {backend}'s {kernel}-token "
+            "kernel block: vLLM's attention selector refuses the backend for it ("
+            "'block_size not supported')",
+            facts={"block_tokens": requested, "attention_backend": backend, "kernel": kernel},
+            hint=f"request a multiple of {kernel} (e.g. {kernel * -(-requested // kernel)}), or "
+            "leave block_tokens unset",
+        )
 
 
 def group_vllm(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
@@ -293,8 +352,11 @@ def pack_vllm(
     stages: tuple[Stage, ...],
 ) -> VllmPlan:
     """Raise the block, size the shared page and check DCP's interleave against it."""
-    page = unified_page_bytes(sizes, block_tokens_for(sizes, deployment.block_tokens))
+    page = unified_page_bytes(
+        sizes, block_tokens_for(sizes, deployment.block_tokens, deployment.attention_backend)
+    )
     block = page // sizes.attention_bytes_per_token
+    check_layout_serves(deployment.attention_backend, deployment.kv_cache_layout, block)
     if block % deployment.dcp_interleave:
         raise Refusal(
             "dcp_interleave",

@@ -16,10 +16,13 @@ backend's availability), this module sets what a CUDA (SM90) engine would resolv
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 from vllm.config import (
     CacheConfig,
@@ -61,11 +64,77 @@ KV_CACHE_DTYPE = {"fp8": "fp8", "bf16": "auto"}  # k3layout's name -> vLLM's --k
 LAYER_ID = re.compile(r"\.layers\.(\d+)\.")
 
 
-def mla_backend(name: str) -> type[Any]:
-    """vLLM's MLA attention backend class of ``--attention-backend name``."""
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: PLC0415
+# The GPU each backend runs on (CUDA compute capability): what an operator who picks the
+# backend has. CUTLASS_MLA and FLASHINFER_MLA are Blackwell-only; FLASHMLA runs on both.
+CAPABILITY = {"FLASHMLA": (9, 0), "CUTLASS_MLA": (10, 0), "FLASHINFER_MLA": (10, 0)}
 
-    backend: type[Any] = AttentionBackendEnum[name].get_class()
+
+@contextmanager
+def _cuda_platform(backend: str) -> Iterator[None]:
+    """The current platform selecting attention backends as vLLM's CUDA platform does for an
+    explicitly chosen one (its ``validate_configuration`` on the GPU ``backend`` runs on; the
+    CUDA platform module itself needs ``libcuda``). Backend modules that make CUDA buffers at
+    import make them on ``meta``."""
+    import vllm.platforms  # noqa: PLC0415
+    import vllm.utils.platform_utils  # noqa: PLC0415
+    from vllm.platforms.interface import DeviceCapability  # noqa: PLC0415
+
+    major, minor = CAPABILITY.get(backend, (9, 0))
+    capability = DeviceCapability(major=major, minor=minor)
+    platform = vllm.platforms.current_platform
+    empty, units = torch.empty, vllm.utils.platform_utils.num_compute_units
+
+    def meta_empty(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if str(kwargs.get("device", "")).startswith("cuda"):
+            kwargs["device"] = "meta"
+        return empty(*args, **kwargs)
+
+    def select(selected: Any, attn_selector_config: Any, num_heads: int | None = None) -> str:
+        reasons = [
+            reason
+            for reason in selected.get_class().validate_configuration(
+                device_capability=capability, **attn_selector_config._asdict()
+            )
+            if "is not available" not in reason  # a kernel not compiled into this CPU build
+        ]
+        if reasons:
+            raise ValueError(
+                f"Selected backend {selected} is not valid for this configuration. "
+                f"Reason: {reasons}"
+            )
+        path: str = selected.get_path()
+        return path
+
+    torch.empty = meta_empty  # type: ignore[assignment]
+    vllm.utils.platform_utils.num_compute_units = lambda *_: 1
+    platform.get_attn_backend_cls = select
+    try:
+        yield
+    finally:
+        del platform.get_attn_backend_cls
+        torch.empty = empty
+        vllm.utils.platform_utils.num_compute_units = units
+
+
+def mla_backend(config: VllmConfig, name: str, num_heads: int) -> type[Any]:
+    """The MLA backend vLLM's selector gives a layer for ``--attention-backend name`` on a
+    CUDA platform (the selector checks the backend against the config: dtype, cache dtype,
+    a requested block size, DCP). Raises what vLLM raises for an invalid choice."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: PLC0415
+    from vllm.v1.attention.selector import _cached_get_attn_backend, get_attn_backend  # noqa: PLC0415
+
+    config.attention_config.backend = AttentionBackendEnum[name]
+    _cached_get_attn_backend.cache_clear()
+    text = config.model_config.hf_text_config
+    with _cuda_platform(name), set_current_vllm_config(config):
+        backend: type[Any] = get_attn_backend(
+            text.kv_lora_rank + text.qk_rope_head_dim,
+            torch.bfloat16,
+            config.cache_config.cache_dtype,
+            use_mla=True,
+            use_sparse=False,
+            num_heads=num_heads,
+        )
     return backend
 
 
@@ -185,7 +254,7 @@ def build_layers(config: VllmConfig, case: Case, stage: int) -> dict[str, nn.Mod
     text = config.model_config.hf_text_config
     start, end = get_pp_indices(text.num_hidden_layers, stage, case.pp)
     prefix = "language_model.model" if case.model.startswith("kimi-k3") else "model"
-    backend = mla_backend(case.backend)
+    backend = mla_backend(config, case.backend, text.num_attention_heads // case.attn_tp)
     layers: dict[str, nn.Module] = {}
     for index in range(start, end):
         name = f"{prefix}.layers.{index}.self_attn"

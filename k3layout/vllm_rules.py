@@ -1,0 +1,148 @@
+"""The rules of vLLM 0.33.0 that size and place a hybrid model's KV cache, in one place.
+
+Everything here was read off vLLM 0.33.0 by running its code (``tests/conformance/`` runs it
+again on every change); the next vLLM version is a change here plus a new conformance run.
+
+- **Attention backends** take kernel blocks of fixed token counts (``FLASHMLA`` 64,
+  ``CUTLASS_MLA`` 128, ``FLASHINFER_MLA`` 32 or 64) or any multiple of 16 (``TRITON_MLA``).
+  A manager block is split into the largest kernel block that divides it.
+- **Block alignment** (the platform's ``update_block_size_for_backend``): without a requested
+  block the backend's preferred one; then, for a hybrid model, the smallest multiple of
+  ``A = max(smallest kernel block, block, 128)`` whose attention page holds one state, rounded
+  up to a whole kernel block. A requested block is raised, never lowered.
+- **KV-cache layouts** (``VLLM_KV_CACHE_LAYOUT``): ``LBNHC`` (layer-outermost, the default:
+  each layer's pages of all blocks are one run) or ``BLHNC`` (block-outermost: each block is
+  one run of every layer's page). Block-outermost pages cannot be split into smaller kernel
+  blocks, so only a backend whose kernel takes the whole block serves it.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, TypeAlias
+
+from .constants import MLA_KERNEL_BLOCK_TOKENS
+from .errors import Refusal
+
+VLLM_VERSION: Final = "0.33.0"
+"""The vLLM release whose rules the ``vllm`` layout follows."""
+
+AttentionBackend: TypeAlias = Literal["FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "TRITON_MLA"]
+"""vLLM's dense MLA attention backend (``--attention-backend``)."""
+
+ATTENTION_BACKENDS: Final[tuple[AttentionBackend, ...]] = (
+    "FLASHMLA",
+    "CUTLASS_MLA",
+    "FLASHINFER_MLA",
+    "TRITON_MLA",
+)
+
+KvCacheLayout: TypeAlias = Literal["LBNHC", "BLHNC"]
+"""vLLM's ``VLLM_KV_CACHE_LAYOUT``: ``LBNHC`` layer-outermost (the default), ``BLHNC``
+block-outermost."""
+
+KV_CACHE_LAYOUTS: Final[tuple[KvCacheLayout, ...]] = ("LBNHC", "BLHNC")
+
+KERNEL_BLOCK_TOKENS: Final[dict[AttentionBackend, tuple[int, ...]]] = {
+    "FLASHMLA": (64,),
+    "CUTLASS_MLA": (128,),
+    "FLASHINFER_MLA": (32, 64),
+    "TRITON_MLA": (),  # any multiple of KERNEL_MULTIPLE_OF
+}
+"""The kernel block sizes each backend takes; empty: any multiple of
+:data:`KERNEL_MULTIPLE_OF`."""
+
+KERNEL_MULTIPLE_OF: Final[dict[AttentionBackend, int]] = {"TRITON_MLA": 16}
+
+DEFAULT_BLOCK_TOKENS: Final = 16
+"""vLLM's ``CacheConfig.DEFAULT_BLOCK_SIZE``, from which a backend's preferred block starts."""
+
+DENSE_MLA_KV_DTYPES: Final = ("fp8", "bf16")
+"""Cache dtypes vLLM 0.33's dense MLA backends accept for Kimi-K3 (not ``fp8_ds_mla``, the
+sparse backends' 656-byte layout)."""
+
+
+def smallest_kernel_block(backend: AttentionBackend) -> int:
+    """The smallest kernel block ``backend`` takes (its multiple for ``TRITON_MLA``)."""
+    sizes = KERNEL_BLOCK_TOKENS[backend]
+    return min(sizes) if sizes else KERNEL_MULTIPLE_OF[backend]
+
+
+def supports_block(backend: AttentionBackend, block: int) -> bool:
+    """Whether ``backend`` serves manager blocks of ``block`` tokens (a multiple of one of
+    its kernel blocks)."""
+    return block % smallest_kernel_block(backend) == 0
+
+
+def preferred_block_tokens(backend: AttentionBackend) -> int:
+    """The block vLLM picks for ``backend`` when none is requested: the default 16 if the
+    backend takes it, else its smallest kernel block."""
+    if supports_block(backend, DEFAULT_BLOCK_TOKENS):
+        return DEFAULT_BLOCK_TOKENS
+    return smallest_kernel_block(backend)
+
+
+def kernel_block_tokens(backend: AttentionBackend, block: int) -> int:
+    """The kernel block a manager block of ``block`` tokens is split into: the block itself
+    if the kernel takes any multiple, else the largest kernel block that divides it."""
+    sizes = KERNEL_BLOCK_TOKENS[backend]
+    if not sizes:
+        return block
+    return max(size for size in sizes if block % size == 0)
+
+
+def aligned_block_tokens(
+    backend: AttentionBackend,
+    requested: int | None,
+    state_bytes: int,
+    attention_bytes_per_token: int,
+) -> int:
+    """The attention block of a hybrid model: the requested (or preferred) block, raised
+    until one attention page holds a ``state_bytes`` state (none: 0), on whole kernel blocks.
+
+    >>> aligned_block_tokens("FLASHMLA", None, 832_512, 576)  # K3 TP 8 fp8, 2 spec tokens
+    1536
+    >>> aligned_block_tokens("CUTLASS_MLA", 200, 832_512, 576)  # 200 x 8 = 1,600 -> 13 x 128
+    1664
+    """
+    block = preferred_block_tokens(backend) if requested is None else requested
+    kernel = smallest_kernel_block(backend)
+    if state_bytes == 0:
+        return block
+    align = max(kernel, block, MLA_KERNEL_BLOCK_TOKENS)
+    raised = align * -(-state_bytes // (align * attention_bytes_per_token))
+    raised = kernel * -(-raised // kernel)
+    return max(block, raised)
+
+
+def check_layout_serves(backend: AttentionBackend, layout: KvCacheLayout, block: int) -> None:
+    """Refuse (``layout_unsupported``) a block-outermost layout whose blocks ``backend`` would
+    have to split into smaller kernel blocks, as vLLM refuses it when it binds the cache."""
+    kernel = kernel_block_tokens(backend, block)
+    if layout == "BLHNC" and kernel != block:
+        raise Refusal(
+            "layout_unsupported",
+            f"{backend} needs {kernel}-token kernel blocks, which block-outermost (BLHNC) "
+            f"{block}-token blocks cannot be split into (vLLM {VLLM_VERSION} refuses it when "
+            "it binds the cache)",
+            facts={
+                "kv_cache_layout": layout,
+                "attention_backend": backend,
+                "kernel_block_tokens": kernel,
+                "block_tokens": block,
+            },
+            hint="use kv_cache_layout='LBNHC', or attention_backend='TRITON_MLA' (its kernel "
+            "takes the whole block)",
+        )
+
+
+def check_kv_dtype(kv_dtype: str, backend: AttentionBackend) -> None:
+    """Refuse (``dtype_unsupported``) a cache dtype no dense MLA backend of vLLM accepts."""
+    if kv_dtype not in DENSE_MLA_KV_DTYPES:
+        raise Refusal(
+            "dtype_unsupported",
+            f"kv_dtype={kv_dtype!r}: vLLM {VLLM_VERSION}'s dense MLA backends ({backend} among "
+            f"them) accept {', '.join(DENSE_MLA_KV_DTYPES)} for Kimi-K3; fp8_ds_mla is the "
+            "sparse backends' layout",
+            facts={"kv_dtype": kv_dtype, "attention_backend": backend},
+            hint="use kv_dtype='fp8' or 'bf16' with engine='vllm'",
+        )

@@ -1,0 +1,111 @@
+"""vLLM 0.33's rules in the planner: attention backends' kernel blocks, the block raise on
+them, block-outermost layouts, the cache dtypes its dense MLA backends take, and refusals
+of vLLM settings on the parent engine. ``tests/conformance`` runs vLLM itself on the same."""
+
+from __future__ import annotations
+
+import pytest
+
+from k3layout import Deployment, HybridModel, MLALayer, Refusal, plan, plan_vllm
+from k3layout.vllm_rules import (
+    ATTENTION_BACKENDS,
+    aligned_block_tokens,
+    kernel_block_tokens,
+    preferred_block_tokens,
+    smallest_kernel_block,
+)
+
+K3_TP8_STATE = 3 * 4608 * 2 + 12 * 128 * 128 * 4  # conv (K-1 rows x q|k|v bf16) + fp32 state
+
+
+def test_kernel_blocks_are_each_backends_own() -> None:
+    assert {b: smallest_kernel_block(b) for b in ATTENTION_BACKENDS} == {
+        "FLASHMLA": 64,
+        "CUTLASS_MLA": 128,
+        "FLASHINFER_MLA": 32,
+        "TRITON_MLA": 16,
+    }
+    assert [kernel_block_tokens(b, 1536) for b in ATTENTION_BACKENDS] == [64, 128, 64, 1536]
+    assert [preferred_block_tokens(b) for b in ATTENTION_BACKENDS] == [64, 128, 32, 16]
+
+
+@pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
+def test_every_backend_raises_k3_tp8_to_1536(k3: HybridModel, backend: str) -> None:
+    p = plan_vllm(k3, Deployment(attn_tp=8, attention_backend=backend))  # type: ignore[arg-type]
+    assert p.block_tokens == 1536 and p.page_bytes == 1536 * 576
+    assert p.kernel_block_tokens == kernel_block_tokens(backend, 1536)  # type: ignore[arg-type]
+    assert p.sizes.state_bytes == K3_TP8_STATE
+
+
+def test_a_requested_block_is_raised_on_whole_multiples_of_itself() -> None:
+    # A = 192: 192 x ceil(814,080 / (192 x 576)) = 192 x 8
+    assert aligned_block_tokens("FLASHMLA", 192, K3_TP8_STATE, 576) == 1536
+    # A = 640: pages of 640 and 1,280 tokens (368,640 and 737,280 B) are too small
+    assert aligned_block_tokens("CUTLASS_MLA", 640, K3_TP8_STATE, 576) == 1920
+    assert aligned_block_tokens("TRITON_MLA", 2048, K3_TP8_STATE, 576) == 2048
+    # no state to hold: the requested (or preferred) block as it is
+    assert aligned_block_tokens("FLASHINFER_MLA", None, 0, 576) == 32
+
+
+@pytest.mark.parametrize(("backend", "kernel"), [("FLASHMLA", 64), ("CUTLASS_MLA", 128)])
+def test_a_block_off_the_kernel_grid_is_refused_as_vllms_selector_does(
+    k3: HybridModel, backend: str, kernel: int
+) -> None:
+    with pytest.raises(Refusal) as refused:
+        plan(k3, Deployment(attn_tp=8, block_tokens=200, attention_backend=backend))  # type: ignore[arg-type]
+    assert refused.value.code == "block_unsupported"
+    assert refused.value.facts == {
+        "block_tokens": 200,
+        "attention_backend": backend,
+        "kernel": kernel,
+    }
+    assert str(kernel * -(-200 // kernel)) in (refused.value.hint or "")
+
+
+def test_an_attention_only_model_keeps_the_backends_preferred_block() -> None:
+    model = HybridModel(name="m", model_type="x", layers=(MLALayer(num_heads=8),) * 2)
+    assert plan_vllm(model, Deployment()).block_tokens == 64
+    assert plan_vllm(model, Deployment(attention_backend="CUTLASS_MLA")).block_tokens == 128
+
+
+def test_block_outermost_pages_of_one_block_are_one_run(k3: HybridModel) -> None:
+    p = plan_vllm(
+        k3, Deployment(attn_tp=8, attention_backend="TRITON_MLA", kv_cache_layout="BLHNC")
+    )
+    page, planes, n = p.page_bytes, p.num_planes, 10
+    assert p.layer_stride_bytes(n) == page and p.block_stride_bytes() == planes * page
+    for layer, position in ((3, 0), (0, 0), (92, 23), (88, 22)):  # (module layer, plane)
+        for block in (0, 1, n - 1):
+            at = p.byte_range(layer, p.sizes.spec_of(layer).parts[0].name, block, n)
+            assert at.offset_bytes == (block * planes + position) * page
+    lbnhc = plan_vllm(k3, Deployment(attn_tp=8, attention_backend="TRITON_MLA"))
+    assert lbnhc.byte_range(92, "latent", 1, n).offset_bytes == (23 * n + 1) * page
+
+
+@pytest.mark.parametrize("backend", ["FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA"])
+def test_block_outermost_is_refused_where_kernel_blocks_would_split_it(
+    k3: HybridModel, backend: str
+) -> None:
+    with pytest.raises(Refusal) as refused:
+        plan(k3, Deployment(attn_tp=8, attention_backend=backend, kv_cache_layout="BLHNC"))  # type: ignore[arg-type]
+    assert refused.value.code == "layout_unsupported"
+    assert refused.value.facts["block_tokens"] == 1536
+    assert refused.value.facts["kernel_block_tokens"] == kernel_block_tokens(backend, 1536)  # type: ignore[arg-type]
+    assert "TRITON_MLA" in (refused.value.hint or "")
+
+
+def test_vllms_dense_mla_backends_refuse_fp8_ds_mla(k3: HybridModel) -> None:
+    with pytest.raises(Refusal) as refused:
+        plan(k3, Deployment(attn_tp=8, kv_dtype="fp8_ds_mla"))
+    assert refused.value.code == "dtype_unsupported"
+    assert refused.value.facts == {"kv_dtype": "fp8_ds_mla", "attention_backend": "FLASHMLA"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("attention_backend", "TRITON_MLA"), ("kv_cache_layout", "BLHNC")]
+)
+def test_the_parent_engine_refuses_vllms_settings(k3: HybridModel, field: str, value: str) -> None:
+    with pytest.raises(Refusal) as refused:
+        plan(k3, Deployment.model_validate({"engine": "parent", field: value}))
+    assert refused.value.code == "engine_setting"
+    assert refused.value.facts["field"] == field
