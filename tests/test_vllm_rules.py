@@ -31,7 +31,7 @@ def test_kernel_blocks_are_each_backends_own() -> None:
 
 @pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
 def test_every_backend_raises_k3_tp8_to_1536(k3: HybridModel, backend: str) -> None:
-    p = plan_vllm(k3, Deployment(attn_tp=8, attention_backend=backend))  # type: ignore[arg-type]
+    p = plan_vllm(k3, Deployment(attn_tp=8, attention_backend=backend))
     assert p.block_tokens == 1536 and p.page_bytes == 1536 * 576
     assert p.kernel_block_tokens == kernel_block_tokens(backend, 1536)  # type: ignore[arg-type]
     assert p.sizes.state_bytes == K3_TP8_STATE
@@ -52,7 +52,7 @@ def test_a_block_off_the_kernel_grid_is_refused_as_vllms_selector_does(
     k3: HybridModel, backend: str, kernel: int
 ) -> None:
     with pytest.raises(Refusal) as refused:
-        plan(k3, Deployment(attn_tp=8, block_tokens=200, attention_backend=backend))  # type: ignore[arg-type]
+        plan(k3, Deployment(attn_tp=8, block_tokens=200, attention_backend=backend))
     assert refused.value.code == "block_unsupported"
     assert refused.value.facts == {
         "block_tokens": 200,
@@ -87,7 +87,7 @@ def test_block_outermost_is_refused_where_kernel_blocks_would_split_it(
     k3: HybridModel, backend: str
 ) -> None:
     with pytest.raises(Refusal) as refused:
-        plan(k3, Deployment(attn_tp=8, attention_backend=backend, kv_cache_layout="BLHNC"))  # type: ignore[arg-type]
+        plan(k3, Deployment(attn_tp=8, attention_backend=backend, kv_cache_layout="BLHNC"))
     assert refused.value.code == "layout_unsupported"
     assert refused.value.facts["block_tokens"] == 1536
     assert refused.value.facts["kernel_block_tokens"] == kernel_block_tokens(backend, 1536)  # type: ignore[arg-type]

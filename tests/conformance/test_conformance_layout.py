@@ -30,7 +30,14 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+BACKENDS = ("FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "TRITON_MLA")
+REQUESTED = (None, 16, 64, 128, 200, 256, 1000, 2048, 4096)
+
+
 def grid() -> list[Case]:
+    """Models x every attention TP x dtype, PP and DCP; then requested blocks x backends, and
+    the block-outermost layout where vLLM's start-up serves it (``TRITON_MLA``; the other
+    backends refuse it only when the cache is bound)."""
     cases = []
     for model, heads in HEADS.items():
         max_len = 8192 if model == "kimi-k3" else 4096
@@ -41,6 +48,25 @@ def grid() -> list[Case]:
                 cases.append(Case(model, tp, "fp8", pp=pp, max_model_len=max_len))
             for dcp in (2, 4, 8):
                 cases.append(Case(model, tp, "fp8", dcp=dcp, max_model_len=max_len))
+        for tp in (1, 4, 8):
+            for backend in BACKENDS:
+                for block in REQUESTED:
+                    cases.append(
+                        Case(model, tp, backend=backend, block_tokens=block, max_model_len=max_len)
+                    )
+            for block in (None, 2048):
+                for pp in (1, 2):
+                    cases.append(
+                        Case(
+                            model,
+                            tp,
+                            pp=pp,
+                            backend="TRITON_MLA",
+                            block_tokens=block,
+                            kv_cache_layout="BLHNC",
+                            max_model_len=max_len,
+                        )
+                    )
     return cases
 
 
@@ -61,6 +87,8 @@ def deployment(case: Case) -> Deployment:
         dcp=case.dcp,
         kv_dtype=case.kv_dtype,
         block_tokens=case.block_tokens,
+        attention_backend=case.backend,
+        kv_cache_layout=case.kv_cache_layout,
     )
 
 

@@ -15,6 +15,7 @@ backend's availability), this module sets what a CUDA (SM90) engine would resolv
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -105,7 +106,7 @@ def _cuda_platform(backend: str) -> Iterator[None]:
         path: str = selected.get_path()
         return path
 
-    torch.empty = meta_empty  # type: ignore[assignment]
+    torch.empty = meta_empty
     vllm.utils.platform_utils.num_compute_units = lambda *_: 1
     platform.get_attn_backend_cls = select
     try:
@@ -149,12 +150,14 @@ class Case:
     dcp: int = 1
     backend: str = "FLASHMLA"
     block_tokens: int | None = None
+    kv_cache_layout: str = "LBNHC"
     max_model_len: int = 8192
 
     def __str__(self) -> str:
         flags = [self.model, f"tp{self.attn_tp}", self.kv_dtype, self.backend]
         flags += [f"pp{self.pp}"] * (self.pp > 1) + [f"dcp{self.dcp}"] * (self.dcp > 1)
         flags += [f"block{self.block_tokens}"] * (self.block_tokens is not None)
+        flags += [self.kv_cache_layout] * (self.kv_cache_layout != "LBNHC")
         return "-".join(flags)
 
 
@@ -173,6 +176,21 @@ class Engine:
         """The attention block the engine resolved (``cache_config.block_size``)."""
         block: int = self.config.cache_config.block_size
         return block
+
+
+@contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """``values`` in ``os.environ`` for the block (vLLM reads its ``VLLM_*`` flags there)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 def layer_id(name: str) -> int:
@@ -300,7 +318,7 @@ def start(case: Case, tmp: Path, memory_bytes: int = 40 << 30) -> Engine:
     context.clear()
     for layers in stages:
         context.update(layers)
-    with set_current_vllm_config(config):
+    with set_current_vllm_config(config), _environment(VLLM_KV_CACHE_LAYOUT=case.kv_cache_layout):
         layouts = get_supported_kv_cache_layouts(get_current_attn_backends(config))
         resolve_kv_cache_layout(
             config, [[layout.name for layout in layouts]], [s for d in specs for s in d.values()]
