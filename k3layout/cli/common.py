@@ -13,6 +13,7 @@ from ..deployment import CONV_LAYOUTS, ENGINES, Deployment
 from ..dtypes import KV_CACHE_DTYPES, KvCacheDtype
 from ..errors import Refusal
 from ..model import PRESETS, HybridModel, load_config, preset
+from ..vllm_rules import ATTENTION_BACKENDS, KV_CACHE_LAYOUTS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -63,6 +64,19 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
     )
     parser.add_argument("--replayssm", action="store_true", help="ATOM ReplaySSM records")
     add_conv_layout_option(parser)
+    parser.add_argument(
+        "--attention-backend",
+        choices=ATTENTION_BACKENDS,
+        default="FLASHMLA",
+        help="vLLM's MLA attention backend (its kernel blocks shape the block; vllm)",
+    )
+    parser.add_argument(
+        "--kv-cache-layout",
+        choices=KV_CACHE_LAYOUTS,
+        default="LBNHC",
+        help="as VLLM_KV_CACHE_LAYOUT (LBNHC: layer-outermost, the default; BLHNC: "
+        "block-outermost; vllm)",
+    )
 
 
 def add_conv_layout_option(parser: argparse.ArgumentParser) -> None:
@@ -130,6 +144,8 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
         "max_padding": args.max_padding,
         "replayssm": args.replayssm,
         "conv_layout": args.conv_layout,
+        "attention_backend": getattr(args, "attention_backend", "FLASHMLA"),
+        "kv_cache_layout": getattr(args, "kv_cache_layout", "LBNHC"),
     }
     return validated(Deployment, {**fields, **override})
 

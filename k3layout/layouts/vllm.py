@@ -228,8 +228,14 @@ class VllmPlan(SelfChecked, LayoutBase):
 
     def summary(self) -> list[tuple[str, str]]:
         """The layout's numbers as (label, value) rows."""
+        deployment = self.deployment
         return [
             ("block tokens", f"{self.block_tokens:,}"),
+            (
+                "attention backend / kernel block",
+                f"{deployment.attention_backend} / {self.kernel_block_tokens:,}",
+            ),
+            ("KV-cache layout", deployment.kv_cache_layout),
             ("page bytes (per layer)", f"{self.page_bytes:,}"),
             ("planes (group_size)", f"{self.num_planes:,}"),
             ("block bytes", f"{self.block_bytes:,}"),
