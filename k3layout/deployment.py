@@ -18,7 +18,13 @@ from .constants import (
 from .dtypes import KvCacheDtype
 from .errors import Refusal
 from .placements import Interleave
-from .vllm_rules import AttentionBackend, KvCacheLayout
+from .vllm_rules import (
+    AttentionBackend,
+    KdaPrefillBackend,
+    KvCacheLayout,
+    MambaCacheMode,
+    resolved_mamba_cache_mode,
+)
 
 EngineFlavour: TypeAlias = Literal["vllm", "parent"]
 """``vllm``: vLLM's hybrid allocator (one page per layer per block, planes shared by groups).
@@ -58,6 +64,11 @@ class Deployment(Frozen):
     - ``attention_backend``: vLLM's MLA backend (``--attention-backend``; its kernel blocks
       shape the block); ``kv_cache_layout``: vLLM's ``VLLM_KV_CACHE_LAYOUT`` (``LBNHC``, the
       default, layer-outermost; ``BLHNC`` block-outermost). Both are ``vllm`` settings.
+    - ``prefix_caching`` (vLLM's ``--enable-prefix-caching``, on by default) decides the KDA
+      cache mode, ``align`` or ``none``; ``mamba_cache_mode`` is accepted as vLLM 0.33 accepts
+      it (``align`` or ``none``) and resolved as it resolves it (:attr:`mamba_cache_mode_run`).
+    - ``kda_prefill_backend``: vLLM's KDA prefill kernel (``auto``: FlashKDA where the layer
+      allows it); FlashKDA holds one more state block per request.
 
     Sizes above the bounds of :mod:`k3layout.constants` (``MAX_RANKS``, ``MAX_BLOCK_TOKENS``,
     ``MAX_PADDING_LIMIT``, ...) are refused with ``size_limit``.
@@ -83,6 +94,9 @@ class Deployment(Frozen):
     conv_layout: ConvLayout = "SD"
     attention_backend: AttentionBackend = "FLASHMLA"
     kv_cache_layout: KvCacheLayout = "LBNHC"
+    prefix_caching: bool = True
+    mamba_cache_mode: MambaCacheMode | None = None
+    kda_prefill_backend: KdaPrefillBackend = "auto"
 
     @model_validator(mode="after")
     def _partition_matches_pp(self) -> Deployment:
@@ -100,6 +114,12 @@ class Deployment(Frozen):
         """How DCP deals an attention block's tokens to ranks (one rank holds all without
         DCP)."""
         return Interleave(num_ranks=self.dcp, interleave=self.dcp_interleave)
+
+    @property
+    def mamba_cache_mode_run(self) -> MambaCacheMode:
+        """The KDA cache mode vLLM runs: prefix caching decides (``mamba_cache_mode`` is
+        deprecated in vLLM 0.33 and overridden)."""
+        return resolved_mamba_cache_mode(self.prefix_caching)
 
     @property
     def world_size(self) -> int:

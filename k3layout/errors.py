@@ -30,6 +30,7 @@ RefusalCode: TypeAlias = Literal[
     "block_unsupported",
     "layout_unsupported",
     "engine_setting",
+    "kernel_unsupported",
     # offload (LMCache MP ride)
     "engine_mismatch",
     "model_not_ridable",

@@ -42,6 +42,22 @@ block-outermost."""
 
 KV_CACHE_LAYOUTS: Final[tuple[KvCacheLayout, ...]] = ("LBNHC", "BLHNC")
 
+KdaPrefillBackend: TypeAlias = Literal["auto", "triton", "flashkda", "flashinfer"]
+"""vLLM's KDA prefill kernel (``additional_config.kda_prefill_backend``). ``auto`` resolves as
+on a CUDA SM90 / SM10x GPU with bf16 activations: FlashKDA where the layer allows it."""
+
+KDA_PREFILL_BACKENDS: Final[tuple[KdaPrefillBackend, ...]] = (
+    "auto",
+    "triton",
+    "flashkda",
+    "flashinfer",
+)
+
+MambaCacheMode: TypeAlias = Literal["align", "none"]
+"""What ``--mamba-cache-mode`` takes in vLLM 0.33 (deprecated there: prefix caching decides)."""
+
+MAMBA_CACHE_MODES: Final[tuple[MambaCacheMode, ...]] = ("align", "none")
+
 KERNEL_BLOCK_TOKENS: Final[dict[AttentionBackend, tuple[int, ...]]] = {
     "FLASHMLA": (64,),
     "CUTLASS_MLA": (128,),
@@ -146,3 +162,57 @@ def check_kv_dtype(kv_dtype: str, backend: AttentionBackend) -> None:
             facts={"kv_dtype": kv_dtype, "attention_backend": backend},
             hint="use kv_dtype='fp8' or 'bf16' with engine='vllm'",
         )
+
+
+def resolved_mamba_cache_mode(prefix_caching: bool) -> MambaCacheMode:
+    """The mode vLLM runs: ``align`` with prefix caching (even when ``none`` was asked for),
+    ``none`` without (even when ``align`` was)."""
+    return "align" if prefix_caching else "none"
+
+
+def resolved_kda_prefill_backend(
+    requested: KdaPrefillBackend,
+    *,
+    full_rank_gate: bool,
+    gate_lower_bound: float | None,
+    head_dim: int,
+) -> str:
+    """The KDA prefill kernel vLLM runs for a KDA layer: Kimi-K3's own KDA path (a full-rank
+    gate) takes FlashKDA or FlashInfer where the gate is bounded and ``head_dim`` is 128;
+    ``auto`` picks FlashKDA there and Triton elsewhere. Refuses (``kernel_unsupported``) an
+    explicit kernel the layer cannot run, as vLLM does at start-up."""
+    if not full_rank_gate:
+        # Kimi-Linear's layer class has one prefill path and no checkpoint export.
+        if requested in ("flashkda", "flashinfer"):
+            _refuse_kernel(requested, "the layer has no full-rank gate (Kimi-Linear's KDA)")
+        return "triton"
+    fast = gate_lower_bound is not None and head_dim == 128
+    if requested == "auto":
+        return "flashkda" if fast else "triton"
+    if requested in ("flashkda", "flashinfer") and not fast:
+        _refuse_kernel(requested, "it needs a bounded KDA gate and head_dim=128")
+    return requested
+
+
+def _refuse_kernel(requested: str, why: str) -> None:
+    raise Refusal(
+        "kernel_unsupported",
+        f"kda_prefill_backend={requested!r}: {why} (vLLM {VLLM_VERSION} refuses it)",
+        facts={"kda_prefill_backend": requested},
+        hint="use kda_prefill_backend='auto' or 'triton'",
+    )
+
+
+def prefill_checkpoint_blocks(kda_prefill_backend: str) -> int:
+    """Blocks a KDA group holds per request for the prefill's internal state checkpoint
+    (``num_prefill_checkpoint_blocks``): one with FlashKDA, none otherwise."""
+    return int(kda_prefill_backend == "flashkda")
+
+
+def state_blocks_per_request(mode: MambaCacheMode, spec_blocks: int, checkpoint: int) -> int:
+    """Blocks one request holds in a KDA group: ``2 + spec + checkpoint`` in ``align`` mode
+    (the running state, the last block's checkpoint, one per draft token), ``1 + spec`` in
+    ``none`` mode."""
+    if mode == "align":
+        return 2 + spec_blocks + checkpoint
+    return 1 + spec_blocks

@@ -42,6 +42,11 @@ class KDALayer(Frozen):
     The state is three causal short convolutions (q|k|v, ``num_heads * head_dim`` channels each,
     ``conv_kernel - 1`` rows of history) held as one tensor, and a
     ``(num_heads, head_dim, head_dim)`` recurrence.
+
+    ``full_rank_gate`` and ``gate_lower_bound`` (``linear_attn_config``'s ``use_full_rank_gate``
+    and ``gate_lower_bound``) do not change the cache; they decide which kernels an engine
+    runs: vLLM serves a full-rank-gate layer (Kimi-K3) with its own KDA path, whose FlashKDA
+    prefill needs a bounded gate and exports a state checkpoint per request.
     """
 
     kind: Literal["kda"] = "kda"
@@ -49,6 +54,8 @@ class KDALayer(Frozen):
     num_heads: Dim
     head_dim: Dim
     conv_kernel: Annotated[int, Field(ge=2, le=MAX_CONV_KERNEL)] = 4
+    full_rank_gate: bool = False
+    gate_lower_bound: Annotated[float, Field(lt=0.0, allow_inf_nan=False)] | None = None
 
     def conv_rows(self, deployment: Deployment) -> int:
         """Rows of conv history: ``K - 1 + spec_tokens``."""

@@ -13,7 +13,7 @@ from ..deployment import CONV_LAYOUTS, ENGINES, Deployment
 from ..dtypes import KV_CACHE_DTYPES, KvCacheDtype
 from ..errors import Refusal
 from ..model import PRESETS, HybridModel, load_config, preset
-from ..vllm_rules import ATTENTION_BACKENDS, KV_CACHE_LAYOUTS
+from ..vllm_rules import ATTENTION_BACKENDS, KDA_PREFILL_BACKENDS, KV_CACHE_LAYOUTS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -76,6 +76,19 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
         default="LBNHC",
         help="as VLLM_KV_CACHE_LAYOUT (LBNHC: layer-outermost, the default; BLHNC: "
         "block-outermost; vllm)",
+    )
+    parser.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="vLLM without prefix caching: the KDA cache runs in 'none' mode (vllm)",
+    )
+    parser.add_argument(
+        "--kda-prefill-backend",
+        choices=KDA_PREFILL_BACKENDS,
+        default="auto",
+        help="vLLM's KDA prefill kernel (auto: FlashKDA where the layer allows it; FlashKDA "
+        "holds one more state block per request; vllm)",
     )
 
 
@@ -146,6 +159,9 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
         "conv_layout": args.conv_layout,
         "attention_backend": getattr(args, "attention_backend", "FLASHMLA"),
         "kv_cache_layout": getattr(args, "kv_cache_layout", "LBNHC"),
+        "prefix_caching": getattr(args, "prefix_caching", True),
+        "kda_prefill_backend": getattr(args, "kda_prefill_backend", "auto"),
+        "mamba_cache_mode": getattr(args, "vllm_mamba_cache_mode", None),
     }
     return validated(Deployment, {**fields, **override})
 

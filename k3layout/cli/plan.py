@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING
 
 from ..constants import MAX_KV_MEMORY_GIB
 from ..errors import Refusal
-from ..layouts import EngineLayout, plan
+from ..layouts import EngineLayout, VllmPlan, plan
+from ..layouts.capacity import VllmCapacity
 from ..layouts.report import report
+from ..vllm_rules import MAMBA_CACHE_MODES
 from .common import (
     add_deployment_options,
     add_model_options,
@@ -41,6 +43,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="KV memory per rank: also print blocks / parents and token capacity",
     )
     parser.add_argument("--max-live", type=int, default=1, help="live requests (parent capacity)")
+    parser.add_argument(
+        "--mamba-cache-mode",
+        dest="vllm_mamba_cache_mode",
+        choices=MAMBA_CACHE_MODES,
+        default=None,
+        help="as vLLM 0.33's deprecated flag: align or none, resolved by prefix caching "
+        "(on: align, off: none)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="tokens of one request (vllm, with --kv-memory-gib: num_blocks, blocks per "
+        "request by group and max concurrency, as vLLM counts them)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan report as JSON")
     parser.set_defaults(run=run)
 
@@ -50,10 +67,11 @@ def run(args: argparse.Namespace) -> int:
 
     def action() -> int:
         result = plan(model_from_args(args), deployment_from_args(args))
-        if args.json:
-            print(report(result).model_dump_json(indent=2))
-            return 0
         budget = None if args.kv_memory_gib is None else budget_bytes(args.kv_memory_gib)
+        capacity = capacity_of(result, budget, args.max_model_len)
+        if args.json:
+            print(report(result, capacity).model_dump_json(indent=2))
+            return 0
         if args.max_live < 1:
             raise Refusal(
                 "invalid_argument",
@@ -61,10 +79,26 @@ def run(args: argparse.Namespace) -> int:
                 facts={"field": "max_live", "option": "--max-live"},
                 hint="pass --max-live 1 or more",
             )
-        show(result, budget, args.max_live)
+        show(result, budget, args.max_live, capacity)
         return 0
 
     return run_refusing(action, args.json)
+
+
+def capacity_of(
+    result: EngineLayout, budget: int | None, max_model_len: int | None
+) -> VllmCapacity | None:
+    """vLLM's capacity of ``budget`` at ``max_model_len`` (both given, engine vllm)."""
+    if max_model_len is None:
+        return None
+    if budget is None or not isinstance(result, VllmPlan):
+        raise Refusal(
+            "invalid_argument",
+            "--max-model-len counts vLLM's capacity: it needs --kv-memory-gib and --engine vllm",
+            facts={"field": "max_model_len", "option": "--max-model-len"},
+            hint="add --kv-memory-gib G (and --engine vllm)",
+        )
+    return result.capacity(budget, max_model_len)
 
 
 def budget_bytes(gib: float) -> int:
@@ -142,7 +176,12 @@ def _stages_table(result: EngineLayout) -> Table:
     return table
 
 
-def show(result: EngineLayout, budget_bytes: int | None, max_live: int) -> None:
+def show(
+    result: EngineLayout,
+    budget_bytes: int | None,
+    max_live: int,
+    capacity: VllmCapacity | None = None,
+) -> None:
     """Print a plan as tables: sizes and layout, groups, and stages (with PP)."""
     out = console()
     d = result.deployment
@@ -155,6 +194,19 @@ def show(result: EngineLayout, budget_bytes: int | None, max_live: int) -> None:
     rows.append(("bytes / token", f"{result.bytes_per_token:,.1f}"))
     if budget_bytes is not None:
         rows += result.capacity_summary(budget_bytes, max_live)
+    if capacity is not None:
+        rows += [
+            (
+                f"blocks / request of {capacity.max_model_len:,} tokens",
+                " + ".join(str(g.blocks) for g in capacity.blocks_per_request)
+                + f" = {capacity.total_blocks_per_request}",
+            ),
+            (
+                "KDA cache mode / prefill kernel",
+                f"{capacity.mamba_cache_mode} / {capacity.kda_prefill_backend or '-'}",
+            ),
+            ("max concurrency", f"{capacity.max_concurrency:,.2f}"),
+        ]
     out.print(summary_table(rows))
     out.print(_groups_table(result))
     if len(result.stages) > 1:

@@ -45,12 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--stage", type=int, default=0, help="pipeline stage of the rank")
     parser.add_argument("--mamba-cache-mode", choices=get_args(MambaCacheMode), default="align")
-    parser.add_argument(
-        "--no-prefix-caching",
-        dest="prefix_caching",
-        action="store_false",
-        help="the engine runs without prefix caching (refused)",
-    )
+    # --no-prefix-caching comes with the deployment options (the ride refuses it)
     parser.add_argument(
         "--kv-load-failure-policy", choices=get_args(KvLoadFailurePolicy), default="recompute"
     )

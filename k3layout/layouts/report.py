@@ -16,6 +16,7 @@ from .._frozen import Frozen
 from ..cache import LayerCacheSpec
 from ..deployment import Deployment
 from ..sizes import RankSizes
+from .capacity import VllmCapacity
 from .groups import Group, Stage
 from .packing import RuleCheck
 from .protocol import EngineLayout
@@ -120,7 +121,13 @@ class VllmReport(PlanReport):
     kda_page_padding_bytes: int
     attention_span_tokens: int
     kda_span_tokens: int
+    attention_backend: str
+    kernel_block_tokens: int
+    kv_cache_layout: str
     stages: tuple[VllmStageReport, ...]
+    capacity: VllmCapacity | None = None
+    """With ``--kv-memory-gib`` and ``--max-model-len``: ``num_blocks``, blocks per request by
+    group and the maximum concurrency, as vLLM counts them."""
 
 
 class ParentReport(PlanReport):
@@ -153,9 +160,14 @@ def _stage_fields(stage: Stage) -> dict[str, object]:
     }
 
 
-def report(plan: EngineLayout) -> VllmReport | ParentReport:
-    """Every number of ``plan`` under its documented JSON name."""
+def report(
+    plan: EngineLayout, capacity: VllmCapacity | None = None
+) -> VllmReport | ParentReport:
+    """Every number of ``plan`` under its documented JSON name (and vLLM's ``capacity`` of a
+    budget, when given)."""
     fields, stage_key = plan.report_fields()
+    if capacity is not None:
+        fields = {**fields, "capacity": capacity}
     return REPORT_ADAPTER.validate_python(
         {
             "engine": plan.engine,

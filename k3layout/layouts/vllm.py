@@ -39,6 +39,7 @@ from ..vllm_rules import (
     smallest_kernel_block,
     supports_block,
 )
+from .capacity import VllmCapacity, vllm_capacity
 from .groups import Group, Stage, group_kind, group_names, split_strided
 from .protocol import ByteRange, LayoutBase
 
@@ -246,6 +247,12 @@ class VllmPlan(SelfChecked, LayoutBase):
             ),
         ]
 
+    def capacity(self, budget_bytes: int, max_model_len: int) -> VllmCapacity:
+        """What ``budget_bytes`` per rank serves at ``max_model_len`` tokens per request:
+        ``num_blocks``, blocks per request by group and the maximum concurrency, as vLLM
+        counts them (:mod:`k3layout.layouts.capacity`)."""
+        return vllm_capacity(self, budget_bytes, max_model_len)
+
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:
         """What ``budget_bytes`` holds, as (label, value) rows."""
         blocks = self.num_blocks(budget_bytes)
@@ -267,6 +274,9 @@ class VllmPlan(SelfChecked, LayoutBase):
             "kda_page_padding_bytes": self.kda_page_padding_bytes,
             "attention_span_tokens": self.attention_span_tokens,
             "kda_span_tokens": self.kda_span_tokens,
+            "attention_backend": self.deployment.attention_backend,
+            "kernel_block_tokens": self.kernel_block_tokens,
+            "kv_cache_layout": self.deployment.kv_cache_layout,
         }, "block_bytes"
 
 

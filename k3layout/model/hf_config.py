@@ -38,6 +38,7 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
+    StrictBool,
     StrictStr,
     ValidationError,
     ValidationInfo,
@@ -75,6 +76,8 @@ class _LinearAttnConfig(_Lenient):
     num_heads: _Dim
     head_dim: _Dim
     short_conv_kernel_size: Annotated[int, Strict(), Field(ge=2, le=MAX_CONV_KERNEL)]
+    use_full_rank_gate: StrictBool = False
+    gate_lower_bound: Annotated[float, Field(lt=0.0, allow_inf_nan=False)] | None = None
     kda_layers: _LayerIds
     full_attn_layers: _LayerIds | None = None
 
@@ -313,6 +316,8 @@ def _model_from_config(
             num_heads=linear.num_heads,
             head_dim=linear.head_dim,
             conv_kernel=linear.short_conv_kernel_size,
+            full_rank_gate=linear.use_full_rank_gate,
+            gate_lower_bound=linear.gate_lower_bound,
         )
         kda_ids = {n - 1 for n in linear.kda_layers}
         layers = tuple(kda if i in kda_ids else mla for i in range(text.num_hidden_layers))

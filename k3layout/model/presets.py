@@ -31,7 +31,9 @@ def kimi_layer_pattern(num_layers: int, mla: MLALayer, kda: KDALayer) -> tuple[L
 def kimi_k3() -> HybridModel:
     """Kimi-K3: 93 layers, 24 MLA (96 heads, NoPE, q_lora 1536) and 69 KDA (96 x 128)."""
     mla = MLALayer(num_heads=96, q_lora_rank=1536)
-    kda = KDALayer(num_heads=96, head_dim=128, conv_kernel=4)
+    kda = KDALayer(
+        num_heads=96, head_dim=128, conv_kernel=4, full_rank_gate=True, gate_lower_bound=-5.0
+    )
     return HybridModel(
         name="kimi-k3", model_type="kimi_k3", layers=kimi_layer_pattern(93, mla, kda)
     )

@@ -18,11 +18,19 @@ from vllm_required import require_vllm
 
 require_vllm()
 
-from vllm_engine import FIXTURES, MODEL_FILES, Case, Engine, layer_id, start  # noqa: E402
+from vllm_engine import (  # noqa: E402
+    FIXTURES,
+    MODEL_FILES,
+    Case,
+    Engine,
+    blocks_per_request,
+    layer_id,
+    max_concurrency,
+    start,
+)
 
 from k3layout import Deployment, HybridModel, Refusal, VllmPlan, load_config, plan  # noqa: E402
 
-BUDGET = 40 << 30
 HEADS = {"kimi-k3": 96, "kimi-linear": 32}
 
 
@@ -67,6 +75,17 @@ def grid() -> list[Case]:
                             max_model_len=max_len,
                         )
                     )
+        # capacity: prefix caching off (the "none" mode), FlashKDA's checkpoint block (K3's
+        # KDA path only), long requests, and budgets too small for one request
+        for tp in (1, 8):
+            for length in (max_len, 1024, 100_000 if model == "kimi-k3" else 3000):
+                for memory in (40 << 30, 1 << 30, 200 << 20):
+                    cases.append(Case(model, tp, max_model_len=length, memory_bytes=memory))
+            cases.append(Case(model, tp, prefix_caching=False, max_model_len=max_len))
+            cases.append(Case(model, tp, dcp=tp, max_model_len=max_len))
+            if model == "kimi-k3":
+                cases.append(Case(model, tp, kda_prefill_backend="flashkda"))
+                cases.append(Case(model, tp, pp=2, kda_prefill_backend="flashkda"))
     return cases
 
 
@@ -89,20 +108,24 @@ def deployment(case: Case) -> Deployment:
         block_tokens=case.block_tokens,
         attention_backend=case.backend,
         kv_cache_layout=case.kv_cache_layout,
+        prefix_caching=case.prefix_caching,
+        kda_prefill_backend=case.kda_prefill_backend,
     )
 
 
 def both(case: Case, tmp: Path) -> tuple[Engine | Exception, VllmPlan | Refusal]:
-    """vLLM's start-up and the planner's plan of ``case``, or what each refused with."""
+    """vLLM's start-up and the planner's plan of ``case`` (with its capacity, which vLLM
+    checks at start-up), or what each refused with."""
     engine: Engine | Exception
     try:
-        engine = start(case, tmp, BUDGET)
+        engine = start(case, tmp)
     except (ValueError, AssertionError, RuntimeError) as error:
         engine = error
     planned: VllmPlan | Refusal
     try:
         result = plan(planner_model(case), deployment(case))
         assert isinstance(result, VllmPlan)
+        result.capacity(case.memory_bytes, case.max_model_len)
         planned = result
     except Refusal as refusal:
         planned = refusal
@@ -154,7 +177,8 @@ def planned_offsets(result: VllmPlan, stage: int, num_blocks: int) -> dict[tuple
 
 
 def describe(value: Any) -> str:
-    return f"{type(value).__name__}: {value}"
+    shown = str(value) if isinstance(value, Exception) else "a plan"
+    return f"{type(value).__name__}: {shown[:300]}"
 
 
 @pytest.mark.parametrize("case", grid(), ids=str)
@@ -172,7 +196,12 @@ def test_planner_answers_what_vllm_resolves(case: Case, tmp_path: Path) -> None:
     for stage, config in enumerate(engine.kv_cache_configs):
         backing = {tensor.size for tensor in config.kv_cache_tensors}
         num_blocks = config.num_blocks
-        assert result.num_blocks(BUDGET) == num_blocks
+        assert result.num_blocks(case.memory_bytes) == num_blocks
         assert backing == {result.blocks_bytes(num_blocks, stage)}
         assert result.stage_block_bytes(stage) * num_blocks in backing
         assert planned_offsets(result, stage, num_blocks) == page_offsets(engine, stage)
+    capacity = result.capacity(case.memory_bytes, case.max_model_len)
+    assert capacity.num_blocks == engine.kv_cache_configs[0].num_blocks
+    assert [g.blocks for g in capacity.blocks_per_request] == blocks_per_request(engine)
+    assert capacity.max_concurrency == max_concurrency(engine)
+    assert capacity.mamba_cache_mode == engine.config.cache_config.mamba_cache_mode

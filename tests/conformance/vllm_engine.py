@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -37,6 +37,9 @@ from vllm.distributed.kv_transfer.kv_connector.utils import (
     get_current_attn_backends,
 )
 from vllm.distributed.utils import get_pp_indices
+from vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn import (
+    KimiGatedDeltaNetAttention,
+)
 from vllm.models.kimi_k3.nvidia.kda import KimiK3DeltaAttention
 from vllm.models.kimi_k3.nvidia.mla import MultiHeadLatentAttention
 from vllm.platforms.interface import Platform
@@ -152,12 +155,18 @@ class Case:
     block_tokens: int | None = None
     kv_cache_layout: str = "LBNHC"
     max_model_len: int = 8192
+    prefix_caching: bool = True
+    kda_prefill_backend: str = "triton"  # what vLLM resolved on the GPU (K3's KDA path)
+    memory_bytes: int = 40 << 30  # each rank's KV-cache budget
 
     def __str__(self) -> str:
         flags = [self.model, f"tp{self.attn_tp}", self.kv_dtype, self.backend]
         flags += [f"pp{self.pp}"] * (self.pp > 1) + [f"dcp{self.dcp}"] * (self.dcp > 1)
         flags += [f"block{self.block_tokens}"] * (self.block_tokens is not None)
         flags += [self.kv_cache_layout] * (self.kv_cache_layout != "LBNHC")
+        flags += ["no-prefix-caching"] * (not self.prefix_caching)
+        flags += [self.kda_prefill_backend] * (self.kda_prefill_backend != "triton")
+        flags += [f"len{self.max_model_len}", f"{self.memory_bytes >> 20}MiB"]
         return "-".join(flags)
 
 
@@ -215,6 +224,7 @@ def vllm_config(case: Case, directory: Path) -> VllmConfig:
     cache = CacheConfig(
         block_size=case.block_tokens,
         cache_dtype=KV_CACHE_DTYPE[case.kv_dtype],
+        enable_prefix_caching=case.prefix_caching,
     )
     parallel = ParallelConfig(
         tensor_parallel_size=case.attn_tp,
@@ -233,11 +243,14 @@ def vllm_config(case: Case, directory: Path) -> VllmConfig:
     return config
 
 
-def _kda_layer(config: VllmConfig, name: str, text: Any) -> KimiK3DeltaAttention:
-    """A Kimi-K3 KDA layer with the attributes its cache spec reads."""
-    layer = KimiK3DeltaAttention.__new__(KimiK3DeltaAttention)
-    nn.Module.__init__(layer)
+def _kda_layer(config: VllmConfig, case: Case, name: str, text: Any) -> nn.Module:
+    """A KDA layer with the attributes its cache spec reads: Kimi-K3's own class for a
+    full-rank gate, Kimi-Linear's otherwise (as vLLM's decoder layer picks)."""
     kda = text.linear_attn_config
+    full_rank = kda.get("use_full_rank_gate", False)
+    kind = KimiK3DeltaAttention if full_rank else KimiGatedDeltaNetAttention
+    layer: Any = kind.__new__(kind)
+    nn.Module.__init__(layer)
     speculative = config.speculative_config
     layer.prefix = name
     layer.tp_size = config.parallel_config.tensor_parallel_size
@@ -248,10 +261,11 @@ def _kda_layer(config: VllmConfig, name: str, text: Any) -> KimiK3DeltaAttention
     layer.num_heads = kda["num_heads"]
     layer.head_dim = kda["head_dim"]
     layer.conv_size = kda["short_conv_kernel_size"]
-    # resolve_kda_prefill_backend asks the GPU; an SM90 engine with a bf16 model resolves
-    # "flashkda" for K3 (bounded gate, head_dim 128). Tests pass the backend they model.
-    layer.kda_prefill_backend = "triton"
-    return layer
+    if full_rank:
+        # resolve_kda_prefill_backend asks the GPU; an SM90 engine with a bf16 model resolves
+        # "flashkda" for K3 (bounded gate, head_dim 128). Cases name the one they model.
+        layer.kda_prefill_backend = case.kda_prefill_backend
+    return cast(nn.Module, layer)
 
 
 def _mla_layer(config: VllmConfig, name: str, text: Any, backend: type[Any]) -> Any:
@@ -277,7 +291,7 @@ def build_layers(config: VllmConfig, case: Case, stage: int) -> dict[str, nn.Mod
     for index in range(start, end):
         name = f"{prefix}.layers.{index}.self_attn"
         layers[name] = (
-            _kda_layer(config, name, text)
+            _kda_layer(config, case, name, text)
             if text.is_kda_layer(index)
             else _mla_layer(config, name, text, backend)
         )
@@ -295,8 +309,8 @@ def worker_specs(config: VllmConfig, layers: dict[str, nn.Module]) -> dict[str, 
     return specs
 
 
-def start(case: Case, tmp: Path, memory_bytes: int = 40 << 30) -> Engine:
-    """Run vLLM's KV-cache start-up for ``case``; ``memory_bytes`` is each rank's budget.
+def start(case: Case, tmp: Path) -> Engine:
+    """Run vLLM's KV-cache start-up for ``case``.
 
     Raises what vLLM raises when it refuses the configuration."""
     directory = tmp / str(case)
@@ -325,7 +339,9 @@ def start(case: Case, tmp: Path, memory_bytes: int = 40 << 30) -> Engine:
         )
         groups = get_global_kv_cache_groups(config, specs)
         config.adjust_dcp_kv_cache_interleave_size(groups)
-        kv_cache_configs = get_kv_cache_configs(config, specs, [memory_bytes] * len(specs), groups)
+        kv_cache_configs = get_kv_cache_configs(
+            config, specs, [case.memory_bytes] * len(specs), groups
+        )
     return Engine(case=case, config=config, specs=specs, kv_cache_configs=kv_cache_configs)
 
 
@@ -334,6 +350,20 @@ def max_concurrency(engine: Engine) -> float:
     scheduler = generate_scheduler_kv_cache_config(engine.kv_cache_configs)
     with set_current_vllm_config(engine.config):
         return float(get_max_concurrency_for_kv_cache_config(engine.config, scheduler))
+
+
+def blocks_per_request(engine: Engine) -> list[int]:
+    """Blocks one request of ``max_model_len`` holds in each group of the scheduler's config
+    (``cdiv(max_memory_usage_bytes, page_size_bytes)``, as vLLM's concurrency counts)."""
+    scheduler = generate_scheduler_kv_cache_config(engine.kv_cache_configs)
+    with set_current_vllm_config(engine.config):
+        return [
+            -(
+                -g.kv_cache_spec.max_memory_usage_bytes(engine.config)
+                // g.kv_cache_spec.page_size_bytes
+            )
+            for g in scheduler.kv_cache_groups
+        ]
 
 
 def with_block(case: Case, block_tokens: int | None) -> Case:

@@ -1,0 +1,142 @@
+"""How many requests a vLLM plan serves: blocks per request by group, ``num_blocks`` for a
+budget and the maximum concurrency, counted the way vLLM 0.33 counts them.
+
+Every KV-cache group draws its blocks from one shared pool, so a request of ``max_model_len``
+tokens costs the sum over groups of:
+
+- an attention group: ``ceil(ceil(L / dcp) / tokens_per_page)`` blocks (DCP deals the tokens);
+- a KDA group: ``2 + spec + checkpoint`` blocks in ``align`` mode (the running state, the last
+  block boundary's checkpoint, one per draft token, FlashKDA's prefill checkpoint), ``1 +
+  spec`` in ``none`` mode. The state is pinned whatever the context length.
+
+``max_concurrency = num_blocks / blocks_per_request`` (vLLM's
+``get_max_concurrency_for_kv_cache_config``, over pipeline stage 0's groups as its scheduler
+counts). vLLM refuses to start when a stage's budget, less the one null block its pool holds
+back, cannot hold one request of ``max_model_len`` (``budget_too_small``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import NonNegativeInt, PositiveInt
+
+from .._args import expect_int
+from .._frozen import Frozen
+from ..constants import MAX_PROMPT_TOKENS
+from ..errors import Refusal
+from ..limits import check_bound
+from ..vllm_rules import (
+    MambaCacheMode,
+    prefill_checkpoint_blocks,
+    resolved_kda_prefill_backend,
+    state_blocks_per_request,
+)
+
+if TYPE_CHECKING:
+    from .vllm import VllmPlan
+
+
+class GroupBlocks(Frozen):
+    """Blocks one request of ``max_model_len`` holds in one KV-cache group."""
+
+    group: str
+    blocks: PositiveInt
+
+
+class VllmCapacity(Frozen):
+    """What a per-rank ``budget_bytes`` serves under a vLLM plan at ``max_model_len``."""
+
+    budget_bytes: NonNegativeInt
+    max_model_len: PositiveInt
+    num_blocks: NonNegativeInt
+    mamba_cache_mode: MambaCacheMode
+    kda_prefill_backend: str | None
+    blocks_per_request: tuple[GroupBlocks, ...]
+    max_concurrency: float
+
+    @property
+    def total_blocks_per_request(self) -> int:
+        """Blocks one request holds over all groups."""
+        return sum(entry.blocks for entry in self.blocks_per_request)
+
+
+def kda_prefill_backend_of(plan: VllmPlan) -> str | None:
+    """The KDA prefill kernel vLLM runs for ``plan`` (``None`` without KDA layers)."""
+    layers = plan.model.kda_layers
+    if not layers:
+        return None
+    layer = layers[0]
+    return resolved_kda_prefill_backend(
+        plan.deployment.kda_prefill_backend,
+        full_rank_gate=layer.full_rank_gate,
+        gate_lower_bound=layer.gate_lower_bound,
+        head_dim=layer.head_dim,
+    )
+
+
+def group_blocks(plan: VllmPlan, max_model_len: int, stage: int = 0) -> tuple[GroupBlocks, ...]:
+    """Blocks one request of ``max_model_len`` tokens holds in each group of ``stage``."""
+    deployment = plan.deployment
+    mode = deployment.mamba_cache_mode_run
+    spec_blocks = 0 if deployment.replayssm else deployment.spec_tokens
+    backend = kda_prefill_backend_of(plan)
+    checkpoint = prefill_checkpoint_blocks(backend) if backend else 0
+    entries = []
+    for group in plan.stage(stage).groups:
+        spec = plan.group_spec(group)
+        if spec.paging == "slot":
+            blocks = state_blocks_per_request(mode, spec_blocks, checkpoint)
+        else:
+            ranks = spec.dcp.num_ranks if spec.dcp is not None else 1
+            tokens = -(-max_model_len // ranks)
+            blocks = -(-tokens // plan.tokens_per_page(group))
+        entries.append(GroupBlocks(group=group.name, blocks=blocks))
+    return tuple(entries)
+
+
+def vllm_capacity(plan: VllmPlan, budget_bytes: int, max_model_len: int) -> VllmCapacity:
+    """The capacity of ``budget_bytes`` per rank at ``max_model_len`` tokens per request;
+    refuses (``budget_too_small``) a budget in which some stage cannot hold one request."""
+    expect_int("budget_bytes", budget_bytes)
+    expect_int("max_model_len", max_model_len)
+    check_bound("max_model_len", max_model_len, MAX_PROMPT_TOKENS, why="tokens of a request")
+    if max_model_len < 1:
+        raise Refusal(
+            "invalid_argument",
+            f"max_model_len={max_model_len}: a request holds at least one token",
+            facts={"field": "max_model_len"},
+            hint="pass max_model_len >= 1",
+        )
+    num_blocks = plan.num_blocks(budget_bytes)
+    for stage in range(len(plan.stages)):
+        per_request = sum(entry.blocks for entry in group_blocks(plan, max_model_len, stage))
+        block = plan.stage_block_bytes(stage)
+        if (per_request + 1) * block > budget_bytes:
+            raise Refusal(
+                "budget_too_small",
+                f"stage {stage}: one request of max_model_len={max_model_len} needs "
+                f"{per_request} blocks of {block:,} B plus the null block, "
+                f"{(per_request + 1) * block:,} B, over the budget of {budget_bytes:,} B "
+                "(vLLM refuses to start)",
+                facts={
+                    "stage": stage,
+                    "max_model_len": max_model_len,
+                    "blocks_per_request": per_request,
+                    "block_bytes": block,
+                    "budget_bytes": budget_bytes,
+                },
+                hint=f"give at least {(per_request + 1) * block:,} B per rank, or lower "
+                "max_model_len",
+            )
+    entries = group_blocks(plan, max_model_len)
+    total = sum(entry.blocks for entry in entries)
+    return VllmCapacity(
+        budget_bytes=budget_bytes,
+        max_model_len=max_model_len,
+        num_blocks=num_blocks,
+        mamba_cache_mode=plan.deployment.mamba_cache_mode_run,
+        kda_prefill_backend=kda_prefill_backend_of(plan),
+        blocks_per_request=entries,
+        max_concurrency=num_blocks / total,
+    )
