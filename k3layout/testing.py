@@ -29,7 +29,6 @@ from .layouts.invariants import plan_invariant_violations
 from .model import PRESETS, GQALayer, HybridModel, KDALayer, Layer, MLALayer, preset
 from .vllm_rules import (
     ATTENTION_BACKENDS,
-    KV_CACHE_LAYOUTS,
     AttentionBackend,
     KvCacheLayout,
     smallest_kernel_block,
@@ -141,10 +140,13 @@ def deployments(
     model: HybridModel,
     engine: EngineFlavour | None = None,
     plannable: bool = True,
+    layouts: tuple[KvCacheLayout, ...] = ("LBNHC",),
 ) -> Deployment:
     """Deployments of ``model``. With ``plannable`` the parallelism is valid for the model
     (attention TP divides the heads, DCP divides TP, PP fits the layers); the packing may still
-    be refused (padding limit), which a sweep must accept as a refusal with a code."""
+    be refused (padding limit), which a sweep must accept as a refusal with a code.
+    ``layouts``: the vLLM KV-cache layouts to draw (``BLHNC`` with the one backend that serves
+    it; the adapter and the ride take ``LBNHC`` only)."""
     engine = engine or draw(st.sampled_from(ENGINES))
     heads = _heads(model)
     attn_tp = draw(st.sampled_from(_divisors(heads)) if plannable else st.integers(1, 2 * heads))
@@ -158,7 +160,7 @@ def deployments(
     if engine == "vllm":
         backend = draw(st.sampled_from(ATTENTION_BACKENDS))
         if backend == "TRITON_MLA":  # the one backend whose kernel takes a whole block
-            layout = draw(st.sampled_from(KV_CACHE_LAYOUTS))
+            layout = draw(st.sampled_from(layouts))
         if block is not None and not supports_block(backend, block):
             kernel = smallest_kernel_block(backend)
             block = kernel * -(-block // kernel)
@@ -185,11 +187,13 @@ def deployments(
 
 @st.composite
 def plannable_inputs(
-    draw: st.DrawFn, engine: EngineFlavour | None = None
+    draw: st.DrawFn,
+    engine: EngineFlavour | None = None,
+    layouts: tuple[KvCacheLayout, ...] = ("LBNHC",),
 ) -> tuple[HybridModel, Deployment]:
     """A model and a deployment whose parallelism is valid for it."""
     model = draw(models())
-    return model, draw(deployments(model, engine=engine))
+    return model, draw(deployments(model, engine=engine, layouts=layouts))
 
 
 @st.composite

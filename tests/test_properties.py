@@ -24,6 +24,7 @@ from k3layout.testing import (
     plannable_inputs,
     refused_inputs,
 )
+from k3layout.vllm_rules import KV_CACHE_LAYOUTS
 
 K3_HEADS = 96
 ALL_TPS = st.integers(1, 128)  # every TP dividing 96 and many that do not
@@ -53,7 +54,7 @@ def test_k3_plans_or_refuses_with_a_code_for_every_tp_dtype_and_spec_depth(
     assert plan_invariant_violations(result) == []
 
 
-@given(plannable_inputs())
+@given(plannable_inputs(layouts=KV_CACHE_LAYOUTS))
 def test_every_plannable_input_gives_a_consistent_plan_or_a_packing_refusal(
     inputs: tuple[HybridModel, Deployment],
 ) -> None:
@@ -68,7 +69,7 @@ def test_every_plannable_input_gives_a_consistent_plan_or_a_packing_refusal(
     assert plan_invariant_violations(result) == []
 
 
-@given(plannable_inputs())
+@given(plannable_inputs(layouts=KV_CACHE_LAYOUTS))
 def test_plans_round_trip_through_json_and_are_deterministic(
     inputs: tuple[HybridModel, Deployment],
 ) -> None:

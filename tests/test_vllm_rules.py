@@ -109,3 +109,17 @@ def test_the_parent_engine_refuses_vllms_settings(k3: HybridModel, field: str, v
         plan(k3, Deployment.model_validate({"engine": "parent", field: value}))
     assert refused.value.code == "engine_setting"
     assert refused.value.facts["field"] == field
+
+
+def test_the_adapter_and_the_ride_refuse_a_block_outermost_plan(k3: HybridModel) -> None:
+    from k3layout import plan_ride  # noqa: PLC0415
+    from k3layout.layouts.tensors import cache_spec  # noqa: PLC0415
+
+    p = plan_vllm(
+        k3, Deployment(attn_tp=8, attention_backend="TRITON_MLA", kv_cache_layout="BLHNC")
+    )
+    for call in (lambda: cache_spec(p, 4), lambda: plan_ride(p)):
+        with pytest.raises(Refusal) as refused:
+            call()
+        assert refused.value.code == "layout_unsupported"
+        assert refused.value.facts["kv_cache_layout"] == "BLHNC"

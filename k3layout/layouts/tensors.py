@@ -216,6 +216,15 @@ def cache_spec(
     [('conv', (4, 5, 4608), 0), ('recurrent', (4, 12, 128, 128), 46080)]
     """
     _check_count("num_blocks", num_blocks)
+    if plan.deployment.kv_cache_layout != "LBNHC":
+        # One tensor per plane is layer-outermost by construction.
+        raise Refusal(
+            "layout_unsupported",
+            f"the adapter lays out planes layer-outermost (LBNHC); this plan is "
+            f"{plan.deployment.kv_cache_layout}",
+            facts={"kv_cache_layout": plan.deployment.kv_cache_layout},
+            hint="plan with kv_cache_layout='LBNHC' to allocate or validate with the adapter",
+        )
     names = names or engine_layer_names(plan.model)
     names.check_covers(plan.model)
     held = plan.stage(stage)

@@ -15,7 +15,17 @@ from ..layouts import EngineLayout, Stage
 
 def ridable(plan: EngineLayout) -> EngineLayout:
     """``plan`` if its state rides the PAGE object; refuses (``engine_mismatch``) a layout
-    whose state pages are not whole attention pages (the ``parent`` engine)."""
+    whose state pages are not whole attention pages (the ``parent`` engine), and
+    (``layout_unsupported``) a block-outermost vLLM layout, whose planes the ride's views do
+    not describe."""
+    layout = plan.deployment.kv_cache_layout
+    if plan.state_rides_pages and layout != "LBNHC":
+        raise Refusal(
+            "layout_unsupported",
+            f"kv_cache_layout={layout}: the ride publishes layer-outermost planes (LBNHC)",
+            facts={"kv_cache_layout": layout},
+            hint="plan the ride's deployment with kv_cache_layout='LBNHC'",
+        )
     if plan.state_rides_pages:
         return plan
     raise Refusal(
