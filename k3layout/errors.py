@@ -31,6 +31,7 @@ RefusalCode: TypeAlias = Literal[
     "layout_unsupported",
     "engine_setting",
     "kernel_unsupported",
+    "spec_tokens",
     # offload (LMCache MP ride)
     "engine_mismatch",
     "model_not_ridable",

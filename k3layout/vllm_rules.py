@@ -216,3 +216,18 @@ def state_blocks_per_request(mode: MambaCacheMode, spec_blocks: int, checkpoint:
     if mode == "align":
         return 2 + spec_blocks + checkpoint
     return 1 + spec_blocks
+
+
+def check_mtp_depth(num_modules: int, spec_tokens: int) -> None:
+    """Refuse (``spec_tokens``) a speculative depth MTP modules cannot be reused for: above
+    ``num_modules`` it must be a multiple of it, as vLLM's ``SpeculativeConfig`` requires."""
+    if spec_tokens > num_modules and spec_tokens % num_modules:
+        lower = spec_tokens - spec_tokens % num_modules
+        raise Refusal(
+            "spec_tokens",
+            f"spec_tokens={spec_tokens} must be at most the {num_modules} MTP modules or a "
+            f"multiple of them (vLLM {VLLM_VERSION} reuses the modules in turn)",
+            facts={"spec_tokens": spec_tokens, "mtp_modules": num_modules},
+            hint=f"use spec_tokens <= {num_modules} or a multiple of {num_modules}, e.g. "
+            f"{lower or num_modules}",
+        )

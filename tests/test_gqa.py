@@ -98,8 +98,8 @@ def test_gqa_rows_transfer_between_tps_and_every_byte_lands_once(
 ) -> None:
     transfer = plan_transfer(
         k3_with_gqa_draft(),
-        Deployment(attn_tp=prefill_tp),
-        Deployment(attn_tp=decode_tp),
+        Deployment(attn_tp=prefill_tp, spec_tokens=2),  # vLLM builds no draft without them
+        Deployment(attn_tp=decode_tp, spec_tokens=2),
         prompt_tokens=100,
     )
     assert transfer_violations(transfer) == []
@@ -140,7 +140,8 @@ def test_the_adapter_allocates_and_validates_a_gqa_draft(engine: str) -> None:
     pytest.importorskip("torch")
     adapter = importlib.import_module("k3layout.torch")
 
-    p = plan(k3_with_gqa_draft(), Deployment.model_validate({"attn_tp": 8, "engine": engine}))
+    fields = {"attn_tp": 8, "engine": engine, "spec_tokens": 2}
+    p = plan(k3_with_gqa_draft(), Deployment.model_validate(fields))
     cache = adapter.allocate(p, 3)
     adapter.validate(p, cache.registered)
     k, v = (

@@ -156,7 +156,8 @@ def test_planes_published_in_name_order_resume_wrong_and_validation_refuses_them
     """The seed's first boot on a tiny K3 + draft: 8 layers, KDA groups (0, 2, 5) and (1, 4, 6)
     ride attention layers 3, 7 and the first draft layer; in name order the two draft layers
     come first, so the leading three planes are draft 0, draft 1 and layer 3."""
-    setting = Setting(torch.float64, Deployment(), TinyK3Config(num_draft_layers=2))
+    # one speculative token: vLLM builds the draft (and its planes) only with one
+    setting = Setting(torch.float64, Deployment(spec_tokens=1), TinyK3Config(num_draft_layers=2))
     cold = setting.cold()[setting.boundary :]
     (rank,), _, tables = setting.prefix()
     order = name_order(rank.layout.published)

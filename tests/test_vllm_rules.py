@@ -123,3 +123,42 @@ def test_the_adapter_and_the_ride_refuse_a_block_outermost_plan(k3: HybridModel)
             call()
         assert refused.value.code == "layout_unsupported"
         assert refused.value.facts["kv_cache_layout"] == "BLHNC"
+
+
+def test_without_speculative_tokens_vllm_builds_no_drafter(k3_dspark: HybridModel) -> None:
+    bare = plan_vllm(k3_dspark, Deployment(attn_tp=8))
+    assert bare.num_planes == 24 and not bare.model.draft_layers
+    assert bare.model.layers == k3_dspark.layers
+    assert plan_vllm(k3_dspark, Deployment(attn_tp=8, spec_tokens=1)).num_planes == 29
+    # the parent engine plans what it is given
+    assert plan(k3_dspark, Deployment(engine="parent", attn_tp=8)).num_planes == 29
+
+
+def test_mtp_depth_is_at_most_the_modules_or_a_multiple_of_them(k3: HybridModel) -> None:
+    mtp = HybridModel(
+        name="k3-mtp2",
+        model_type=k3.model_type,
+        layers=k3.layers,
+        draft_layers=k3.mla_layers[:1] * 2,
+        drafter="mtp",
+    )
+    for spec in (1, 2, 4, 6):
+        assert plan_vllm(mtp, Deployment(attn_tp=8, spec_tokens=spec)).num_planes == 26
+    with pytest.raises(Refusal) as refused:
+        plan(mtp, Deployment(attn_tp=8, spec_tokens=3))
+    assert refused.value.code == "spec_tokens"
+    assert refused.value.facts == {"spec_tokens": 3, "mtp_modules": 2}
+    # DSpark speculates any number of tokens with its 5 layers
+    assert plan_vllm(preset_dspark(), Deployment(attn_tp=8, spec_tokens=3)).num_planes == 29
+
+
+def preset_dspark() -> HybridModel:
+    from k3layout import preset  # noqa: PLC0415
+
+    return preset("kimi-k3-dspark")
+
+
+def test_a_drafter_needs_draft_layers(k3: HybridModel) -> None:
+    with pytest.raises(Refusal) as refused:
+        HybridModel(name="m", model_type="x", layers=k3.layers, drafter="mtp")
+    assert refused.value.code == "invalid_argument" and refused.value.facts["field"] == "drafter"

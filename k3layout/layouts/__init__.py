@@ -5,7 +5,7 @@ from .packing import Packing, PackingFrame, RuleCheck
 from .parent import Binding, GroupPages, LayerBinding, ParentPlan
 from .pipeline import Plan, load_plan, plan, plan_parent, plan_vllm, with_engine
 from .protocol import ByteRange, EngineLayout, LayoutBase
-from .vllm import VllmPlan, block_tokens_for
+from .vllm import VllmPlan, block_tokens_for, built_model
 
 __all__ = [
     "Binding",
@@ -26,6 +26,7 @@ __all__ = [
     "Stage",
     "VllmPlan",
     "block_tokens_for",
+    "built_model",
     "load_plan",
     "plan",
     "plan_parent",

@@ -621,7 +621,7 @@ def default_max_padding(model: HybridModel, deployment: Deployment) -> float | N
     return None if model.draft_layers else DEFAULT_MAX_PADDING_FRACTION
 
 
-def check_parent(model: HybridModel, deployment: Deployment) -> None:
+def check_parent(model: HybridModel, deployment: Deployment) -> HybridModel:
     """Refuse what the parent engine does not run: decode context parallel, and vLLM's own
     settings (an attention backend or KV-cache layout other than the defaults), which would
     otherwise be ignored silently."""
@@ -642,6 +642,7 @@ def check_parent(model: HybridModel, deployment: Deployment) -> None:
             facts={"engine": "parent", "dcp": deployment.dcp},
             hint="use dcp=1, or engine=vllm for a DCP decode",
         )
+    return model
 
 
 def pack_parent(

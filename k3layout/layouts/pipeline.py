@@ -38,9 +38,11 @@ PlanT = TypeVar("PlanT", VllmPlan, ParentPlan)
 
 @dataclass(frozen=True)
 class EngineSeams(Generic[PlanT]):
-    """What an engine flavour adds to the pipeline: its refusals, grouping rule and packing."""
+    """What an engine flavour adds to the pipeline: its refusals (returning the model the
+    engine builds: vLLM builds no drafter without speculative tokens), grouping rule and
+    packing."""
 
-    check: Callable[[HybridModel, Deployment], None]
+    check: Callable[[HybridModel, Deployment], HybridModel]
     group: Callable[[HybridModel, RankSizes], tuple[Group, ...]]
     pack: Callable[
         [HybridModel, Deployment, RankSizes, tuple[Group, ...], tuple[Stage, ...]], PlanT
@@ -82,7 +84,7 @@ def plan(model: HybridModel, deployment: Deployment) -> VllmPlan | ParentPlan:
 
 def _run(model: HybridModel, deployment: Deployment, seams: EngineSeams[PlanT]) -> PlanT:
     check_parallelism(model, deployment)
-    seams.check(model, deployment)
+    model = seams.check(model, deployment)
     sizes = rank_sizes(model, deployment)
     groups = seams.group(model, sizes)
     stages = project_stages(model, deployment, groups)

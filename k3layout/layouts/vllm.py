@@ -35,6 +35,7 @@ from ..vllm_rules import (
     aligned_block_tokens,
     check_kv_dtype,
     check_layout_serves,
+    check_mtp_depth,
     kernel_block_tokens,
     smallest_kernel_block,
     supports_block,
@@ -309,10 +310,13 @@ def block_tokens_for(
     return aligned_block_tokens(backend, requested, state, sizes.attention_bytes_per_token)
 
 
-def check_vllm(model: HybridModel, deployment: Deployment) -> None:
+def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
     """What vLLM refuses before it plans: a cache dtype its dense MLA backends do not take,
     a requested block the attention backend's kernels do not take (its selector refuses it
-    before the block is raised)."""
+    before the block is raised), an MTP depth its modules cannot be reused for. Returns the
+    model vLLM builds: without speculative tokens there is no drafter, so no draft layers."""
+    if model.drafter == "mtp":
+        check_mtp_depth(len(model.draft_layers), deployment.spec_tokens)
     backend = deployment.attention_backend
     if model.mla_layers:
         check_kv_dtype(deployment.kv_dtype, backend)
@@ -328,6 +332,17 @@ def check_vllm(model: HybridModel, deployment: Deployment) -> None:
             hint=f"request a multiple of {kernel} (e.g. {kernel * -(-requested // kernel)}), or "
             "leave block_tokens unset",
         )
+    return built_model(model, deployment)
+
+
+def built_model(model: HybridModel, deployment: Deployment) -> HybridModel:
+    """The model an engine builds for ``deployment``: vLLM builds no drafter without
+    speculative tokens, so a draft's layers take no cache then (K3 + DSpark at 0 tokens: 24
+    planes, not 29); the parent engine builds what it is given."""
+    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
+    if deployment.engine == "vllm" and model.draft_layers and deployment.spec_tokens == 0:
+        return HybridModel(name=model.name, model_type=model.model_type, layers=model.layers)
+    return model
 
 
 def group_vllm(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:

@@ -333,6 +333,7 @@ def _model_from_config(
         model_type=model_type or "unknown",
         layers=layers,
         draft_layers=(mla,) * drafts,
+        drafter=None if not drafts else "dspark" if num_draft_layers is not None else "mtp",
     )
 
 

@@ -48,6 +48,7 @@ def kimi_k3_dspark() -> HybridModel:
         model_type=target.model_type,
         layers=target.layers,
         draft_layers=(draft,) * DSPARK_DRAFT_LAYERS,
+        drafter="dspark",
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -21,12 +21,16 @@ class HybridModel(Frozen):
     ``draft_layers`` (a speculative draft such as K3's DSpark) are dense MLA layers that join the
     attention pool after the target, as module layers ``len(layers) ..``. ``model_type`` is the
     checkpoint's family (``kimi_k3``, ``kimi_linear``, ...); offload features gate on it.
+    ``drafter`` names how the draft speculates: ``dspark`` (a draft model of its own, any
+    number of speculative tokens) or ``mtp`` (``num_nextn_predict_layers`` modules, which vLLM
+    reuses for at most ``n`` or a multiple of ``n`` tokens); ``None``: not said.
     """
 
     name: Annotated[str, Field(min_length=1)]
     model_type: Annotated[str, Field(min_length=1)]
     layers: Annotated[tuple[Layer, ...], Field(min_length=1, max_length=MAX_MODULE_LAYERS)]
     draft_layers: tuple[Layer, ...] = ()
+    drafter: Literal["dspark", "mtp"] | None = None
 
     @model_validator(mode="after")
     def _needs_attention(self) -> HybridModel:
@@ -43,6 +47,13 @@ class HybridModel(Frozen):
                 f"(got {len(self.layers)} state layers and no attention layer)",
                 facts={"field": "layers", "state_layers": len(self.layers)},
                 hint="give the model at least one attention (MLA or GQA) layer",
+            )
+        if self.drafter is not None and not self.draft_layers:
+            raise Refusal(
+                "invalid_argument",
+                f"drafter={self.drafter!r} names a draft, but the model has no draft layers",
+                facts={"field": "drafter", "drafter": self.drafter},
+                hint="give the draft's layers, or leave drafter unset",
             )
         slots = [i for i, layer in enumerate(self.draft_layers) if layer.paging != "token"]
         if slots:

@@ -30,7 +30,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 from .._frozen import Frozen
 from ..cache import LayerCacheSpec
 from ..errors import Fact, Refusal
-from ..layouts import EngineLayout
+from ..layouts import EngineLayout, built_model
 from ..model import HybridModel, KDALayer, MLALayer, kimi_layer_pattern
 from ..offload.stage import ridable
 from .allocation import Registered, allocate, parts_of
@@ -307,7 +307,8 @@ def _check_run(
         raise _refuse_run("no ranks given", "pass tp_ranks(plan, ...)", num_ranks=0)
     plan = ridable(ranks[0].layout.plan)
     deployment = plan.deployment
-    if any(rank.layout.plan != plan for rank in ranks) or plan.model != model.config.model():
+    built = built_model(model.config.model(), deployment)
+    if any(rank.layout.plan != plan for rank in ranks) or plan.model != built:
         raise Refusal(
             "model_mismatch",
             "tiny model run: the ranks' plans differ, or are not plans of the model run",

@@ -323,6 +323,7 @@ def plan_transfer(
     check_matching_deployments(prefill, decode)
     prefill_plan = plan(model, prefill)
     decode_plan = plan(model, decode)
+    model = prefill_plan.model  # what the engine builds (no draft without spec tokens)
     refusal = tp_multiple_refusal(prefill.attn_tp, decode.attn_tp)
     if refusal is not None:
         raise refusal

@@ -10,6 +10,7 @@ configuration vLLM refuses, the planner refuses too.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +20,17 @@ from vllm_required import require_vllm
 require_vllm()
 
 from vllm_engine import (  # noqa: E402
-    FIXTURES,
-    MODEL_FILES,
     Case,
     Engine,
     blocks_per_request,
     layer_id,
     max_concurrency,
     start,
+    target_config,
 )
 
 from k3layout import Deployment, HybridModel, Refusal, VllmPlan, load_config, plan  # noqa: E402
+from k3layout.model.presets import DSPARK_DRAFT_LAYERS  # noqa: E402
 
 HEADS = {"kimi-k3": 96, "kimi-linear": 32}
 
@@ -86,16 +87,38 @@ def grid() -> list[Case]:
             if model == "kimi-k3":
                 cases.append(Case(model, tp, kda_prefill_backend="flashkda"))
                 cases.append(Case(model, tp, pp=2, kda_prefill_backend="flashkda"))
+    # speculative decoding: K3's DSpark draft (no drafter at 0 tokens) and MTP modules
+    for tp in (1, 2, 4, 8, 16, 32):
+        for spec in range(8):
+            for dtype in ("fp8", "bf16"):
+                cases.append(Case(attn_tp=tp, kv_dtype=dtype, drafter="dspark", spec_tokens=spec))
+    for spec in (0, 2, 5):
+        for pp in (2, 4):
+            cases.append(Case(attn_tp=8, pp=pp, drafter="dspark", spec_tokens=spec))
+        cases.append(Case(attn_tp=8, dcp=8, drafter="dspark", spec_tokens=spec))
+        cases.append(Case(attn_tp=8, drafter="dspark", spec_tokens=spec, prefix_caching=False))
+        cases.append(
+            Case(attn_tp=8, drafter="dspark", spec_tokens=spec, kda_prefill_backend="flashkda")
+        )
+    for modules in (1, 2, 3):
+        for spec in range(1, 8):
+            cases.append(Case(attn_tp=8, drafter="mtp", mtp_modules=modules, spec_tokens=spec))
     return cases
 
 
-_MODELS: dict[str, HybridModel] = {}
+_MODELS: dict[tuple[str, str | None, int], HybridModel] = {}
 
 
-def planner_model(case: Case) -> HybridModel:
-    if case.model not in _MODELS:
-        _MODELS[case.model] = load_config(FIXTURES / MODEL_FILES[case.model])
-    return _MODELS[case.model]
+def planner_model(case: Case, tmp: Path) -> HybridModel:
+    """The planner's model of ``case``, loaded from the config vLLM reads: with DSpark, the
+    5-layer draft (``num_draft_layers``); with MTP, the config's own MTP modules."""
+    key = (case.model, case.drafter, case.mtp_modules)
+    if key not in _MODELS:
+        path = tmp / "planner-config.json"
+        path.write_text(json.dumps(target_config(case)))
+        drafts = DSPARK_DRAFT_LAYERS if case.drafter == "dspark" else None
+        _MODELS[key] = load_config(path, num_draft_layers=drafts)
+    return _MODELS[key]
 
 
 def deployment(case: Case) -> Deployment:
@@ -110,6 +133,7 @@ def deployment(case: Case) -> Deployment:
         kv_cache_layout=case.kv_cache_layout,
         prefix_caching=case.prefix_caching,
         kda_prefill_backend=case.kda_prefill_backend,
+        spec_tokens=case.spec_tokens,
     )
 
 
@@ -123,7 +147,7 @@ def both(case: Case, tmp: Path) -> tuple[Engine | Exception, VllmPlan | Refusal]
         engine = error
     planned: VllmPlan | Refusal
     try:
-        result = plan(planner_model(case), deployment(case))
+        result = plan(planner_model(case, tmp), deployment(case))
         assert isinstance(result, VllmPlan)
         result.capacity(case.memory_bytes, case.max_model_len)
         planned = result
@@ -190,6 +214,9 @@ def test_planner_answers_what_vllm_resolves(case: Case, tmp_path: Path) -> None:
         )
         return
     assert result.block_tokens == engine.block_size
+    if result.model.kda_layers:  # one state per block in align mode; per request in none
+        align = result.deployment.mamba_cache_mode_run == "align"
+        assert engine.state_block_size == (result.kda_span_tokens if align else case.max_model_len)
     pages = {c.kv_cache_groups[0].kv_cache_spec.page_size_bytes for c in engine.kv_cache_configs}
     assert pages == {result.page_bytes}
     assert planned_groups(result) == groups_of(engine)

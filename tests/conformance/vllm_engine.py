@@ -15,6 +15,8 @@ backend's availability), this module sets what a CUDA (SM90) engine would resolv
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -30,6 +32,7 @@ from vllm.config import (
     DeviceConfig,
     ModelConfig,
     ParallelConfig,
+    SpeculativeConfig,
     VllmConfig,
 )
 from vllm.config.vllm import set_current_vllm_config
@@ -59,6 +62,8 @@ from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec
 from vllm.v1.worker.utils import customize_attention_spec
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+DSPARK_DRAFT = FIXTURES / "kimi-k3-dspark-draft"
+"""K3's DSpark draft in vLLM's ``K3DSparkConfig`` format: 5 dense MLA layers, 512 + 64 latent."""
 MODEL_FILES = {
     "kimi-k3": "kimi-k3.config.json",
     "kimi-linear": "kimi-linear-48b-a3b.config.json",
@@ -158,6 +163,9 @@ class Case:
     prefix_caching: bool = True
     kda_prefill_backend: str = "triton"  # what vLLM resolved on the GPU (K3's KDA path)
     memory_bytes: int = 40 << 30  # each rank's KV-cache budget
+    spec_tokens: int = 0
+    drafter: str | None = None  # "dspark" (the fixture draft) or "mtp" (the target's modules)
+    mtp_modules: int = 1  # num_nextn_predict_layers of the target config, with drafter="mtp"
 
     def __str__(self) -> str:
         flags = [self.model, f"tp{self.attn_tp}", self.kv_dtype, self.backend]
@@ -167,6 +175,9 @@ class Case:
         flags += ["no-prefix-caching"] * (not self.prefix_caching)
         flags += [self.kda_prefill_backend] * (self.kda_prefill_backend != "triton")
         flags += [f"len{self.max_model_len}", f"{self.memory_bytes >> 20}MiB"]
+        if self.drafter is not None:
+            flags += [f"{self.drafter}{self.mtp_modules if self.drafter == 'mtp' else ''}"]
+        flags += [f"s{self.spec_tokens}"] * (self.spec_tokens > 0)
         return "-".join(flags)
 
 
@@ -182,9 +193,28 @@ class Engine:
 
     @property
     def block_size(self) -> int:
-        """The attention block the engine resolved (``cache_config.block_size``)."""
-        block: int = self.config.cache_config.block_size
-        return block
+        """The attention block the workers resolved: the block of the attention groups (the
+        KDA groups' block is the same in ``align`` mode and ``max_model_len`` in ``none``)."""
+        sizes: set[int] = {
+            g.kv_cache_spec.block_size
+            for config in self.kv_cache_configs
+            for g in config.kv_cache_groups
+            if isinstance(g.kv_cache_spec, AttentionSpec)
+        }
+        assert len(sizes) == 1, sizes
+        return sizes.pop()
+
+    @property
+    def state_block_size(self) -> int:
+        """The KDA groups' block (``mamba_block_size``)."""
+        sizes: set[int] = {
+            g.kv_cache_spec.block_size
+            for config in self.kv_cache_configs
+            for g in config.kv_cache_groups
+            if not isinstance(g.kv_cache_spec, AttentionSpec)
+        }
+        assert len(sizes) == 1, sizes
+        return sizes.pop()
 
 
 @contextmanager
@@ -200,6 +230,15 @@ def _environment(**values: str) -> Iterator[None]:
                 del os.environ[name]
             else:
                 os.environ[name] = value
+
+
+def target_config(case: Case) -> dict[str, Any]:
+    """The fixture ``config.json`` of ``case.model``; with an MTP drafter, its text config
+    carries ``case.mtp_modules`` MTP modules."""
+    config: dict[str, Any] = json.loads((FIXTURES / MODEL_FILES[case.model]).read_text())
+    if case.drafter == "mtp":
+        config.get("text_config", config)["num_nextn_predict_layers"] = case.mtp_modules
+    return config
 
 
 def layer_id(name: str) -> int:
@@ -231,10 +270,21 @@ def vllm_config(case: Case, directory: Path) -> VllmConfig:
         pipeline_parallel_size=case.pp,
         decode_context_parallel_size=case.dcp,
     )
+    target = model_config(case, directory)
+    speculative = None
+    if case.drafter is not None and case.spec_tokens > 0:  # vLLM takes no drafter at 0
+        speculative = SpeculativeConfig(
+            method=case.drafter,
+            model=str(DSPARK_DRAFT) if case.drafter == "dspark" else None,
+            num_speculative_tokens=case.spec_tokens,
+            target_model_config=target,
+            target_parallel_config=parallel,
+        )
     config = VllmConfig(
-        model_config=model_config(case, directory),
+        model_config=target,
         cache_config=cache,
         parallel_config=parallel,
+        speculative_config=speculative,
         device_config=DeviceConfig(device="cpu"),
     )
     # A CUDA platform supports the hybrid allocator; the CPU platform this runs on does not,
@@ -268,15 +318,20 @@ def _kda_layer(config: VllmConfig, case: Case, name: str, text: Any) -> nn.Modul
     return cast(nn.Module, layer)
 
 
-def _mla_layer(config: VllmConfig, name: str, text: Any, backend: type[Any]) -> Any:
-    """A Kimi-K3 MLA layer with the attributes its cache spec and backend lookup read."""
+def _mla_layer(
+    config: VllmConfig, name: str, text: Any, backend: type[Any], *, draft: bool = False
+) -> Any:
+    """A Kimi-K3 MLA layer with the attributes its cache spec and backend lookup read; a
+    DSpark draft layer decodes its block non-causally and is marked a draft layer, as vLLM's
+    proposer marks it."""
     layer = MultiHeadLatentAttention.__new__(MultiHeadLatentAttention)
     nn.Module.__init__(layer)
     layer.layer_name = name
     layer.head_size = text.kv_lora_rank + text.qk_rope_head_dim
     layer.kv_cache_dtype = config.cache_config.cache_dtype
     layer.attn_backend = backend
-    layer.non_causal_multi_token_decode = False
+    layer.non_causal_multi_token_decode = draft and config.speculative_config.method == "dspark"
+    layer.is_draft_layer = draft
     return layer
 
 
@@ -295,6 +350,19 @@ def build_layers(config: VllmConfig, case: Case, stage: int) -> dict[str, nn.Mod
             if text.is_kda_layer(index)
             else _mla_layer(config, name, text, backend)
         )
+    speculative = config.speculative_config
+    if speculative is not None and stage == case.pp - 1:  # the drafter runs on the last stage
+        draft = speculative.draft_model_config.hf_text_config
+        modules = (
+            draft.num_hidden_layers
+            if speculative.method == "dspark"
+            else text.num_nextn_predict_layers
+        )
+        heads = draft.num_attention_heads // case.attn_tp
+        draft_backend = mla_backend(config, case.backend, heads)
+        for offset in range(modules):
+            name = f"model.layers.{text.num_hidden_layers + offset}.self_attn"
+            layers[name] = _mla_layer(config, name, draft, draft_backend, draft=True)
     return layers
 
 
@@ -315,28 +383,24 @@ def start(case: Case, tmp: Path) -> Engine:
     Raises what vLLM raises when it refuses the configuration."""
     directory = tmp / str(case)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_bytes((FIXTURES / MODEL_FILES[case.model]).read_bytes())
-    config = vllm_config(case, directory)
-    stages = [build_layers(config, case, stage) for stage in range(case.pp)]
-    context = config.compilation_config.static_forward_context
-    # Every stage runs the same block-size alignment over its own layers.
-    context.clear()
-    context.update(stages[0])
-    with set_current_vllm_config(config):
-        Platform.update_block_size_for_backend(config)
-    specs = []
-    for layers in stages:
+    (directory / "config.json").write_text(json.dumps(target_config(case)))
+    config = vllm_config(case, directory)  # the engine core's
+    specs: list[dict[str, KVCacheSpec]] = []
+    supported: list[list[str]] = []
+    for stage in range(case.pp):
+        # Each pipeline stage's worker process holds its own copy of the config, builds its
+        # own layers and aligns its own block size over them (multiproc_executor).
+        worker = copy.deepcopy(config)
+        context = worker.compilation_config.static_forward_context
         context.clear()
-        context.update(layers)
-        specs.append(worker_specs(config, layers))
-    context.clear()
-    for layers in stages:
-        context.update(layers)
+        context.update(build_layers(worker, case, stage))
+        with set_current_vllm_config(worker):
+            Platform.update_block_size_for_backend(worker)
+            specs.append(worker_specs(worker, context))
+            backends = get_current_attn_backends(worker)
+            supported.append([layout.name for layout in get_supported_kv_cache_layouts(backends)])
     with set_current_vllm_config(config), _environment(VLLM_KV_CACHE_LAYOUT=case.kv_cache_layout):
-        layouts = get_supported_kv_cache_layouts(get_current_attn_backends(config))
-        resolve_kv_cache_layout(
-            config, [[layout.name for layout in layouts]], [s for d in specs for s in d.values()]
-        )
+        resolve_kv_cache_layout(config, supported, [s for d in specs for s in d.values()])
         groups = get_global_kv_cache_groups(config, specs)
         config.adjust_dcp_kv_cache_interleave_size(groups)
         kv_cache_configs = get_kv_cache_configs(
