@@ -32,6 +32,7 @@ RefusalCode: TypeAlias = Literal[
     "engine_setting",
     "kernel_unsupported",
     "spec_tokens",
+    "stage_without_attention",
     # offload (LMCache MP ride)
     "engine_mismatch",
     "model_not_ridable",

@@ -27,6 +27,7 @@ from .dtypes import KV_CACHE_DTYPES, KvCacheDtype
 from .errors import RefusalCode
 from .layouts.invariants import plan_invariant_violations
 from .model import PRESETS, GQALayer, HybridModel, KDALayer, Layer, MLALayer, preset
+from .placements import pp_stage_bounds
 from .vllm_rules import (
     ATTENTION_BACKENDS,
     AttentionBackend,
@@ -45,6 +46,7 @@ __all__ = [
     "plannable_inputs",
     "preset_models",
     "refused_inputs",
+    "vllm_pipeline_depths",
 ]
 
 HEAD_COUNTS = (4, 8, 12, 16, 24, 32, 48, 64, 96)
@@ -134,6 +136,23 @@ def _kv_dtypes(model: HybridModel, engine: EngineFlavour) -> tuple[KvCacheDtype,
     return KV_CACHE_DTYPES
 
 
+def vllm_pipeline_depths(model: HybridModel, up_to: int) -> tuple[int, ...]:
+    """The pipeline depths up to ``up_to`` (vLLM's even split) at which every stage holding a
+    state layer holds an attention layer too (drafts on the last stage), as vLLM plans need
+    (``stage_without_attention``)."""
+    depths = []
+    for pp in range(1, min(model.num_layers, up_to) + 1):
+        bounds = pp_stage_bounds(model.num_layers, pp)
+        last = len(bounds) - 1
+        stages = (
+            {layer.paging for layer in (*model.layers[a:b], *model.draft_layers * (i == last))}
+            for i, (a, b) in enumerate(bounds)
+        )
+        if all("token" in kinds or "slot" not in kinds for kinds in stages):
+            depths.append(pp)
+    return tuple(depths)
+
+
 @st.composite
 def deployments(
     draw: st.DrawFn,
@@ -153,7 +172,10 @@ def deployments(
     dcp = 1
     if engine == "vllm":
         dcp = draw(st.sampled_from(_divisors(attn_tp)) if plannable else st.integers(1, 16))
-    pp = draw(st.integers(1, min(model.num_layers, 8)))
+    if plannable and engine == "vllm":  # vLLM: every stage with KDA layers needs an MLA one
+        pp = draw(st.sampled_from(vllm_pipeline_depths(model, 8)))
+    else:
+        pp = draw(st.integers(1, min(model.num_layers, 8)))
     backend: AttentionBackend = "FLASHMLA"
     layout: KvCacheLayout = "LBNHC"
     block = draw(st.one_of(st.none(), st.sampled_from((16, 64, 128, 256, 512, 2048))))

@@ -18,6 +18,7 @@ again on every change); the next vLLM version is a change here plus a new confor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final, Literal, TypeAlias
 
 from .constants import MLA_KERNEL_BLOCK_TOKENS
@@ -231,3 +232,70 @@ def check_mtp_depth(num_modules: int, spec_tokens: int) -> None:
             hint=f"use spec_tokens <= {num_modules} or a multiple of {num_modules}, e.g. "
             f"{lower or num_modules}",
         )
+
+
+def replay_boundary(
+    prompt_tokens: int,
+    block: int,
+    *,
+    drop_trailing_block: bool = False,
+    hash_lookahead_tokens: int = 0,
+) -> int:
+    """The one prefix boundary whose KDA state vLLM keeps for a prompt in ``align`` mode (its
+    default ``prefix_cache_retention_interval=0``), and so the longest prefix a later request
+    can resume from: the last block boundary before the prompt's last token, ``floor((N - 1) /
+    B) * B``; one block earlier, ``floor(N / B) * B - B``, with the trailing-block drop (an
+    EAGLE / MTP drafter with a KV connector configured). A drafter that hashes ``h > 1``
+    lookahead tokens (EAGLE / MTP without a connector) leaves ``h`` tokens, not one.
+    ``max_num_batched_tokens`` and the KDA prefill kernel do not move it. 0: no state kept.
+
+    >>> replay_boundary(9415, 1536), replay_boundary(9415, 1536, drop_trailing_block=True)
+    (9216, 7680)
+    >>> replay_boundary(9216, 1536)  # a resend recomputes the last token
+    7680
+    """
+    if prompt_tokens < 1 or block < 1:
+        raise Refusal(
+            "invalid_argument",
+            f"prompt_tokens={prompt_tokens}, block={block}: both must be >= 1",
+            facts={"prompt_tokens": prompt_tokens, "block": block},
+            hint="pass a prompt of at least one token and the plan's block",
+        )
+    if drop_trailing_block:
+        return max(prompt_tokens // block * block - block, 0)
+    return max(prompt_tokens - max(1, hash_lookahead_tokens), 0) // block * block
+
+
+def restored_prefix(
+    prompt_tokens: int, block: int, chunk: int, *, drop_trailing_block: bool = False
+) -> int:
+    """Tokens a tier restores for a resent prompt: its replay boundary when that boundary lies
+    on the offload chunk grid (a chunk of ``chunk`` tokens stores the state at its end), else
+    0. Seed 000's 9,415-token prompt at block 1,536: 9,216, or 7,680 with the drop (what its
+    probe restored)."""
+    boundary = replay_boundary(prompt_tokens, block, drop_trailing_block=drop_trailing_block)
+    if chunk < 1:
+        raise Refusal(
+            "invalid_argument",
+            f"chunk={chunk} must be >= 1",
+            facts={"chunk": chunk},
+            hint="pass the offload chunk in tokens",
+        )
+    return boundary if boundary % chunk == 0 else 0
+
+
+def recommended_max_num_batched_tokens(prompt_tokens: Sequence[int], block: int) -> int:
+    """A ``max_num_batched_tokens`` for a prompt mix: the 90th-percentile prompt rounded up
+    to whole blocks (so most prompts prefill in one pass and every chunk end lies on a block
+    boundary, where a state can be written), at least one block. Under vLLM's default
+    retention it does not change what a tier restores (:func:`replay_boundary`)."""
+    lengths = sorted(prompt_tokens)
+    if not lengths or lengths[0] < 1 or block < 1:
+        raise Refusal(
+            "invalid_argument",
+            "prompt_tokens must be a non-empty list of positive lengths and block >= 1",
+            facts={"num_prompts": len(lengths), "block": block},
+            hint="pass the prompt lengths of the mix and the plan's block",
+        )
+    p90 = lengths[min(len(lengths) - 1, (9 * len(lengths)) // 10)]
+    return max(block, -(-p90 // block) * block)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from k3layout import Deployment, HybridModel, KDALayer, MLALayer, Refusal
 from k3layout.model import kimi_layer_pattern
+from k3layout.testing import vllm_pipeline_depths
 from k3layout.transfer import (
     RankPair,
     Segment,
@@ -87,7 +88,7 @@ def transfer_inputs(draw: st.DrawFn) -> TransferInputs:
             **shared,
             "attn_tp": prefill_tp,
             "attn_dp": draw(st.sampled_from((1, 2))),
-            "pp": draw(st.integers(1, min(4, model.num_layers))),
+            "pp": draw(st.sampled_from(vllm_pipeline_depths(model, 4))),
         }
     )
     decode = Deployment.model_validate(
@@ -96,7 +97,7 @@ def transfer_inputs(draw: st.DrawFn) -> TransferInputs:
             "attn_tp": decode_tp,
             "dcp": draw(st.sampled_from(_divisors(decode_tp))),
             "dcp_interleave": draw(st.sampled_from((1, 2, 4, 16))),
-            "pp": draw(st.integers(1, min(2, model.num_layers))),
+            "pp": draw(st.sampled_from(vllm_pipeline_depths(model, 2))),
         }
     )
     return TransferInputs(

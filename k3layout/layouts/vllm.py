@@ -28,7 +28,7 @@ from ..deployment import Deployment
 from ..errors import Refusal
 from ..limits import checked_bytes
 from ..model import HybridModel
-from ..placements import Interleave
+from ..placements import Interleave, pp_stage_bounds
 from ..sizes import RankSizes
 from ..vllm_rules import (
     AttentionBackend,
@@ -332,7 +332,31 @@ def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
             hint=f"request a multiple of {kernel} (e.g. {kernel * -(-requested // kernel)}), or "
             "leave block_tokens unset",
         )
+    check_every_stage_pages(model, deployment)
     return built_model(model, deployment)
+
+
+def check_every_stage_pages(model: HybridModel, deployment: Deployment) -> None:
+    """Refuse (``stage_without_attention``) a pipeline stage with KDA layers and no attention
+    layer: its worker finds no attention backend to align the block to, so vLLM 0.33 leaves
+    that stage's KDA block at 16 tokens and regroups every layer around it, a layout this
+    planner does not model."""
+    bounds = pp_stage_bounds(model.num_layers, deployment.pp, deployment.pp_partition)
+    last = len(bounds) - 1
+    for stage, (start, end) in enumerate(bounds):
+        layers = model.layers[start:end]
+        drafts = model.draft_layers if stage == last else ()
+        if any(layer.paging == "slot" for layer in layers) and not any(
+            layer.paging == "token" for layer in (*layers, *drafts)
+        ):
+            raise Refusal(
+                "stage_without_attention",
+                f"pipeline stage {stage} (module layers {start}-{end - 1}) holds KDA layers "
+                "and no attention layer: vLLM 0.33 leaves its KDA block at 16 tokens and "
+                "regroups every layer, a layout the planner does not model",
+                facts={"stage": stage, "first_layer": start, "end_layer": end},
+                hint="choose pp / pp_partition so that every stage holds an MLA layer",
+            )
 
 
 def built_model(model: HybridModel, deployment: Deployment) -> HybridModel:

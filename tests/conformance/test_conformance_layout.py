@@ -126,6 +126,7 @@ def deployment(case: Case) -> Deployment:
         engine="vllm",
         attn_tp=case.attn_tp,
         pp=case.pp,
+        pp_partition=case.pp_partition,
         dcp=case.dcp,
         kv_dtype=case.kv_dtype,
         block_tokens=case.block_tokens,
@@ -232,3 +233,23 @@ def test_planner_answers_what_vllm_resolves(case: Case, tmp_path: Path) -> None:
     assert [g.blocks for g in capacity.blocks_per_request] == blocks_per_request(engine)
     assert capacity.max_concurrency == max_concurrency(engine)
     assert capacity.mamba_cache_mode == engine.config.cache_config.mamba_cache_mode
+
+
+def test_a_stage_without_attention_is_the_one_layout_refused_where_vllm_starts(
+    tmp_path: Path,
+) -> None:
+    """vLLM 0.33 starts with a stage of KDA layers only (3 + 90 over two stages), but that
+    stage's worker finds no attention backend: its KDA block stays at 16 tokens and every
+    layer is regrouped. The planner refuses it rather than plan another layout."""
+    case = Case(attn_tp=8, pp=2, pp_partition=(3, 90))
+    engine = start(case, tmp_path)
+    stage0 = engine.kv_cache_configs[0].kv_cache_groups
+    assert {g.kv_cache_spec.block_size for g in stage0 if g.layer_names} == {16}
+    assert len(stage0) > 4  # regrouped: not K3's 3 KDA groups + 1 attention group
+    with pytest.raises(Refusal) as refused:
+        plan(planner_model(case, tmp_path), deployment(case))
+    assert refused.value.code == "stage_without_attention"
+    assert refused.value.facts["stage"] == 0
+    # one MLA layer in the first stage (4 + 89) and both sides agree again
+    served = Case(attn_tp=8, pp=2, pp_partition=(4, 89))
+    test_planner_answers_what_vllm_resolves(served, tmp_path)

@@ -166,6 +166,7 @@ class Case:
     spec_tokens: int = 0
     drafter: str | None = None  # "dspark" (the fixture draft) or "mtp" (the target's modules)
     mtp_modules: int = 1  # num_nextn_predict_layers of the target config, with drafter="mtp"
+    pp_partition: tuple[int, ...] | None = None  # VLLM_PP_LAYER_PARTITION
 
     def __str__(self) -> str:
         flags = [self.model, f"tp{self.attn_tp}", self.kv_dtype, self.backend]
@@ -178,6 +179,8 @@ class Case:
         if self.drafter is not None:
             flags += [f"{self.drafter}{self.mtp_modules if self.drafter == 'mtp' else ''}"]
         flags += [f"s{self.spec_tokens}"] * (self.spec_tokens > 0)
+        if self.pp_partition is not None:
+            flags += ["part" + "_".join(map(str, self.pp_partition))]
         return "-".join(flags)
 
 
@@ -339,7 +342,11 @@ def build_layers(config: VllmConfig, case: Case, stage: int) -> dict[str, nn.Mod
     """The attention layers pipeline stage ``stage`` registers, by vLLM name, in module
     order: KDA or MLA as the model config's ``is_kda_layer`` says."""
     text = config.model_config.hf_text_config
-    start, end = get_pp_indices(text.num_hidden_layers, stage, case.pp)
+    partition = {}
+    if case.pp_partition is not None:
+        partition["VLLM_PP_LAYER_PARTITION"] = ",".join(map(str, case.pp_partition))
+    with _environment(**partition):
+        start, end = get_pp_indices(text.num_hidden_layers, stage, case.pp)
     prefix = "language_model.model" if case.model.startswith("kimi-k3") else "model"
     backend = mla_backend(config, case.backend, text.num_attention_heads // case.attn_tp)
     layers: dict[str, nn.Module] = {}
