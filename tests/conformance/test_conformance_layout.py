@@ -58,7 +58,8 @@ def grid() -> list[Case]:
             for dcp in (2, 4, 8):
                 cases.append(Case(model, tp, "fp8", dcp=dcp, max_model_len=max_len))
         for tp in (1, 4, 8):
-            for backend in BACKENDS:
+            for backend in BACKENDS:  # fp8_ds_mla: the sparse backends' row, refused by all four
+                cases.append(Case(model, tp, "fp8_ds_mla", backend=backend, max_model_len=max_len))
                 for block in REQUESTED:
                     cases.append(
                         Case(model, tp, backend=backend, block_tokens=block, max_model_len=max_len)

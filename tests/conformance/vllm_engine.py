@@ -69,7 +69,7 @@ MODEL_FILES = {
     "kimi-linear": "kimi-linear-48b-a3b.config.json",
 }
 BACKENDS = ("FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "TRITON_MLA")
-KV_CACHE_DTYPE = {"fp8": "fp8", "bf16": "auto"}  # k3layout's name -> vLLM's --kv-cache-dtype
+KV_CACHE_DTYPE = {"fp8": "fp8", "bf16": "auto", "fp8_ds_mla": "fp8_ds_mla"}  # ours -> vLLM's
 LAYER_ID = re.compile(r"\.layers\.(\d+)\.")
 
 
