@@ -48,6 +48,7 @@ from vllm.models.kimi_k3.nvidia.mla import MultiHeadLatentAttention
 from vllm.platforms.interface import Platform
 from vllm.v1.attention.backends.utils import (
     get_supported_kv_cache_layouts,
+    record_kv_cache_layout,
     resolve_kv_cache_layout,
 )
 from vllm.v1.core.kv_cache_planning import (
@@ -193,6 +194,7 @@ class Engine:
     config: VllmConfig
     specs: list[dict[str, KVCacheSpec]]
     kv_cache_configs: list[KVCacheConfig] = field(default_factory=list)
+    workers: list[VllmConfig] = field(default_factory=list)  # each stage's, with its layers
 
     @property
     def block_size(self) -> int:
@@ -394,10 +396,12 @@ def start(case: Case, tmp: Path) -> Engine:
     config = vllm_config(case, directory)  # the engine core's
     specs: list[dict[str, KVCacheSpec]] = []
     supported: list[list[str]] = []
+    workers: list[VllmConfig] = []
     for stage in range(case.pp):
         # Each pipeline stage's worker process holds its own copy of the config, builds its
         # own layers and aligns its own block size over them (multiproc_executor).
         worker = copy.deepcopy(config)
+        workers.append(worker)
         context = worker.compilation_config.static_forward_context
         context.clear()
         context.update(build_layers(worker, case, stage))
@@ -413,7 +417,57 @@ def start(case: Case, tmp: Path) -> Engine:
         kv_cache_configs = get_kv_cache_configs(
             config, specs, [case.memory_bytes] * len(specs), groups
         )
-    return Engine(case=case, config=config, specs=specs, kv_cache_configs=kv_cache_configs)
+    for worker in workers:  # the core tells each worker the layout it resolved
+        record_kv_cache_layout(worker.cache_config, config.cache_config.kv_cache_layout)
+    return Engine(
+        case=case,
+        config=config,
+        specs=specs,
+        kv_cache_configs=kv_cache_configs,
+        workers=workers,
+    )
+
+
+def bind(engine: Engine, stage: int = 0) -> dict[str, torch.Tensor]:
+    """What a worker of ``stage`` binds to its layers, allocated on ``meta``: vLLM's
+    ``allocate_kv_cache`` (one int8 backing, a view per layer) then
+    ``map_kv_caches_to_kernel_blocks`` (attention views in the backend's kernel blocks).
+    Raises what vLLM raises when it cannot bind (a block-outermost block its kernels would
+    have to split)."""
+    from vllm.v1.worker.utils import (  # noqa: PLC0415
+        AttentionGroup,
+        allocate_kv_cache,
+        map_kv_caches_to_kernel_blocks,
+        prepare_kernel_block_sizes,
+        select_common_block_size,
+    )
+
+    config = engine.kv_cache_configs[stage]
+    worker = engine.workers[stage]
+    layers = worker.compilation_config.static_forward_context
+    groups: list[list[Any]] = []
+    for group_id, group in enumerate(config.kv_cache_groups):
+        names = [name for name in group.layer_names if name in layers]
+        backend = layers[names[0]].get_attn_backend() if names else None
+        groups.append(
+            [AttentionGroup(backend, names, group.kv_cache_spec, group_id)] if names else []
+        )
+    kernel = prepare_kernel_block_sizes(config, groups)
+    # initialize_attn_backend's metadata builders set each group's kernel block this way
+    for group_id, attention in enumerate(groups):
+        for each in attention:
+            spec = each.kv_cache_spec
+            if isinstance(spec, AttentionSpec):
+                size = select_common_block_size(kernel[group_id], [each.backend], [spec])
+                if size != spec.block_size:
+                    each.kernel_block_size = size
+    layout = worker.cache_config.get_resolved_kv_cache_layout()
+    with set_current_vllm_config(worker):
+        caches = allocate_kv_cache(config, torch.device("meta"), layout, kernel)
+        bound: dict[str, torch.Tensor] = map_kv_caches_to_kernel_blocks(
+            caches, [each for attention in groups for each in attention]
+        )
+    return bound
 
 
 def max_concurrency(engine: Engine) -> float:
