@@ -292,6 +292,10 @@ def vllm_config(case: Case, directory: Path) -> VllmConfig:
         speculative_config=speculative,
         device_config=DeviceConfig(device="cpu"),
     )
+    # --attention-backend: on every process's config, as the engine's arguments set it
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: PLC0415
+
+    config.attention_config.backend = AttentionBackendEnum[case.backend]
     # A CUDA platform supports the hybrid allocator; the CPU platform this runs on does not,
     # so VllmConfig disabled it. Restore the CUDA engine's setting.
     config.scheduler_config.disable_hybrid_kv_cache_manager = False

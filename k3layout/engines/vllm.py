@@ -1,0 +1,184 @@
+"""vLLM 0.33: plan from a live ``VllmConfig`` and check the ``KVCacheConfig`` it planned.
+
+Nothing here imports vLLM: the objects are read by their attributes, so the same code runs in
+an engine process (where they are vLLM's) and in tests (``tests/conformance`` builds them with
+vLLM's own code on CPU).
+
+- :func:`plan_from_vllm`: the model (the HF config, ``text_config`` nested or flat; the
+  DSpark draft from the speculative config) and the deployment (parallel, cache, speculative
+  and attention settings) a ``VllmConfig`` describes, planned.
+- :func:`check_kv_cache_config`: vLLM's ``KVCacheConfig`` of one rank against that plan:
+  ``num_blocks`` against the budget its backing implies, the groups (their layers, in order)
+  and every tensor's size, offset and strides. The refusal (``plan_mismatch``) names the
+  first difference: the planned value, vLLM's value and the layer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ..deployment import Deployment
+from ..errors import Refusal
+from ..layouts import VllmPlan, plan_vllm
+from ..model import HybridModel, model_from_config
+
+__all__ = ["check_kv_cache_config", "layer_of", "model_from_vllm", "plan_from_vllm"]
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_KV_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8"}
+
+
+def _get(obj: Any, path: str, default: Any = None) -> Any:
+    for name in path.split("."):
+        if obj is None:
+            return default
+        obj = getattr(obj, name, None)
+    return default if obj is None else obj
+
+
+def _refuse(field: str, message: str, hint: str, **facts: Any) -> Refusal:
+    return Refusal(
+        "invalid_config",
+        f"vllm_config.{field}: {message}",
+        facts={"field": field, **facts},
+        hint=hint,
+    )
+
+
+def layer_of(name: str) -> int:
+    """The module layer a vLLM layer name registers (``...layers.{i}.self_attn``)."""
+    found = _LAYER.search(name)
+    if found is None:
+        raise Refusal(
+            "layer_names",
+            f"layer name {name!r} names no module layer (expected '...layers.<i>.self_attn')",
+            facts={"name": name},
+            hint="pass the layer names vLLM registers",
+        )
+    return int(found.group(1))
+
+
+def model_from_vllm(vllm_config: Any) -> HybridModel:
+    """The model a ``VllmConfig`` serves: its HF config, plus the DSpark draft's layers when
+    the speculative config names a DSpark draft model."""
+    hf_config = _get(vllm_config, "model_config.hf_config")
+    to_dict = getattr(hf_config, "to_dict", None)
+    if not callable(to_dict):
+        raise _refuse(
+            "model_config.hf_config",
+            "no Hugging Face config (an object with to_dict())",
+            "pass the engine's VllmConfig",
+        )
+    config = to_dict()
+    if not isinstance(config, Mapping):
+        raise _refuse("model_config.hf_config", "to_dict() is not a mapping", "pass a VllmConfig")
+    speculative = _get(vllm_config, "speculative_config")
+    drafts = None
+    if speculative is not None and _get(speculative, "method") == "dspark":
+        drafts = _get(speculative, "draft_model_config.hf_text_config.num_hidden_layers")
+    name = _get(vllm_config, "model_config.served_model_name") or _get(
+        vllm_config, "model_config.model", "vllm-model"
+    )
+    if isinstance(name, (list, tuple)):
+        name = name[0] if name else "vllm-model"
+    return model_from_config(config, name=str(name), num_draft_layers=drafts, source="vLLM")
+
+
+def deployment_from_vllm(vllm_config: Any) -> Deployment:
+    """The deployment a ``VllmConfig`` describes (engine ``vllm``)."""
+    cache = _get(vllm_config, "cache_config")
+    parallel = _get(vllm_config, "parallel_config")
+    dtype = str(_get(cache, "cache_dtype", "auto"))
+    kv_dtype = _KV_DTYPES.get(dtype, dtype)
+    backend = _get(vllm_config, "attention_config.backend")
+    layout = _get(cache, "kv_cache_layout") or os.environ.get("VLLM_KV_CACHE_LAYOUT") or "LBNHC"
+    partition = os.environ.get("VLLM_PP_LAYER_PARTITION")
+    additional = _get(vllm_config, "additional_config", {})
+    fields: dict[str, Any] = {
+        "engine": "vllm",
+        "attn_tp": _get(parallel, "tensor_parallel_size", 1),
+        "attn_dp": _get(parallel, "data_parallel_size", 1),
+        "pp": _get(parallel, "pipeline_parallel_size", 1),
+        "pp_partition": tuple(int(p) for p in partition.split(",")) if partition else None,
+        "dcp": _get(parallel, "decode_context_parallel_size", 1),
+        "dcp_interleave": _get(parallel, "cp_kv_cache_interleave_size", 1),
+        "kv_dtype": kv_dtype,
+        "spec_tokens": _get(vllm_config, "speculative_config.num_speculative_tokens", 0),
+        "block_tokens": _get(cache, "block_size")
+        if _get(cache, "user_specified_block_size")
+        else None,
+        "attention_backend": getattr(backend, "name", None) or "FLASHMLA",
+        "kv_cache_layout": "LBNHC" if layout in ("NHD", "LBNHC") else layout,
+        "prefix_caching": bool(_get(cache, "enable_prefix_caching", True)),
+        "kda_prefill_backend": (
+            additional.get("kda_prefill_backend", "auto")
+            if isinstance(additional, Mapping)
+            else "auto"
+        ),
+    }
+    return Deployment.model_validate(fields)
+
+
+def plan_from_vllm(vllm_config: Any) -> VllmPlan:
+    """Plan the model and deployment a ``VllmConfig`` describes, for engine ``vllm``."""
+    return plan_vllm(model_from_vllm(vllm_config), deployment_from_vllm(vllm_config))
+
+
+def check_kv_cache_config(vllm_config: Any, kv_cache_config: Any, stage: int = 0) -> VllmPlan:
+    """Check one rank's ``KVCacheConfig`` (pipeline stage ``stage``) against the plan of
+    ``vllm_config``: the groups' layers in order, ``num_blocks`` within the backing, and each
+    tensor's size, offset, layer stride and block stride. Returns the plan; refuses
+    (``plan_mismatch``) at the first difference, naming the planned and actual values and the
+    layer."""
+    result = plan_from_vllm(vllm_config)
+    num_blocks = int(_get(kv_cache_config, "num_blocks", 0))
+    groups = list(_get(kv_cache_config, "kv_cache_groups", []))
+    planned = result.stage(stage).groups
+    actual = [tuple(layer_of(n) for n in _get(g, "layer_names", [])) for g in groups]
+    expected = [group.layers for group in planned]
+    nonempty = [layers for layers in actual if layers]
+    if nonempty != [layers for layers in expected if layers]:
+        first = next(
+            (i for i, (a, e) in enumerate(zip(nonempty, expected, strict=False)) if a != e),
+            min(len(nonempty), len(expected)),
+        )
+        raise _mismatch(
+            f"group {first} layers",
+            expected[first] if first < len(expected) else None,
+            nonempty[first] if first < len(nonempty) else None,
+        )
+    for tensor in _get(kv_cache_config, "kv_cache_tensors", []):
+        names = list(_get(tensor, "layers", []))
+        size = int(_get(tensor, "size", 0))
+        planned_size = result.blocks_bytes(num_blocks, stage)
+        if size != planned_size:
+            raise _mismatch("backing bytes", planned_size, size, layer=layer_of(names[0]))
+        for position, name in enumerate(names):
+            layer = layer_of(name)
+            part = result.sizes.spec_of(layer).parts[0].name
+            inner = result.part_range(layer, part).offset_bytes
+            for block in (0, 1, num_blocks - 1) if num_blocks > 1 else (0,):
+                want = result.byte_range(layer, part, block, num_blocks, stage).offset_bytes - inner
+                got = (
+                    int(_get(tensor, "offset", 0))
+                    + position * int(_get(tensor, "layer_stride", 0))
+                    + block * int(_get(tensor, "block_stride", 0))
+                )
+                if got != want:
+                    raise _mismatch(f"page of block {block}", want, got, layer=layer)
+    return result
+
+
+def _mismatch(what: str, planned: Any, actual: Any, layer: int | None = None) -> Refusal:
+    where = "" if layer is None else f" (module layer {layer})"
+    return Refusal(
+        "plan_mismatch",
+        f"vLLM's KV cache config differs from the plan at {what}{where}: planned "
+        f"{planned}, vLLM {actual}",
+        facts={"field": what, "planned": str(planned), "actual": str(actual), "layer": layer},
+        hint="the engine and the planner disagree: check the vLLM version and flags the plan "
+        "follows (k3layout.vllm_rules.VLLM_VERSION)",
+    )

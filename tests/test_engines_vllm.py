@@ -1,0 +1,100 @@
+"""``k3layout.engines.vllm`` without vLLM: it reads vLLM's objects by their attributes, so
+stand-ins with those attributes plan and check the same (``tests/conformance`` runs it on
+vLLM's own objects)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from k3layout import Deployment, Refusal, plan_vllm, preset
+from k3layout.engines.vllm import check_kv_cache_config, layer_of, plan_from_vllm
+
+K3_CONFIG = json.loads((Path(__file__).parent / "fixtures" / "kimi-k3.config.json").read_text())
+
+
+class HFConfig:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data
+
+
+def vllm_config(tp: int = 8, spec: int = 0, **cache: Any) -> SimpleNamespace:
+    speculative = None
+    if spec:
+        draft = SimpleNamespace(hf_text_config=SimpleNamespace(num_hidden_layers=5))
+        speculative = SimpleNamespace(
+            method="dspark", num_speculative_tokens=spec, draft_model_config=draft
+        )
+    return SimpleNamespace(
+        model_config=SimpleNamespace(hf_config=HFConfig(K3_CONFIG), model="kimi-k3"),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp),
+        cache_config=SimpleNamespace(cache_dtype="fp8", enable_prefix_caching=True, **cache),
+        speculative_config=speculative,
+        attention_config=SimpleNamespace(backend=None),
+        additional_config={},
+    )
+
+
+def kv_cache_config(tp: int = 8, num_blocks: int = 10) -> SimpleNamespace:
+    """vLLM's LBNHC config of K3 at ``tp``, written out from its documented meaning."""
+    p = plan_vllm(preset("kimi-k3"), Deployment(attn_tp=tp))
+    name = "language_model.model.layers.{}.self_attn".format
+    groups = [SimpleNamespace(layer_names=[name(i) for i in g.layers]) for g in p.groups]
+    tensors = [
+        SimpleNamespace(
+            size=p.blocks_bytes(num_blocks),
+            layers=[name(i) for i in g.layers],
+            offset=0,
+            layer_stride=num_blocks * p.page_bytes,
+            block_stride=p.page_bytes,
+        )
+        for g in p.groups
+    ]
+    return SimpleNamespace(num_blocks=num_blocks, kv_cache_groups=groups, kv_cache_tensors=tensors)
+
+
+def test_plan_from_vllm_reads_the_flags_vllm_holds() -> None:
+    p = plan_from_vllm(vllm_config(tp=8, spec=2))
+    assert (p.block_tokens, p.page_bytes, p.num_planes) == (1536, 884_736, 29)
+    assert p.deployment.spec_tokens == 2 and p.deployment.attn_tp == 8
+    assert plan_from_vllm(vllm_config(tp=8)).num_planes == 24
+    requested = plan_from_vllm(vllm_config(block_size=2048, user_specified_block_size=True))
+    assert requested.block_tokens == 2048
+
+
+def test_a_kv_cache_config_as_vllm_writes_it_passes() -> None:
+    assert check_kv_cache_config(vllm_config(), kv_cache_config()).num_planes == 24
+
+
+def test_a_swapped_layer_and_a_shifted_plane_are_refused_naming_them() -> None:
+    config = kv_cache_config()
+    names = config.kv_cache_groups[0].layer_names
+    names[0], names[1] = names[1], names[0]
+    with pytest.raises(Refusal) as refused:
+        check_kv_cache_config(vllm_config(), config)
+    assert (
+        refused.value.code == "plan_mismatch" and refused.value.facts["field"] == "group 0 layers"
+    )
+
+    config = kv_cache_config()
+    config.kv_cache_tensors[1].offset = config.kv_cache_tensors[1].block_stride
+    with pytest.raises(Refusal) as refused:
+        check_kv_cache_config(vllm_config(), config)
+    assert refused.value.facts["layer"] == 1
+
+
+def test_bad_configs_and_names_are_refused() -> None:
+    with pytest.raises(Refusal) as refused:
+        plan_from_vllm(SimpleNamespace())
+    assert refused.value.code == "invalid_config"
+    with pytest.raises(Refusal) as refused:
+        layer_of("lm_head")
+    assert refused.value.code == "layer_names"
+    assert layer_of("model.layers.93.self_attn") == 93
