@@ -26,6 +26,7 @@ from .deployment import CONV_LAYOUTS, ENGINES, Deployment, EngineFlavour
 from .dtypes import KV_CACHE_DTYPES, KvCacheDtype
 from .errors import RefusalCode
 from .layouts.invariants import plan_invariant_violations
+from .layouts.vllm import stage_without_attention
 from .model import PRESETS, GQALayer, HybridModel, KDALayer, Layer, MLALayer, preset
 from .placements import pp_stage_bounds
 from .vllm_rules import (
@@ -140,17 +141,11 @@ def vllm_pipeline_depths(model: HybridModel, up_to: int) -> tuple[int, ...]:
     """The pipeline depths up to ``up_to`` (vLLM's even split) at which every stage holding a
     state layer holds an attention layer too (drafts on the last stage), as vLLM plans need
     (``stage_without_attention``)."""
-    depths = []
-    for pp in range(1, min(model.num_layers, up_to) + 1):
-        bounds = pp_stage_bounds(model.num_layers, pp)
-        last = len(bounds) - 1
-        stages = (
-            {layer.paging for layer in (*model.layers[a:b], *model.draft_layers * (i == last))}
-            for i, (a, b) in enumerate(bounds)
-        )
-        if all("token" in kinds or "slot" not in kinds for kinds in stages):
-            depths.append(pp)
-    return tuple(depths)
+    return tuple(
+        pp
+        for pp in range(1, min(model.num_layers, up_to) + 1)
+        if stage_without_attention(model, pp_stage_bounds(model.num_layers, pp)) is None
+    )
 
 
 @st.composite

@@ -90,6 +90,23 @@ def supports_block(backend: AttentionBackend, block: int) -> bool:
     return block % smallest_kernel_block(backend) == 0
 
 
+def check_block_supported(backend: AttentionBackend, requested: int) -> None:
+    """Refuse (``block_unsupported``) a requested block that is not a multiple of the
+    backend's smallest kernel block: vLLM's attention selector refuses the backend for it
+    (``block_size not supported``) before any block is raised."""
+    if not supports_block(backend, requested):
+        kernel = smallest_kernel_block(backend)
+        raise Refusal(
+            "block_unsupported",
+            f"block_tokens={requested} is not a multiple of {backend}'s {kernel}-token "
+            "kernel block: vLLM's attention selector refuses the backend for it ("
+            "'block_size not supported')",
+            facts={"block_tokens": requested, "attention_backend": backend, "kernel": kernel},
+            hint=f"request a multiple of {kernel} (e.g. {kernel * -(-requested // kernel)}), or "
+            "leave block_tokens unset",
+        )
+
+
 def preferred_block_tokens(backend: AttentionBackend) -> int:
     """The block vLLM picks for ``backend`` when none is requested: the default 16 if the
     backend takes it, else its smallest kernel block."""

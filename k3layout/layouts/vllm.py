@@ -33,12 +33,11 @@ from ..sizes import RankSizes
 from ..vllm_rules import (
     AttentionBackend,
     aligned_block_tokens,
+    check_block_supported,
     check_kv_dtype,
     check_layout_serves,
     check_mtp_depth,
     kernel_block_tokens,
-    smallest_kernel_block,
-    supports_block,
 )
 from .capacity import VllmCapacity, vllm_capacity
 from .groups import Group, Stage, group_kind, group_names, split_strided
@@ -320,18 +319,8 @@ def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
     backend = deployment.attention_backend
     if model.mla_layers:
         check_kv_dtype(deployment.kv_dtype, backend)
-    requested = deployment.block_tokens
-    if requested is not None and not supports_block(backend, requested):
-        kernel = smallest_kernel_block(backend)
-        raise Refusal(
-            "block_unsupported",
-            f"block_tokens={requested} is not a multiple of {backend}'s {kernel}-token "
-            "kernel block: vLLM's attention selector refuses the backend for it ("
-            "'block_size not supported')",
-            facts={"block_tokens": requested, "attention_backend": backend, "kernel": kernel},
-            hint=f"request a multiple of {kernel} (e.g. {kernel * -(-requested // kernel)}), or "
-            "leave block_tokens unset",
-        )
+    if deployment.block_tokens is not None:
+        check_block_supported(backend, deployment.block_tokens)
     check_every_stage_pages(model, deployment)
     return built_model(model, deployment)
 
@@ -342,21 +331,29 @@ def check_every_stage_pages(model: HybridModel, deployment: Deployment) -> None:
     that stage's KDA block at 16 tokens and regroups every layer around it, a layout this
     planner does not model."""
     bounds = pp_stage_bounds(model.num_layers, deployment.pp, deployment.pp_partition)
+    stage = stage_without_attention(model, bounds)
+    if stage is not None:
+        start, end = bounds[stage]
+        raise Refusal(
+            "stage_without_attention",
+            f"pipeline stage {stage} (module layers {start}-{end - 1}) holds KDA layers "
+            "and no attention layer: vLLM 0.33 leaves its KDA block at 16 tokens and "
+            "regroups every layer, a layout the planner does not model",
+            facts={"stage": stage, "first_layer": start, "end_layer": end},
+            hint="choose pp / pp_partition so that every stage holds an MLA layer",
+        )
+
+
+def stage_without_attention(model: HybridModel, bounds: tuple[tuple[int, int], ...]) -> int | None:
+    """The first pipeline stage (``[start, end)`` module layers each; drafts on the last)
+    holding a state layer and no attention layer, or ``None``."""
     last = len(bounds) - 1
     for stage, (start, end) in enumerate(bounds):
-        layers = model.layers[start:end]
-        drafts = model.draft_layers if stage == last else ()
-        if any(layer.paging == "slot" for layer in layers) and not any(
-            layer.paging == "token" for layer in (*layers, *drafts)
-        ):
-            raise Refusal(
-                "stage_without_attention",
-                f"pipeline stage {stage} (module layers {start}-{end - 1}) holds KDA layers "
-                "and no attention layer: vLLM 0.33 leaves its KDA block at 16 tokens and "
-                "regroups every layer, a layout the planner does not model",
-                facts={"stage": stage, "first_layer": start, "end_layer": end},
-                hint="choose pp / pp_partition so that every stage holds an MLA layer",
-            )
+        layers = (*model.layers[start:end], *(model.draft_layers if stage == last else ()))
+        pagings = {layer.paging for layer in layers}
+        if "slot" in pagings and "token" not in pagings:
+            return stage
+    return None
 
 
 def built_model(model: HybridModel, deployment: Deployment) -> HybridModel:
