@@ -39,6 +39,9 @@ def test_state_blocks_do_not_grow_with_the_context(k3: HybridModel) -> None:
 def test_without_prefix_caching_a_request_holds_one_state_block(k3: HybridModel) -> None:
     # "none" mode: 1 + spec blocks, and no checkpoint (there is no internal checkpoint)
     assert blocks(k3, prefix_caching=False, spec_tokens=3) == [4, 4, 4, 6]
+    p = plan_vllm(k3, Deployment(attn_tp=8, prefix_caching=False))
+    assert p.capacity(40 * GIB, 8192).kda_span_tokens == 8192  # one state spans the request
+    assert plan_vllm(k3, Deployment(attn_tp=8)).capacity(40 * GIB, 8192).kda_span_tokens == 1536
     # vLLM 0.33 resolves the deprecated flag by prefix caching, whatever was asked for
     asked = Deployment(mamba_cache_mode="none")
     assert asked.mamba_cache_mode_run == "align"

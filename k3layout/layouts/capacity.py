@@ -54,6 +54,10 @@ class VllmCapacity(Frozen):
     kda_prefill_backend: str | None
     blocks_per_request: tuple[GroupBlocks, ...]
     max_concurrency: float
+    kda_span_tokens: PositiveInt
+    """Tokens one KDA state block covers: the block in ``align`` mode (a checkpoint per
+    block), the whole request (``max_model_len``) in ``none`` mode, as vLLM sizes the KDA
+    groups' blocks (``mamba_block_size``)."""
 
     @property
     def total_blocks_per_request(self) -> int:
@@ -139,4 +143,7 @@ def vllm_capacity(plan: VllmPlan, budget_bytes: int, max_model_len: int) -> Vllm
         kda_prefill_backend=kda_prefill_backend_of(plan),
         blocks_per_request=entries,
         max_concurrency=num_blocks / total,
+        kda_span_tokens=(
+            plan.block_tokens if plan.deployment.mamba_cache_mode_run == "align" else max_model_len
+        ),
     )

@@ -216,9 +216,6 @@ def test_planner_answers_what_vllm_resolves(case: Case, tmp_path: Path) -> None:
         )
         return
     assert result.block_tokens == engine.block_size
-    if result.model.kda_layers:  # one state per block in align mode; per request in none
-        align = result.deployment.mamba_cache_mode_run == "align"
-        assert engine.state_block_size == (result.kda_span_tokens if align else case.max_model_len)
     pages = {c.kv_cache_groups[0].kv_cache_spec.page_size_bytes for c in engine.kv_cache_configs}
     assert pages == {result.page_bytes}
     assert planned_groups(result) == groups_of(engine)
@@ -234,6 +231,8 @@ def test_planner_answers_what_vllm_resolves(case: Case, tmp_path: Path) -> None:
     assert [g.blocks for g in capacity.blocks_per_request] == blocks_per_request(engine)
     assert capacity.max_concurrency == max_concurrency(engine)
     assert capacity.mamba_cache_mode == engine.config.cache_config.mamba_cache_mode
+    if result.model.kda_layers:  # one state per block in align mode; per request in none
+        assert capacity.kda_span_tokens == engine.state_block_size
 
 
 def test_a_stage_without_attention_is_the_one_layout_refused_where_vllm_starts(
