@@ -8,9 +8,9 @@ vLLM's own code on CPU).
   DSpark draft from the speculative config) and the deployment (parallel, cache, speculative
   and attention settings) a ``VllmConfig`` describes, planned.
 - :func:`check_kv_cache_config`: vLLM's ``KVCacheConfig`` of one rank against that plan:
-  ``num_blocks`` against the budget its backing implies, the groups (their layers, in order)
-  and every tensor's size, offset and strides. The refusal (``plan_mismatch``) names the
-  first difference: the planned value, vLLM's value and the layer.
+  the groups (their layers, in order), the backing's size for its ``num_blocks``, and where
+  every tensor's offset and strides put each layer's pages. The refusal (``plan_mismatch``)
+  names the first difference: the planned value, vLLM's value and the layer.
 """
 
 from __future__ import annotations
@@ -129,39 +129,37 @@ def plan_from_vllm(vllm_config: Any) -> VllmPlan:
 
 def check_kv_cache_config(vllm_config: Any, kv_cache_config: Any, stage: int = 0) -> VllmPlan:
     """Check one rank's ``KVCacheConfig`` (pipeline stage ``stage``) against the plan of
-    ``vllm_config``: the groups' layers in order, ``num_blocks`` within the backing, and each
-    tensor's size, offset, layer stride and block stride. Returns the plan; refuses
+    ``vllm_config``: the groups' layers in order, the backing's size for ``num_blocks``, and
+    each tensor's offset, layer stride and block stride. Returns the plan; refuses
     (``plan_mismatch``) at the first difference, naming the planned and actual values and the
     layer."""
     result = plan_from_vllm(vllm_config)
     num_blocks = int(_get(kv_cache_config, "num_blocks", 0))
     groups = list(_get(kv_cache_config, "kv_cache_groups", []))
-    planned = result.stage(stage).groups
+    # A stage holds the groups' projections; a group with none of its layers is left out.
     actual = [tuple(layer_of(n) for n in _get(g, "layer_names", [])) for g in groups]
-    expected = [group.layers for group in planned]
-    nonempty = [layers for layers in actual if layers]
-    if nonempty != [layers for layers in expected if layers]:
+    actual = [layers for layers in actual if layers]
+    expected = [group.layers for group in result.stage(stage).groups if group.layers]
+    if actual != expected:
         first = next(
-            (i for i, (a, e) in enumerate(zip(nonempty, expected, strict=False)) if a != e),
-            min(len(nonempty), len(expected)),
+            (i for i, (a, e) in enumerate(zip(actual, expected, strict=False)) if a != e),
+            min(len(actual), len(expected)),
         )
         raise _mismatch(
             f"group {first} layers",
             expected[first] if first < len(expected) else None,
-            nonempty[first] if first < len(nonempty) else None,
+            actual[first] if first < len(actual) else None,
         )
+    planned_size = result.blocks_bytes(num_blocks, stage)
     for tensor in _get(kv_cache_config, "kv_cache_tensors", []):
         names = list(_get(tensor, "layers", []))
         size = int(_get(tensor, "size", 0))
-        planned_size = result.blocks_bytes(num_blocks, stage)
         if size != planned_size:
             raise _mismatch("backing bytes", planned_size, size, layer=layer_of(names[0]))
         for position, name in enumerate(names):
             layer = layer_of(name)
-            part = result.sizes.spec_of(layer).parts[0].name
-            inner = result.part_range(layer, part).offset_bytes
             for block in (0, 1, num_blocks - 1) if num_blocks > 1 else (0,):
-                want = result.byte_range(layer, part, block, num_blocks, stage).offset_bytes - inner
+                want = result.page_offset_bytes(layer, block, num_blocks, stage)
                 got = (
                     int(_get(tensor, "offset", 0))
                     + position * int(_get(tensor, "layer_stride", 0))

@@ -113,8 +113,9 @@ def vllm_capacity(plan: VllmPlan, budget_bytes: int, max_model_len: int) -> Vllm
             hint="pass max_model_len >= 1",
         )
     num_blocks = plan.num_blocks(budget_bytes)
-    for stage in range(len(plan.stages)):
-        per_request = sum(entry.blocks for entry in group_blocks(plan, max_model_len, stage))
+    by_stage = [group_blocks(plan, max_model_len, stage) for stage in range(len(plan.stages))]
+    for stage, entries in enumerate(by_stage):
+        per_request = sum(entry.blocks for entry in entries)
         block = plan.stage_block_bytes(stage)
         if (per_request + 1) * block > budget_bytes:
             raise Refusal(
@@ -133,7 +134,7 @@ def vllm_capacity(plan: VllmPlan, budget_bytes: int, max_model_len: int) -> Vllm
                 hint=f"give at least {(per_request + 1) * block:,} B per rank, or lower "
                 "max_model_len",
             )
-    entries = group_blocks(plan, max_model_len)
+    entries = by_stage[0]  # vLLM's scheduler counts stage 0's groups
     total = sum(entry.blocks for entry in entries)
     return VllmCapacity(
         budget_bytes=budget_bytes,

@@ -207,16 +207,20 @@ class VllmPlan(SelfChecked, LayoutBase):
         group) and block ``b`` at ``j * layer_stride + b * block_stride`` (``LBNHC``: plane
         ``j`` starts at ``j * num_blocks * page``; ``BLHNC``: block ``b`` at ``b * planes *
         page``)."""
-        _check_block(block, num_blocks)
-        _, position = self.group_of(layer, stage)
         inner = self.part_range(layer, part)
-        offset = (
-            position * self.layer_stride_bytes(num_blocks, stage)
-            + block * self.block_stride_bytes(stage)
-            + inner.offset_bytes
-        )
+        offset = self.page_offset_bytes(layer, block, num_blocks, stage) + inner.offset_bytes
         return ByteRange(
             layer=layer, part=part, block=block, offset_bytes=offset, size_bytes=inner.size_bytes
+        )
+
+    def page_offset_bytes(self, layer: int, block: int, num_blocks: int, stage: int = 0) -> int:
+        """Where module ``layer``'s page of block ``block`` starts in a rank of ``stage``
+        holding ``num_blocks`` blocks (vLLM's ``offset + l * layer_stride + b * block_stride``
+        of the layer's ``KVCacheTensor``, ``l`` its plane)."""
+        _check_block(block, num_blocks)
+        _, position = self.group_of(layer, stage)
+        return position * self.layer_stride_bytes(num_blocks, stage) + block * (
+            self.block_stride_bytes(stage)
         )
 
     def block_caption(self, num_planes: int) -> str:

@@ -14,9 +14,10 @@ from vllm_required import require_vllm
 require_vllm()
 
 from test_conformance_layout import deployment, planner_model  # noqa: E402
-from vllm_engine import Case, bind, layer_id, start  # noqa: E402
+from vllm_engine import Case, bind, start  # noqa: E402
 
 from k3layout import Refusal, VllmPlan, plan  # noqa: E402
+from k3layout.engines.vllm import layer_of as layer_id  # noqa: E402
 
 CASES = [
     Case(attn_tp=1),
@@ -58,15 +59,12 @@ def test_every_layer_is_bound_where_the_plan_places_it(case: Case, tmp_path: Pat
         assert {layer_id(name) for name in bound} == held
         for name, view in bound.items():
             layer = layer_id(name)
-            spec = result.sizes.spec_of(layer)
-            first = spec.parts[0].name
-            inner = result.part_range(layer, first).offset_bytes
-            if spec.paging == "slot":  # one raw int8 page view
+            if result.sizes.spec_of(layer).paging == "slot":  # one raw int8 page view
                 assert tuple(view.shape) == (n, 1, 1, result.sizes.state_bytes)
             else:  # kernel blocks of the backend, 576-byte rows for an fp8 latent
                 assert view.shape[2] == result.kernel_block_tokens
             for block in (0, 1, n - 1):
-                at = result.byte_range(layer, first, block, n, stage).offset_bytes - inner
+                at = result.page_offset_bytes(layer, block, n, stage)
                 assert page_start(view, block, result.block_tokens) == at, (name, block)
 
 

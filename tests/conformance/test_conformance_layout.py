@@ -23,13 +23,13 @@ from vllm_engine import (  # noqa: E402
     Case,
     Engine,
     blocks_per_request,
-    layer_id,
     max_concurrency,
     start,
     target_config,
 )
 
 from k3layout import Deployment, HybridModel, Refusal, VllmPlan, load_config, plan  # noqa: E402
+from k3layout.engines.vllm import layer_of as layer_id  # noqa: E402
 from k3layout.model.presets import DSPARK_DRAFT_LAYERS  # noqa: E402
 
 HEADS = {"kimi-k3": 96, "kimi-linear": 32}
@@ -192,14 +192,11 @@ def page_offsets(engine: Engine, stage: int) -> dict[tuple[int, int], int]:
 
 
 def planned_offsets(result: VllmPlan, stage: int, num_blocks: int) -> dict[tuple[int, int], int]:
-    offsets: dict[tuple[int, int], int] = {}
-    for layer in result.stage(stage).layers:
-        first = result.group_spec(result.group_of(layer, stage)[0]).parts[0].name
-        inner = result.part_range(layer, first).offset_bytes
-        for block in (0, 1, num_blocks - 1):
-            at = result.byte_range(layer, first, block, num_blocks, stage)
-            offsets[(layer, block)] = at.offset_bytes - inner
-    return offsets
+    return {
+        (layer, block): result.page_offset_bytes(layer, block, num_blocks, stage)
+        for layer in result.stage(stage).layers
+        for block in (0, 1, num_blocks - 1)
+    }
 
 
 def describe(value: Any) -> str:

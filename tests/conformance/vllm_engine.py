@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -71,7 +70,6 @@ MODEL_FILES = {
 }
 BACKENDS = ("FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "TRITON_MLA")
 KV_CACHE_DTYPE = {"fp8": "fp8", "bf16": "auto", "fp8_ds_mla": "fp8_ds_mla"}  # ours -> vLLM's
-LAYER_ID = re.compile(r"\.layers\.(\d+)\.")
 
 
 # The GPU each backend runs on (CUDA compute capability): what an operator who picks the
@@ -244,13 +242,6 @@ def target_config(case: Case) -> dict[str, Any]:
     if case.drafter == "mtp":
         config.get("text_config", config)["num_nextn_predict_layers"] = case.mtp_modules
     return config
-
-
-def layer_id(name: str) -> int:
-    """The module layer index in a vLLM layer name (``...layers.{i}.self_attn``)."""
-    found = LAYER_ID.search(name)
-    assert found is not None, name
-    return int(found.group(1))
 
 
 def model_config(case: Case, directory: Path) -> ModelConfig:
