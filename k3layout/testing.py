@@ -26,7 +26,7 @@ from .deployment import CONV_LAYOUTS, ENGINES, Deployment, EngineFlavour
 from .dtypes import KV_CACHE_DTYPES, KvCacheDtype
 from .errors import RefusalCode
 from .layouts.invariants import plan_invariant_violations
-from .layouts.vllm import stage_without_attention
+from .layouts.vllm import built_model, stage_without_attention
 from .model import PRESETS, GQALayer, HybridModel, KDALayer, Layer, MLALayer, preset
 from .placements import pp_stage_bounds
 from .vllm_rules import (
@@ -139,12 +139,13 @@ def _kv_dtypes(model: HybridModel, engine: EngineFlavour) -> tuple[KvCacheDtype,
 
 def vllm_pipeline_depths(model: HybridModel, up_to: int) -> tuple[int, ...]:
     """The pipeline depths up to ``up_to`` (vLLM's even split) at which every stage holding a
-    state layer holds an attention layer too (drafts on the last stage), as vLLM plans need
-    (``stage_without_attention``)."""
+    state layer holds an attention layer too, as vLLM plans need (``stage_without_attention``);
+    draft layers are not counted, since vLLM builds a draft only with speculative tokens."""
+    target = built_model(model, Deployment())
     return tuple(
         pp
         for pp in range(1, min(model.num_layers, up_to) + 1)
-        if stage_without_attention(model, pp_stage_bounds(model.num_layers, pp)) is None
+        if stage_without_attention(target, pp_stage_bounds(model.num_layers, pp)) is None
     )
 
 

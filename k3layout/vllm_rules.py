@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final, Literal, TypeAlias
 
+from ._args import expect_args, expect_int, expect_items
 from .constants import MLA_KERNEL_BLOCK_TOKENS
 from .errors import Refusal
 
@@ -31,7 +32,7 @@ AttentionBackend: TypeAlias = Literal["FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA
 """vLLM's dense MLA attention backend (``--attention-backend``)."""
 
 ATTENTION_BACKENDS: Final[tuple[AttentionBackend, ...]] = (
-    "FLASHMLA",
+"FLASHMLA",
     "CUTLASS_MLA",
     "FLASHINFER_MLA",
     "TRITON_MLA",
@@ -78,23 +79,48 @@ DENSE_MLA_KV_DTYPES: Final = ("fp8", "bf16")
 sparse backends' 656-byte layout)."""
 
 
+def _kernel_sizes(backend: object) -> tuple[int, ...]:
+    """``backend``'s kernel block sizes; refuses (``invalid_argument``) a name that is not
+    one of :data:`ATTENTION_BACKENDS`."""
+    if backend not in ATTENTION_BACKENDS:
+        raise Refusal(
+            "invalid_argument",
+            f"attention_backend={backend!r} is not one of vLLM's MLA backends",
+            facts={"field": "attention_backend", "allowed": ATTENTION_BACKENDS},
+            hint=f"use one of {', '.join(ATTENTION_BACKENDS)}",
+        )
+    return KERNEL_BLOCK_TOKENS[backend]
+
+
+def _positive(name: str, value: object) -> int:
+    number = expect_int(name, value)
+    if number < 1:
+        raise Refusal(
+            "invalid_argument",
+            f"{name}={number} must be >= 1",
+            facts={"field": name},
+            hint=f"pass {name} >= 1",
+        )
+    return number
+
+
 def smallest_kernel_block(backend: AttentionBackend) -> int:
     """The smallest kernel block ``backend`` takes (its multiple for ``TRITON_MLA``)."""
-    sizes = KERNEL_BLOCK_TOKENS[backend]
+    sizes = _kernel_sizes(backend)
     return min(sizes) if sizes else KERNEL_MULTIPLE_OF[backend]
 
 
 def supports_block(backend: AttentionBackend, block: int) -> bool:
     """Whether ``backend`` serves manager blocks of ``block`` tokens (a multiple of one of
     its kernel blocks)."""
-    return block % smallest_kernel_block(backend) == 0
+    return expect_int("block", block) % smallest_kernel_block(backend) == 0
 
 
 def check_block_supported(backend: AttentionBackend, requested: int) -> None:
     """Refuse (``block_unsupported``) a requested block that is not a multiple of the
     backend's smallest kernel block: vLLM's attention selector refuses the backend for it
     (``block_size not supported``) before any block is raised."""
-    if not supports_block(backend, requested):
+    if not supports_block(backend, _positive("block_tokens", requested)):
         kernel = smallest_kernel_block(backend)
         raise Refusal(
             "block_unsupported",
@@ -118,7 +144,8 @@ def preferred_block_tokens(backend: AttentionBackend) -> int:
 def kernel_block_tokens(backend: AttentionBackend, block: int) -> int:
     """The kernel block a manager block of ``block`` tokens is split into: the block itself
     if the kernel takes any multiple, else the largest kernel block that divides it."""
-    sizes = KERNEL_BLOCK_TOKENS[backend]
+    sizes = _kernel_sizes(backend)
+    check_block_supported(backend, block)
     if not sizes:
         return block
     return max(size for size in sizes if block % size == 0)
@@ -135,9 +162,19 @@ def aligned_block_tokens(
 
     >>> aligned_block_tokens("FLASHMLA", None, 832_512, 576)  # K3 TP 8 fp8, 2 spec tokens
     1536
-    >>> aligned_block_tokens("CUTLASS_MLA", 200, 832_512, 576)  # 200 x 8 = 1,600 -> 13 x 128
-    1664
+    >>> aligned_block_tokens("CUTLASS_MLA", 256, 832_512, 576)  # 256 x ceil(832,512 / 147,456)
+    1536
     """
+    if requested is not None:
+        _positive("requested", requested)
+    if expect_int("state_bytes", state_bytes) < 0:
+        raise Refusal(
+            "invalid_argument",
+            f"state_bytes={state_bytes} must be >= 0",
+            facts={"field": "state_bytes"},
+            hint="pass the state's bytes (0 without one)",
+        )
+    _positive("attention_bytes_per_token", attention_bytes_per_token)
     block = preferred_block_tokens(backend) if requested is None else requested
     kernel = smallest_kernel_block(backend)
     if state_bytes == 0:
@@ -239,6 +276,8 @@ def state_blocks_per_request(mode: MambaCacheMode, spec_blocks: int, checkpoint:
 def check_mtp_depth(num_modules: int, spec_tokens: int) -> None:
     """Refuse (``spec_tokens``) a speculative depth MTP modules cannot be reused for: above
     ``num_modules`` it must be a multiple of it, as vLLM's ``SpeculativeConfig`` requires."""
+    _positive("num_modules", num_modules)
+    expect_int("spec_tokens", spec_tokens)
     if spec_tokens > num_modules and spec_tokens % num_modules:
         lower = spec_tokens - spec_tokens % num_modules
         raise Refusal(
@@ -271,13 +310,12 @@ def replay_boundary(
     >>> replay_boundary(9216, 1536)  # a resend recomputes the last token
     7680
     """
-    if prompt_tokens < 1 or block < 1:
-        raise Refusal(
-            "invalid_argument",
-            f"prompt_tokens={prompt_tokens}, block={block}: both must be >= 1",
-            facts={"prompt_tokens": prompt_tokens, "block": block},
-            hint="pass a prompt of at least one token and the plan's block",
-        )
+    _positive("prompt_tokens", prompt_tokens)
+    _positive("block", block)
+    expect_args(
+        ("drop_trailing_block", drop_trailing_block, bool),
+        ("hash_lookahead_tokens", hash_lookahead_tokens, int),
+    )
     if drop_trailing_block:
         return max(prompt_tokens // block * block - block, 0)
     return max(prompt_tokens - max(1, hash_lookahead_tokens), 0) // block * block
@@ -291,14 +329,7 @@ def restored_prefix(
     0. Seed 000's 9,415-token prompt at block 1,536: 9,216, or 7,680 with the drop (what its
     probe restored)."""
     boundary = replay_boundary(prompt_tokens, block, drop_trailing_block=drop_trailing_block)
-    if chunk < 1:
-        raise Refusal(
-            "invalid_argument",
-            f"chunk={chunk} must be >= 1",
-            facts={"chunk": chunk},
-            hint="pass the offload chunk in tokens",
-        )
-    return boundary if boundary % chunk == 0 else 0
+    return boundary if boundary % _positive("chunk", chunk) == 0 else 0
 
 
 def recommended_max_num_batched_tokens(prompt_tokens: Sequence[int], block: int) -> int:
@@ -306,6 +337,7 @@ def recommended_max_num_batched_tokens(prompt_tokens: Sequence[int], block: int)
     to whole blocks (so most prompts prefill in one pass and every chunk end lies on a block
     boundary, where a state can be written), at least one block. Under vLLM's default
     retention it does not change what a tier restores (:func:`replay_boundary`)."""
+    expect_items("prompt_tokens", prompt_tokens, int)
     lengths = sorted(prompt_tokens)
     if not lengths or lengths[0] < 1 or block < 1:
         raise Refusal(

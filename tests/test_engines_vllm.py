@@ -98,3 +98,14 @@ def test_bad_configs_and_names_are_refused() -> None:
         layer_of("lm_head")
     assert refused.value.code == "layer_names"
     assert layer_of("model.layers.93.self_attn") == 93
+
+
+def test_wrong_types_in_vllms_records_are_refused_naming_the_field() -> None:
+    config = kv_cache_config()
+    config.num_blocks = "10"
+    with pytest.raises(Refusal) as refused:
+        check_kv_cache_config(vllm_config(), config)
+    assert refused.value.code == "invalid_argument"
+    assert refused.value.facts["field"] == "kv_cache_config.num_blocks"
+    with pytest.raises(Refusal):
+        layer_of(7)  # type: ignore[arg-type]

@@ -63,6 +63,9 @@ def test_the_recommended_batch_is_whole_blocks_at_the_90th_percentile() -> None:
         lambda: restored_prefix(10, 16, 0),
         lambda: recommended_max_num_batched_tokens([], 1536),
         lambda: recommended_max_num_batched_tokens([0, 5], 1536),
+        lambda: recommended_max_num_batched_tokens(["9415"], 1536),  # type: ignore[list-item]
+        lambda: replay_boundary("9415", 1536),  # type: ignore[arg-type]
+        lambda: replay_boundary(9415, 1536, drop_trailing_block="yes"),  # type: ignore[arg-type]
     ],
 )
 def test_bad_lengths_are_refused(call: object) -> None:

@@ -162,3 +162,26 @@ def test_a_drafter_needs_draft_layers(k3: HybridModel) -> None:
     with pytest.raises(Refusal) as refused:
         HybridModel(name="m", model_type="x", layers=k3.layers, drafter="mtp")
     assert refused.value.code == "invalid_argument" and refused.value.facts["field"] == "drafter"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: kernel_block_tokens("FLASH", 64),  # type: ignore[arg-type]
+        lambda: kernel_block_tokens("FLASHMLA", "64"),  # type: ignore[arg-type]
+        lambda: aligned_block_tokens("FLASHMLA", None, 814_080, 0),
+        lambda: aligned_block_tokens("FLASHMLA", 0, 814_080, 576),
+        lambda: aligned_block_tokens("FLASHMLA", None, -1, 576),
+        lambda: smallest_kernel_block(None),  # type: ignore[arg-type]
+    ],
+)
+def test_the_rules_refuse_bad_arguments(call: object) -> None:
+    with pytest.raises(Refusal) as refused:
+        call()  # type: ignore[operator]
+    assert refused.value.code == "invalid_argument"
+
+
+def test_a_kernel_block_of_a_block_the_backend_refuses_is_refused() -> None:
+    with pytest.raises(Refusal) as refused:
+        kernel_block_tokens("FLASHMLA", 200)
+    assert refused.value.code == "block_unsupported"

@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from .._args import expect, expect_int
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..layouts import VllmPlan, plan_vllm
@@ -50,6 +51,7 @@ def _refuse(field: str, message: str, hint: str, **facts: Any) -> Refusal:
 
 def layer_of(name: str) -> int:
     """The module layer a vLLM layer name registers (``...layers.{i}.self_attn``)."""
+    expect("name", name, str)
     found = _LAYER.search(name)
     if found is None:
         raise Refusal(
@@ -134,7 +136,8 @@ def check_kv_cache_config(vllm_config: Any, kv_cache_config: Any, stage: int = 0
     (``plan_mismatch``) at the first difference, naming the planned and actual values and the
     layer."""
     result = plan_from_vllm(vllm_config)
-    num_blocks = int(_get(kv_cache_config, "num_blocks", 0))
+    expect_int("stage", stage)
+    num_blocks = _count(kv_cache_config, "num_blocks")
     groups = list(_get(kv_cache_config, "kv_cache_groups", []))
     # A stage holds the groups' projections; a group with none of its layers is left out.
     actual = [tuple(layer_of(n) for n in _get(g, "layer_names", [])) for g in groups]
@@ -153,7 +156,7 @@ def check_kv_cache_config(vllm_config: Any, kv_cache_config: Any, stage: int = 0
     planned_size = result.blocks_bytes(num_blocks, stage)
     for tensor in _get(kv_cache_config, "kv_cache_tensors", []):
         names = list(_get(tensor, "layers", []))
-        size = int(_get(tensor, "size", 0))
+        size = _count(tensor, "size")
         if size != planned_size:
             raise _mismatch("backing bytes", planned_size, size, layer=layer_of(names[0]))
         for position, name in enumerate(names):
@@ -161,13 +164,19 @@ def check_kv_cache_config(vllm_config: Any, kv_cache_config: Any, stage: int = 0
             for block in (0, 1, num_blocks - 1) if num_blocks > 1 else (0,):
                 want = result.page_offset_bytes(layer, block, num_blocks, stage)
                 got = (
-                    int(_get(tensor, "offset", 0))
-                    + position * int(_get(tensor, "layer_stride", 0))
-                    + block * int(_get(tensor, "block_stride", 0))
+                    _count(tensor, "offset")
+                    + position * _count(tensor, "layer_stride")
+                    + block * _count(tensor, "block_stride")
                 )
                 if got != want:
                     raise _mismatch(f"page of block {block}", want, got, layer=layer)
     return result
+
+
+def _count(record: Any, name: str) -> int:
+    """An integer field of one of vLLM's records (0 when absent); anything else is refused
+    naming it."""
+    return expect_int(f"kv_cache_config.{name}", _get(record, name, 0))
 
 
 def _mismatch(what: str, planned: Any, actual: Any, layer: int | None = None) -> Refusal:

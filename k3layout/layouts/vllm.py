@@ -325,8 +325,9 @@ def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
         check_kv_dtype(deployment.kv_dtype, backend)
     if deployment.block_tokens is not None:
         check_block_supported(backend, deployment.block_tokens)
-    check_every_stage_pages(model, deployment)
-    return built_model(model, deployment)
+    built = built_model(model, deployment)
+    check_every_stage_pages(built, deployment)  # a draft vLLM does not build pages nothing
+    return built
 
 
 def check_every_stage_pages(model: HybridModel, deployment: Deployment) -> None:
