@@ -137,7 +137,7 @@ def trusted(cls: type[FrozenT], /, **fields: Any) -> FrozenT:
 def trusted_variant(record: FrozenT, /, **changes: Any) -> FrozenT:
     """``record`` with ``changes`` applied, made the :func:`trusted` way (no re-validation):
     for the planner's many records that differ from one built and checked just before only
-    in a field the checks do not read (a segment's module layer)."""
+    in a field the checks do not read (the module layers a segment names)."""
     cls = type(record)
     values = record.__dict__.copy()
     if len(values) != len(cls.__pydantic_fields__):  # a cached property's value: leave it out

@@ -165,10 +165,11 @@ def test_trusted_records_equal_validated_ones_field_for_field() -> None:
     assert made.model_fields_set == checked.model_fields_set
     assert hash(made) == hash(checked)
     segment = Segment(
-        field="conv", layer=3, kind="slot", src_offset_bytes=0, dst_offset_bytes=0, length_bytes=8
-    )
-    moved = trusted_variant(segment, layer=7)
-    assert moved == segment.model_copy(update={"layer": 7})
+        field="conv", layers=(3,), kind="slot", src_offset_bytes=0, dst_offset_bytes=0,
+        length_bytes=8,
+    )  # fmt: skip
+    moved = trusted_variant(segment, layers=(3, 7))
+    assert moved == segment.model_copy(update={"layers": (3, 7)})
     assert moved.model_dump_json() == Segment.model_validate(moved.model_dump()).model_dump_json()
     with pytest.raises(TypeError, match="no fields"):
         trusted(Group, name="g", kind="kda", layers=(), colour="red")

@@ -115,19 +115,48 @@ def test_a_placed_dimension_outside_the_shape_is_rejected() -> None:
 
 def test_copies_that_touch_end_to_end_become_one_copy() -> None:
     segment = Segment.strided(
-        "latent", 3, "page", src_offset_bytes=0, dst_offset_bytes=0, length_bytes=8, num_copies=4,
-        src_stride_bytes=8, dst_stride_bytes=8,
+        "latent", (3,), "page", src_offset_bytes=0, dst_offset_bytes=0, length_bytes=8,
+        num_copies=4, src_stride_bytes=8, dst_stride_bytes=8,
     )  # fmt: skip
     assert (segment.num_copies, segment.length_bytes) == (1, 32)
     assert (segment.src_stride_bytes, segment.dst_stride_bytes) == (0, 0)
 
 
 def test_overlapping_strided_copies_are_rejected() -> None:
-    with pytest.raises(Refusal):
+    with pytest.raises(Refusal, match="strides") as refused:
         Segment(
-            field="conv", layer=0, kind="slot", src_offset_bytes=0, dst_offset_bytes=0,
+            field="conv", layers=(0,), kind="slot", src_offset_bytes=0, dst_offset_bytes=0,
             length_bytes=8, num_copies=2, src_stride_bytes=4, dst_stride_bytes=8,
         )  # fmt: skip
+    assert refused.value.code == "invalid_argument"
+
+
+@pytest.mark.parametrize("layers", [(4, 2), (2, 2), (0, 5, 5, 7)])
+def test_a_segment_names_its_layers_once_each_in_increasing_order(
+    layers: tuple[int, ...],
+) -> None:
+    with pytest.raises(Refusal, match="increasing") as refused:
+        Segment(
+            field="conv", layers=layers, kind="slot", src_offset_bytes=0, dst_offset_bytes=0,
+            length_bytes=8,
+        )  # fmt: skip
+    assert refused.value.code == "invalid_argument"
+
+
+def test_a_segment_of_several_layers_moves_its_copies_into_each() -> None:
+    segment = Segment(
+        field="conv", layers=(0, 1, 2, 4), kind="slot", src_offset_bytes=16, dst_offset_bytes=0,
+        length_bytes=8, num_copies=3, src_stride_bytes=32, dst_stride_bytes=8,
+    )  # fmt: skip
+    assert segment.regions == (("conv", 0), ("conv", 1), ("conv", 2), ("conv", 4))
+    assert segment.copies() == ((16, 0, 8), (48, 8, 8), (80, 16, 8))  # the same in each layer
+    assert (segment.num_regions, segment.region_bytes) == (4, 3 * 8)
+    assert segment.total_bytes == 4 * 3 * 8
+    cursor = Segment(
+        field="cursor", layers=(), kind="slot", src_offset_bytes=0, dst_offset_bytes=0,
+        length_bytes=4,
+    )  # fmt: skip
+    assert (cursor.regions, cursor.num_regions, cursor.total_bytes) == ((("cursor", None),), 1, 4)
 
 
 def test_the_docstring_example_dcp4_interleave2_13_tokens_rank1() -> None:

@@ -11,8 +11,11 @@ the consumer's head group (:mod:`~k3layout.transfer.pairing`):
   the consumer receives its TP share (:meth:`~.segments.FieldLayout.segment`). The ReplaySSM
   cursor is written whole, once, by the producer of the stage's first KDA layer.
 
-Rows are placed by module layer: a segment names the module layer on both sides, so the
-state of KDA layer 40 lands in layer 40's slot wherever the two sides cut their stages.
+Rows are placed by module layer: a segment names its module layers on both sides, so the
+state of KDA layer 40 lands in layer 40's slot wherever the two sides cut their stages. One
+segment covers every layer of one cache spec that one producer stage sends a consumer (the
+copies are the same in each), so a PP8 x TP1 -> TP8 x DCP8 transfer of K3 has 3 segments per
+pair, not one per layer and part.
 """
 
 from __future__ import annotations
@@ -331,43 +334,50 @@ def plan_transfer(
     cursor = sizes.cursor
     tp_p, tp_d = prefill.attn_tp, decode.attn_tp
     pairs: list[RankPair] = []
-    # A layer's segments differ from another layer of its spec only in the layer they name:
+    # A layer's segments differ from another layer of its spec only in the layers they name:
     # each consumer TP rank's segments of each spec are built (and checked) once, at the
-    # first layer that needs them, then copied for every other.
+    # first layer that needs them, then named for every run of layers that one producer
+    # stage sends of that spec.
     built: dict[tuple[int, int], tuple[Segment, ...]] = {}
     for stage in decode_plan.stages:
+        runs = _layer_runs(stage.layers, producer_stage, sizes.layer_specs)
+        first_state = next(
+            (
+                layer
+                for layer in stage.layers
+                if sizes.specs[sizes.layer_specs[layer]].paging == "slot"
+            ),
+            None,
+        )
         for tp_rank in range(tp_d):
             source = paired_producer(tp_rank, tp_p, tp_d)
             check_pairing(source, tp_rank, tp_p, tp_d)
             dcp_rank = dcp_rank_of(tp_rank, decode.dcp)
             by_stage: dict[int, list[Segment]] = {}
-            first_state: int | None = None
-            for layer in stage.layers:
-                into = by_stage.setdefault(producer_stage[layer], [])
-                index = sizes.layer_specs[layer]
+            for (producer_stage_index, index), layers in runs.items():
                 first = built.get((index, tp_rank))
-                if first is not None:
-                    into.extend(trusted_variant(s, layer=layer) for s in first)
-                else:
+                if first is None:
                     spec = sizes.specs[index]
                     src, dst = (tp_p, source), (tp_d, tp_rank)
                     first = (
-                        _row_segments(spec, layer, prompt_tokens, src, dst, dcp_rank=dcp_rank)
+                        _row_segments(spec, layers[0], prompt_tokens, src, dst, dcp_rank=dcp_rank)
                         if spec.paging == "token"
                         else tuple(
-                            part_segment(p, layer, src, dst) for p in slot_parts(sizes, layer)
+                            part_segment(p, layers[0], src, dst)
+                            for p in slot_parts(sizes, layers[0])
                         )
                     )
                     built[(index, tp_rank)] = first
-                    into.extend(first)
-                if first_state is None and sizes.specs[index].paging == "slot":
-                    first_state = layer
+                # Built above from validated fields for the run's first layer: nothing to
+                # re-validate in naming the run.
+                by_stage.setdefault(producer_stage_index, []).extend(
+                    trusted_variant(segment, layers=layers) for segment in first
+                )
             if cursor is not None and first_state is not None:
                 by_stage[producer_stage[first_state]].append(
                     part_segment(cursor.parts[0], None, (tp_p, source), (tp_d, tp_rank))
                 )
             consumer = rank_of(stage.index, tp_rank, tp_d)
-            # Segments built above from validated fields: nothing to re-validate.
             pairs.extend(
                 trusted(
                     RankPair,
@@ -386,6 +396,17 @@ def plan_transfer(
             prompt_tokens=prompt_tokens,
             pairs=tuple(sorted(pairs, key=lambda pair: (pair.producer, pair.consumer))),
         )
+
+
+def _layer_runs(
+    layers: tuple[int, ...], producer_stage: dict[int, int], layer_specs: tuple[int, ...]
+) -> dict[tuple[int, int], tuple[int, ...]]:
+    """A decode stage's ``layers`` by (producer stage, cache spec index), each run in module
+    order, the runs in the order of their first layer: what one segment of each part names."""
+    runs: dict[tuple[int, int], list[int]] = {}
+    for layer in layers:
+        runs.setdefault((producer_stage[layer], layer_specs[layer]), []).append(layer)
+    return {key: tuple(run) for key, run in runs.items()}
 
 
 def _check_rank(side: str, rank: int, size: int) -> None:
@@ -440,7 +461,7 @@ def _row_segments(
         segments.append(
             Segment.strided(
                 part.name,
-                layer,
+                (layer,),
                 "page",
                 src_offset_bytes=head.src_offset_bytes,
                 dst_offset_bytes=0,

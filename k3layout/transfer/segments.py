@@ -2,9 +2,11 @@
 
 A :class:`Segment` is a strided copy, ``num_copies`` runs of ``length_bytes``, the ``i``-th from
 ``src_offset_bytes + i * src_stride_bytes`` of a producer's region to ``dst_offset_bytes +
-i * dst_stride_bytes`` of the consumer's region of the same field and module layer. One
-segment stands for a whole run of equal copies (the rows of a time-major conv state, the MLA
-rows of one DCP rank), so a plan's size does not grow with the prompt.
+i * dst_stride_bytes`` of the consumer's region of the same field and module layer, applied to
+each of its module ``layers``. One segment stands for a whole run of equal copies (the rows of
+a time-major conv state, the MLA rows of one DCP rank) in every layer of one cache spec that
+one producer sends one consumer, so a plan's size grows neither with the prompt nor with the
+layers a stage holds.
 
 The segments come from placements, not index arithmetic: a field is a row-major array with a
 global shape and one TP placement (:class:`~k3layout.Shard` of one dimension, as DTensor's
@@ -22,6 +24,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from .._frozen import Frozen
 from ..cache import CachePart, Paging
+from ..constants import MAX_MODULE_LAYERS
 from ..errors import Refusal
 from ..placements import Interleave, Replicate
 
@@ -33,6 +36,15 @@ rows of an attention layer; ``conv``, ``recurrent`` and ReplaySSM's ``replay_k``
 RegionKind: TypeAlias = Literal["page", "slot"]
 """``page``: an attention layer's rows of the request's tokens; ``slot``: its state slot."""
 
+RegionKey: TypeAlias = tuple[RegionField, int | None]
+"""``(field, module layer)``: how a segment names each region it reads and writes (layer
+``None`` for the slot's cursor)."""
+
+SegmentLayers: TypeAlias = Annotated[
+    tuple[NonNegativeInt, ...], Field(max_length=MAX_MODULE_LAYERS)
+]
+"""The module layers a segment copies, in increasing order (empty for the slot's cursor)."""
+
 
 def region_kind(paging: Paging) -> RegionKind:
     """``page`` for a token-paged part, ``slot`` for a part of a state slot."""
@@ -40,7 +52,13 @@ def region_kind(paging: Paging) -> RegionKind:
 
 
 class Segment(Frozen):
-    """``num_copies`` copies of ``length_bytes`` from a producer region to a consumer region.
+    """``num_copies`` copies of ``length_bytes`` from a producer region to a consumer region,
+    for each module layer in ``layers``.
+
+    The copies are the same in every listed layer's region of ``field`` (the layers of one
+    cache spec that one producer stage sends one consumer: PP8 x TP1 -> TP8 x DCP8 of K3 sends
+    each consumer the conv state of stage 0's KDA layers 0, 1, 2, 4, 5, 6, 8, 9, 10 as one
+    segment); ``layers`` is empty for the slot's cursor, which belongs to no layer.
 
     Copy ``i`` reads ``[src_offset_bytes + i*src_stride_bytes, .. + length_bytes)`` and writes
     ``[dst_offset_bytes + i*dst_stride_bytes, .. + length_bytes)``. The conv state of TP8
@@ -60,7 +78,7 @@ class Segment(Frozen):
     """
 
     field: RegionField
-    layer: NonNegativeInt | None
+    layers: SegmentLayers
     kind: RegionKind
     src_offset_bytes: NonNegativeInt
     dst_offset_bytes: NonNegativeInt
@@ -68,6 +86,13 @@ class Segment(Frozen):
     num_copies: PositiveInt = 1
     src_stride_bytes: NonNegativeInt = 0
     dst_stride_bytes: NonNegativeInt = 0
+
+    @model_validator(mode="after")
+    def _layers_are_increasing(self) -> Segment:
+        layers = self.layers
+        if any(layers[i] >= layers[i + 1] for i in range(len(layers) - 1)):
+            raise ValueError(f"layers {layers} must be increasing, each named once")
+        return self
 
     @model_validator(mode="after")
     def _copies_do_not_overlap(self) -> Segment:
@@ -84,7 +109,7 @@ class Segment(Frozen):
     def strided(
         cls,
         field: RegionField,
-        layer: int | None,
+        layers: tuple[int, ...],
         kind: RegionKind,
         *,
         src_offset_bytes: int,
@@ -102,7 +127,7 @@ class Segment(Frozen):
             src_stride_bytes = dst_stride_bytes = 0
         return cls(
             field=field,
-            layer=layer,
+            layers=layers,
             kind=kind,
             src_offset_bytes=src_offset_bytes,
             dst_offset_bytes=dst_offset_bytes,
@@ -113,14 +138,27 @@ class Segment(Frozen):
         )
 
     @property
-    def region(self) -> tuple[RegionField, int | None]:
-        """The region this segment reads and writes: ``(field, layer)`` on both ranks."""
-        return (self.field, self.layer)
+    def regions(self) -> tuple[RegionKey, ...]:
+        """The regions this segment reads and writes, ``(field, layer)`` on both ranks: one
+        per layer, or ``(field, None)`` alone for the slot's cursor."""
+        if not self.layers:
+            return ((self.field, None),)
+        return tuple((self.field, layer) for layer in self.layers)
+
+    @property
+    def num_regions(self) -> int:
+        """Regions the copies are applied to: one per layer (one for the cursor)."""
+        return len(self.layers) or 1
+
+    @property
+    def region_bytes(self) -> int:
+        """Bytes the segment moves into each region: ``num_copies * length_bytes``."""
+        return self.num_copies * self.length_bytes
 
     @property
     def total_bytes(self) -> int:
-        """Bytes the segment moves: ``num_copies * length_bytes``."""
-        return self.num_copies * self.length_bytes
+        """Bytes the segment moves: ``num_regions * num_copies * length_bytes``."""
+        return self.num_regions * self.num_copies * self.length_bytes
 
     @property
     def src_end_bytes(self) -> int:
@@ -135,7 +173,8 @@ class Segment(Frozen):
         return last + self.length_bytes
 
     def copies(self) -> tuple[tuple[int, int, int], ...]:
-        """Every copy as ``(src_offset_bytes, dst_offset_bytes, length_bytes)``."""
+        """Every copy into one region as ``(src_offset_bytes, dst_offset_bytes,
+        length_bytes)``, offsets inside the region (the same in each of :attr:`regions`)."""
         return tuple(
             (
                 self.src_offset_bytes + i * self.src_stride_bytes,
@@ -152,8 +191,9 @@ def part_segment(
     src: tuple[int, int],
     dst: tuple[int, int],
 ) -> Segment:
-    """The copy that fills rank ``dst = (tp, rank)``'s share of a slot ``part`` from rank
-    ``src``'s.
+    """The copy that fills rank ``dst = (tp, rank)``'s share of a slot ``part`` of module
+    ``layer`` (``None``: the cursor, of no layer) from rank ``src``'s: a segment of that one
+    layer (:func:`~k3layout.plan_transfer` names every layer of the spec the same copy fills).
 
     A replicated part is copied whole. A sharded one: the consumer's slab along the placed
     axis must lie inside the producer's (its head group), else ``head_group_mismatch``; the
@@ -166,11 +206,12 @@ def part_segment(
     The SD conv state of K3, ``(K-1+s, 3, 96, 128)`` with ``Shard(2)``, gives ``3*(K-1+s)``
     copies, one per row and channel group (q, k, v).
     """
+    layers = () if layer is None else (layer,)
     if isinstance(part.tp, Replicate):
         part.local_size_and_offset(*src)  # refuses a rank outside its TP group
         return Segment.strided(
             part.name,
-            layer,
+            layers,
             "slot",
             src_offset_bytes=0,
             dst_offset_bytes=0,
@@ -197,7 +238,7 @@ def part_segment(
     inner = math.prod(part.shape[dim + 1 :]) * part.elem_bytes
     return Segment.strided(
         part.name,
-        layer,
+        layers,
         "slot",
         src_offset_bytes=(dst_off - src_off) * inner,
         dst_offset_bytes=0,
@@ -218,7 +259,8 @@ def token_segments(
     rank: int,
 ) -> tuple[Segment, ...]:
     """The MLA rows of tokens ``[0, prompt_tokens)`` that DCP rank ``rank`` owns, copied from a
-    producer holding every token at row ``t`` to the consumer's local rows.
+    producer holding every token at row ``t`` to the consumer's local rows of module ``layer``
+    (segments of that one layer).
 
     The rank's tokens are runs of ``interleave`` consecutive tokens, one per span of
     ``num_ranks * interleave``: all full runs are one strided segment, a partial last run a
@@ -230,6 +272,7 @@ def token_segments(
 
     Without DCP (one rank) the runs touch end to end and become one whole copy.
     """
+    layers = (layer,)
     count = placement.local_count(prompt_tokens, rank)
     run = placement.interleave
     full_runs, tail = divmod(count, run)
@@ -238,7 +281,7 @@ def token_segments(
         segments.append(
             Segment.strided(
                 field,
-                layer,
+                layers,
                 "page",
                 src_offset_bytes=placement.global_token(rank, 0) * row_bytes,
                 dst_offset_bytes=0,
@@ -256,7 +299,7 @@ def token_segments(
             # One rank (no DCP): the tail continues the whole copy.
             segments[0] = Segment.strided(
                 field,
-                layer,
+                layers,
                 "page",
                 src_offset_bytes=whole.src_offset_bytes,
                 dst_offset_bytes=0,
@@ -266,7 +309,7 @@ def token_segments(
             segments.append(
                 Segment.strided(
                     field,
-                    layer,
+                    layers,
                     "page",
                     src_offset_bytes=first * row_bytes,
                     dst_offset_bytes=local * row_bytes,
