@@ -36,12 +36,19 @@ class Group(Frozen):
 
     def project(self, stage_layers: frozenset[int]) -> Group:
         """The same group restricted to the layers a stage holds (order kept)."""
-        layers = tuple(layer for layer in self.layers if layer in stage_layers)
+        return self.restricted([layer for layer in self.layers if layer in stage_layers])
+
+    def restricted(self, layers: list[int]) -> Group:
+        """The same group with only ``layers``, a subsequence of its own (order kept)."""
         if len(layers) == len(self.layers):
             return self
         # A subsequence of this (validated) group's layers: nothing to re-validate.
         return trusted(
-            Group, name=self.name, kind=self.kind, layers=layers, first_plane=self.first_plane
+            Group,
+            name=self.name,
+            kind=self.kind,
+            layers=tuple(layers),
+            first_plane=self.first_plane,
         )
 
     def plane_of(self, position: int) -> int:
@@ -138,23 +145,34 @@ def project_stages(
     """Split the model's module layers over ``deployment.pp`` stages (vLLM's split; draft
     layers on the last stage) and project ``groups`` onto each."""
     bounds = pp_stage_bounds(model.num_layers, deployment.pp, deployment.pp_partition)
-    stages: list[Stage] = []
-    for index, (start, end) in enumerate(bounds):
-        layers = tuple(range(start, end))
-        if index == len(bounds) - 1:
-            layers += model.draft_layer_ids
-        held = frozenset(layers)
-        if len(bounds) == 1:
-            # One stage holds every module layer: each group is its own projection.
-            stages.append(trusted(Stage, index=index, layers=layers, groups=groups))
-            break
+    if len(bounds) == 1:
+        # One stage holds every module layer: each group is its own projection.
+        layers = tuple(range(len(model.module_layers)))
+        return (trusted(Stage, index=0, layers=layers, groups=groups),)
+    # Each stage holds a contiguous range of module layers (the last one the draft layers
+    # too, numbered after the target's): every group's layers are dealt to their stages in
+    # one pass, in the group's order (each stage's projection of the group).
+    ranges = [range(start, end) for start, end in bounds]
+    ranges[-1] = range(bounds[-1][0], len(model.module_layers))
+    stage_of = [index for index, held in enumerate(ranges) for _ in held]
+    dealt: list[list[list[int]]] = []
+    for group in groups:
+        runs: list[list[int]] = [[] for _ in ranges]
+        for layer in group.layers:
+            runs[stage_of[layer]].append(layer)
+        dealt.append(runs)
+    return tuple(
         # Stage bounds and projections of validated groups: nothing to re-validate.
-        stages.append(
-            trusted(
-                Stage, index=index, layers=layers, groups=tuple(g.project(held) for g in groups)
-            )
+        trusted(
+            Stage,
+            index=index,
+            layers=tuple(held),
+            groups=tuple(
+                group.restricted(runs[index]) for group, runs in zip(groups, dealt, strict=True)
+            ),
         )
-    return tuple(stages)
+        for index, held in enumerate(ranges)
+    )
 
 
 def split_strided(layers: tuple[int, ...], num_groups: int) -> tuple[tuple[int, ...], ...]:

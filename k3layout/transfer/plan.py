@@ -27,7 +27,7 @@ from pydantic import NonNegativeInt, PositiveInt, model_validator
 
 from .._args import expect_args
 from .._derivation import SelfChecked, check_derivation, deriving, is_deriving
-from .._frozen import Frozen, trusted, trusted_variant
+from .._frozen import Frozen, trusted, trusted_variants
 from .._validation import describe
 from ..cache import LayerCacheSpec
 from ..constants import MAX_PROMPT_TOKENS
@@ -47,7 +47,13 @@ from .pairing import (
     tp_multiple_refusal,
 )
 from .regions import Region, rank_regions, slot_parts
-from .segments import RegionKind, Segment, part_segment, token_segments
+from .segments import (
+    RegionKind,
+    Segment,
+    derive_part_segment,
+    derive_token_segments,
+    planned_segment,
+)
 
 MATCHED_FIELDS: tuple[str, ...] = (
     "kv_dtype",
@@ -339,6 +345,9 @@ def plan_transfer(
     # first layer that needs them, then named for every run of layers that one producer
     # stage sends of that spec.
     built: dict[tuple[int, int], tuple[Segment, ...]] = {}
+    sources = tuple(paired_producer(tp_rank, tp_p, tp_d) for tp_rank in range(tp_d))
+    for tp_rank, source in enumerate(sources):
+        check_pairing(source, tp_rank, tp_p, tp_d)
     for stage in decode_plan.stages:
         runs = _layer_runs(stage.layers, producer_stage, sizes.layer_specs)
         first_state = next(
@@ -349,9 +358,7 @@ def plan_transfer(
             ),
             None,
         )
-        for tp_rank in range(tp_d):
-            source = paired_producer(tp_rank, tp_p, tp_d)
-            check_pairing(source, tp_rank, tp_p, tp_d)
+        for tp_rank, source in enumerate(sources):
             dcp_rank = dcp_rank_of(tp_rank, decode.dcp)
             by_stage: dict[int, list[Segment]] = {}
             for (producer_stage_index, index), layers in runs.items():
@@ -363,7 +370,7 @@ def plan_transfer(
                         _row_segments(spec, layers[0], prompt_tokens, src, dst, dcp_rank=dcp_rank)
                         if spec.paging == "token"
                         else tuple(
-                            part_segment(p, layers[0], src, dst)
+                            derive_part_segment(p, layers[0], src, dst, planned_segment)
                             for p in slot_parts(sizes, layers[0])
                         )
                     )
@@ -371,11 +378,13 @@ def plan_transfer(
                 # Built above from validated fields for the run's first layer: nothing to
                 # re-validate in naming the run.
                 by_stage.setdefault(producer_stage_index, []).extend(
-                    trusted_variant(segment, layers=layers) for segment in first
+                    trusted_variants(first, layers=layers)
                 )
             if cursor is not None and first_state is not None:
                 by_stage[producer_stage[first_state]].append(
-                    part_segment(cursor.parts[0], None, (tp_p, source), (tp_d, tp_rank))
+                    derive_part_segment(
+                        cursor.parts[0], None, (tp_p, source), (tp_d, tp_rank), planned_segment
+                    )
                 )
             consumer = rank_of(stage.index, tp_rank, tp_d)
             pairs.extend(
@@ -439,7 +448,15 @@ def _row_segments(
         src_row, dst_row = part.local_bytes(src[0]), part.local_bytes(dst[0])
         if src_row == dst_row:
             segments.extend(
-                token_segments(layer, part.name, dst_row, prompt_tokens, tokens, rank=dcp_rank)
+                derive_token_segments(
+                    layer,
+                    part.name,
+                    dst_row,
+                    prompt_tokens,
+                    tokens,
+                    rank=dcp_rank,
+                    make=planned_segment,
+                )
             )
             continue
         if tokens.num_ranks > 1:
@@ -457,9 +474,9 @@ def _row_segments(
                 },
                 hint="use dcp=1, or equal attention TP on both sides",
             )
-        head = part_segment(part, layer, src, dst)  # one token's share, inside the row
+        head = derive_part_segment(part, layer, src, dst, planned_segment)  # one token's share
         segments.append(
-            Segment.strided(
+            planned_segment(
                 part.name,
                 (layer,),
                 "page",

@@ -18,11 +18,13 @@ producer's share by :meth:`FieldLayout.segment`. MLA rows on a DCP decode follow
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, TypeAlias
+from collections.abc import Callable
+from itertools import pairwise
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
-from .._frozen import Frozen
+from .._frozen import Frozen, trusted
 from ..cache import CachePart, Paging
 from ..constants import MAX_MODULE_LAYERS
 from ..errors import Refusal
@@ -90,7 +92,7 @@ class Segment(Frozen):
     @model_validator(mode="after")
     def _layers_are_increasing(self) -> Segment:
         layers = self.layers
-        if any(layers[i] >= layers[i + 1] for i in range(len(layers) - 1)):
+        if len(layers) > 1 and any(a >= b for a, b in pairwise(layers)):
             raise ValueError(f"layers {layers} must be increasing, each named once")
         return self
 
@@ -121,20 +123,14 @@ class Segment(Frozen):
     ) -> Segment:
         """The segment in its canonical form: copies that touch end to end on both sides
         become one copy; a single copy has strides 0."""
-        if num_copies > 1 and src_stride_bytes == dst_stride_bytes == length_bytes:
-            length_bytes, num_copies = length_bytes * num_copies, 1
-        if num_copies == 1:
-            src_stride_bytes = dst_stride_bytes = 0
         return cls(
-            field=field,
-            layers=layers,
-            kind=kind,
-            src_offset_bytes=src_offset_bytes,
-            dst_offset_bytes=dst_offset_bytes,
-            length_bytes=length_bytes,
-            num_copies=num_copies,
-            src_stride_bytes=src_stride_bytes,
-            dst_stride_bytes=dst_stride_bytes,
+            **_canonical(
+                field,
+                layers,
+                kind,
+                (src_offset_bytes, dst_offset_bytes),
+                (length_bytes, num_copies, src_stride_bytes, dst_stride_bytes),
+            )
         )
 
     @property
@@ -185,6 +181,65 @@ class Segment(Frozen):
         )
 
 
+def _canonical(
+    field: RegionField,
+    layers: tuple[int, ...],
+    kind: RegionKind,
+    offsets: tuple[int, int],
+    copies: tuple[int, int, int, int],
+) -> dict[str, Any]:
+    """A segment's fields in canonical form (see :meth:`Segment.strided`), in declaration
+    order: ``offsets`` are (src, dst), ``copies`` (length, number, src stride, dst stride)."""
+    length_bytes, num_copies, src_stride_bytes, dst_stride_bytes = copies
+    if num_copies > 1 and src_stride_bytes == dst_stride_bytes == length_bytes:
+        length_bytes, num_copies = length_bytes * num_copies, 1
+    if num_copies == 1:
+        src_stride_bytes = dst_stride_bytes = 0
+    return {
+        "field": field,
+        "layers": layers,
+        "kind": kind,
+        "src_offset_bytes": offsets[0],
+        "dst_offset_bytes": offsets[1],
+        "length_bytes": length_bytes,
+        "num_copies": num_copies,
+        "src_stride_bytes": src_stride_bytes,
+        "dst_stride_bytes": dst_stride_bytes,
+    }
+
+
+def planned_segment(
+    field: RegionField,
+    layers: tuple[int, ...],
+    kind: RegionKind,
+    *,
+    src_offset_bytes: int,
+    dst_offset_bytes: int,
+    length_bytes: int,
+    num_copies: int = 1,
+    src_stride_bytes: int = 0,
+    dst_stride_bytes: int = 0,
+) -> Segment:
+    """:meth:`Segment.strided`, made without validation (:func:`~k3layout._frozen.trusted`):
+    for the transfer planner only, whose every number comes from validated parts and
+    placements by the split algebra (strides at least the length, positive lengths)."""
+    return trusted(
+        Segment,
+        **_canonical(
+            field,
+            layers,
+            kind,
+            (src_offset_bytes, dst_offset_bytes),
+            (length_bytes, num_copies, src_stride_bytes, dst_stride_bytes),
+        ),
+    )
+
+
+SegmentMaker: TypeAlias = Callable[..., Segment]
+"""How a segment is made from its canonical fields: :meth:`Segment.strided` (validated, for
+the public functions) or :func:`planned_segment` (the planner's)."""
+
+
 def part_segment(
     part: CachePart,
     layer: int | None,
@@ -206,10 +261,21 @@ def part_segment(
     The SD conv state of K3, ``(K-1+s, 3, 96, 128)`` with ``Shard(2)``, gives ``3*(K-1+s)``
     copies, one per row and channel group (q, k, v).
     """
+    return derive_part_segment(part, layer, src, dst, Segment.strided)
+
+
+def derive_part_segment(
+    part: CachePart,
+    layer: int | None,
+    src: tuple[int, int],
+    dst: tuple[int, int],
+    make: SegmentMaker,
+) -> Segment:
+    """:func:`part_segment`, made by ``make``."""
     layers = () if layer is None else (layer,)
     if isinstance(part.tp, Replicate):
         part.local_size_and_offset(*src)  # refuses a rank outside its TP group
-        return Segment.strided(
+        return make(
             part.name,
             layers,
             "slot",
@@ -236,7 +302,7 @@ def part_segment(
             hint="pair each consumer with the producer whose share contains its own",
         )
     inner = math.prod(part.shape[dim + 1 :]) * part.elem_bytes
-    return Segment.strided(
+    return make(
         part.name,
         layers,
         "slot",
@@ -272,6 +338,22 @@ def token_segments(
 
     Without DCP (one rank) the runs touch end to end and become one whole copy.
     """
+    return derive_token_segments(
+        layer, field, row_bytes, prompt_tokens, placement, rank=rank, make=Segment.strided
+    )
+
+
+def derive_token_segments(
+    layer: int,
+    field: RegionField,
+    row_bytes: int,
+    prompt_tokens: int,
+    placement: Interleave,
+    *,
+    rank: int,
+    make: SegmentMaker,
+) -> tuple[Segment, ...]:
+    """:func:`token_segments`, made by ``make``."""
     layers = (layer,)
     count = placement.local_count(prompt_tokens, rank)
     run = placement.interleave
@@ -279,7 +361,7 @@ def token_segments(
     segments: list[Segment] = []
     if full_runs:
         segments.append(
-            Segment.strided(
+            make(
                 field,
                 layers,
                 "page",
@@ -297,7 +379,7 @@ def token_segments(
         whole = segments[0] if segments else None
         if whole is not None and whole.num_copies == 1 and whole.src_end_bytes == first * row_bytes:
             # One rank (no DCP): the tail continues the whole copy.
-            segments[0] = Segment.strided(
+            segments[0] = make(
                 field,
                 layers,
                 "page",
@@ -307,7 +389,7 @@ def token_segments(
             )
         else:
             segments.append(
-                Segment.strided(
+                make(
                     field,
                     layers,
                     "page",
