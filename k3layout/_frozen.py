@@ -9,7 +9,7 @@ the field.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -136,11 +136,46 @@ def trusted(cls: type[FrozenT], /, **fields: Any) -> FrozenT:
     layout = _LAYOUTS.get(cls) or _layout(cls)
     if layout is None:
         return cls(**fields)
-    record = _new_record(cls)
     if tuple(fields) == layout.names:  # every field, in order: the keywords are the record
-        values, fields_set = fields, layout.all_set
-    else:
-        values, fields_set = _with_defaults(cls, layout, fields), set(fields)
+        return _filled(cls, fields, layout.all_set)
+    return _filled(cls, _with_defaults(cls, layout, fields), set(fields))
+
+
+def trusted_record(cls: type[FrozenT], values: dict[str, Any], /) -> FrozenT:
+    """:func:`trusted` for the planner's hot loops: ``values`` holds every field of ``cls``,
+    in declaration order, and becomes the record's own (the caller gives it up).
+
+    >>> from k3layout.layouts.groups import Group
+    >>> trusted_record(Group, {"name": "g", "kind": "kda", "layers": (0, 4), "first_plane": 0})
+    Group(name='g', kind='kda', layers=(0, 4), first_plane=0)
+    """
+    layout = _LAYOUTS.get(cls) or _layout(cls)
+    if layout is None or len(values) != len(layout.names):
+        return trusted(cls, **values)
+    return _filled(cls, values, layout.all_set)
+
+
+def trusted_maker(cls: type[FrozenT], /) -> Callable[[dict[str, Any]], FrozenT]:
+    """:func:`trusted_record` for ``cls`` resolved once, for a loop that makes many records
+    of one class: each call takes every field, in declaration order, as a dict it keeps."""
+    layout = _LAYOUTS.get(cls) or _layout(cls)
+    if layout is None:
+        return lambda values: trusted(cls, **values)
+    all_set = layout.all_set
+
+    def make(values: dict[str, Any]) -> FrozenT:
+        record = _new_record(cls)
+        _set_dict(record, values)
+        _set_fields_set(record, all_set)
+        _set_extra(record, None)
+        _set_private(record, None)
+        return record
+
+    return make
+
+
+def _filled(cls: type[FrozenT], values: dict[str, Any], fields_set: set[str]) -> FrozenT:
+    record = _new_record(cls)
     _set_dict(record, values)
     _set_fields_set(record, fields_set)
     _set_extra(record, None)
@@ -188,10 +223,5 @@ def trusted_variants(records: Iterable[FrozenT], /, **changes: Any) -> tuple[Fro
         fields_set = record.__pydantic_fields_set__
         if not fields_set.issuperset(changes):  # else shared, as trusted() shares it
             fields_set = fields_set.union(changes)
-        variant = _new_record(cls)
-        _set_dict(variant, values)
-        _set_fields_set(variant, fields_set)
-        _set_extra(variant, None)
-        _set_private(variant, None)
-        made.append(variant)
+        made.append(_filled(cls, values, fields_set))
     return tuple(made)

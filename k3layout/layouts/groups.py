@@ -14,7 +14,7 @@ from typing import Annotated, Literal, TypeAlias
 from pydantic import Field, NonNegativeInt
 
 from .._args import expect, expect_int
-from .._frozen import Frozen, trusted
+from .._frozen import Frozen, trusted, trusted_maker, trusted_record
 from ..cache import LayerCacheSpec
 from ..deployment import Deployment
 from ..errors import Refusal
@@ -43,12 +43,14 @@ class Group(Frozen):
         if len(layers) == len(self.layers):
             return self
         # A subsequence of this (validated) group's layers: nothing to re-validate.
-        return trusted(
+        return trusted_record(
             Group,
-            name=self.name,
-            kind=self.kind,
-            layers=tuple(layers),
-            first_plane=self.first_plane,
+            {
+                "name": self.name,
+                "kind": self.kind,
+                "layers": tuple(layers),
+                "first_plane": self.first_plane,
+            },
         )
 
     def plane_of(self, position: int) -> int:
@@ -148,30 +150,37 @@ def project_stages(
     if len(bounds) == 1:
         # One stage holds every module layer: each group is its own projection.
         layers = tuple(range(len(model.module_layers)))
-        return (trusted(Stage, index=0, layers=layers, groups=groups),)
+        return (trusted(Stage, groups=groups, index=0, layers=layers),)
     # Each stage holds a contiguous range of module layers (the last one the draft layers
     # too, numbered after the target's): every group's layers are dealt to their stages in
     # one pass, in the group's order (each stage's projection of the group).
     ranges = [range(start, end) for start, end in bounds]
     ranges[-1] = range(bounds[-1][0], len(model.module_layers))
     stage_of = [index for index, held in enumerate(ranges) for _ in held]
-    dealt: list[list[list[int]]] = []
+    projected: list[list[Group]] = [[] for _ in ranges]
+    make_group = trusted_maker(Group)
     for group in groups:
         runs: list[list[int]] = [[] for _ in ranges]
         for layer in group.layers:
             runs[stage_of[layer]].append(layer)
-        dealt.append(runs)
+        for into, run in zip(projected, runs, strict=True):
+            # A subsequence of a validated group's layers: nothing to re-validate.
+            into.append(
+                group
+                if len(run) == len(group.layers)
+                else make_group(
+                    {
+                        "name": group.name,
+                        "kind": group.kind,
+                        "layers": tuple(run),
+                        "first_plane": group.first_plane,
+                    }
+                )
+            )
+    make_stage = trusted_maker(Stage)
     return tuple(
-        # Stage bounds and projections of validated groups: nothing to re-validate.
-        trusted(
-            Stage,
-            index=index,
-            layers=tuple(held),
-            groups=tuple(
-                group.restricted(runs[index]) for group, runs in zip(groups, dealt, strict=True)
-            ),
-        )
-        for index, held in enumerate(ranges)
+        make_stage({"groups": tuple(held_groups), "index": index, "layers": tuple(held)})
+        for index, (held, held_groups) in enumerate(zip(ranges, projected, strict=True))
     )
 
 

@@ -280,7 +280,8 @@ def group_vllm(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
         prefix = None if list(kinds.values()).count(kind) == 1 else sizes.specs[index].kind
         names = group_names(kind, len(splits), prefix)
         groups.extend(
-            trusted(Group, name=n, kind=kind, layers=s) for n, s in zip(names, splits, strict=True)
+            trusted(Group, name=n, kind=kind, layers=s, first_plane=0)
+            for n, s in zip(names, splits, strict=True)
         )
     return tuple(groups)
 

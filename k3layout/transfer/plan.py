@@ -27,7 +27,7 @@ from pydantic import NonNegativeInt, PositiveInt, model_validator
 
 from .._args import expect_args
 from .._derivation import SelfChecked, check_derivation, deriving, is_deriving
-from .._frozen import Frozen, trusted, trusted_variants
+from .._frozen import Frozen, trusted_maker
 from .._validation import describe
 from ..cache import LayerCacheSpec
 from ..constants import MAX_PROMPT_TOKENS
@@ -36,7 +36,7 @@ from ..errors import Refusal
 from ..layouts import Stage, plan, project_stages
 from ..limits import check_bound
 from ..model import HybridModel
-from ..placements import Interleave
+from ..placements import Interleave, Replicate
 from ..sizes import RankSizes, rank_sizes
 from .pairing import (
     check_pairing,
@@ -345,6 +345,7 @@ def plan_transfer(
     # first layer that needs them, then named for every run of layers that one producer
     # stage sends of that spec.
     built: dict[tuple[int, int], tuple[Segment, ...]] = {}
+    make_segment, make_pair = trusted_maker(Segment), trusted_maker(RankPair)
     sources = tuple(paired_producer(tp_rank, tp_p, tp_d) for tp_rank in range(tp_d))
     for tp_rank, source in enumerate(sources):
         check_pairing(source, tp_rank, tp_p, tp_d)
@@ -377,9 +378,11 @@ def plan_transfer(
                     built[(index, tp_rank)] = first
                 # Built above from validated fields for the run's first layer: nothing to
                 # re-validate in naming the run.
-                by_stage.setdefault(producer_stage_index, []).extend(
-                    trusted_variants(first, layers=layers)
-                )
+                into = by_stage.setdefault(producer_stage_index, [])
+                for segment in first:
+                    values = segment.__dict__.copy()
+                    values["layers"] = layers
+                    into.append(make_segment(values))
             if cursor is not None and first_state is not None:
                 by_stage[producer_stage[first_state]].append(
                     derive_part_segment(
@@ -388,11 +391,12 @@ def plan_transfer(
                 )
             consumer = rank_of(stage.index, tp_rank, tp_d)
             pairs.extend(
-                trusted(
-                    RankPair,
-                    producer=rank_of(producer_stage_index, source, tp_p),
-                    consumer=consumer,
-                    segments=tuple(segments),
+                make_pair(
+                    {
+                        "producer": rank_of(producer_stage_index, source, tp_p),
+                        "consumer": consumer,
+                        "segments": tuple(segments),
+                    },
                 )
                 for producer_stage_index, segments in by_stage.items()
                 if segments
@@ -445,7 +449,8 @@ def _row_segments(
     segments: list[Segment] = []
     tokens = spec.dcp or Interleave(num_ranks=1)
     for part in spec.parts:
-        src_row, dst_row = part.local_bytes(src[0]), part.local_bytes(dst[0])
+        dst_row = part.local_bytes(dst[0])
+        src_row = dst_row if isinstance(part.tp, Replicate) else part.local_bytes(src[0])
         if src_row == dst_row:
             segments.extend(
                 derive_token_segments(

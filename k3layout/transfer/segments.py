@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
-from .._frozen import Frozen, trusted
+from .._frozen import Frozen, trusted_record
 from ..cache import CachePart, Paging
 from ..constants import MAX_MODULE_LAYERS
 from ..errors import Refusal
@@ -223,9 +223,9 @@ def planned_segment(
     """:meth:`Segment.strided`, made without validation (:func:`~k3layout._frozen.trusted`):
     for the transfer planner only, whose every number comes from validated parts and
     placements by the split algebra (strides at least the length, positive lengths)."""
-    return trusted(
+    return trusted_record(
         Segment,
-        **_canonical(
+        _canonical(
             field,
             layers,
             kind,
