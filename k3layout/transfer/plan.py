@@ -29,14 +29,14 @@ from .._args import expect_args
 from .._derivation import SelfChecked, check_derivation, deriving, is_deriving
 from .._frozen import Frozen, trusted_maker
 from .._validation import describe
-from ..cache import LayerCacheSpec
+from ..cache import CachePart, LayerCacheSpec
 from ..constants import MAX_PROMPT_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..layouts import Stage, plan, project_stages
 from ..limits import check_bound
 from ..model import HybridModel
-from ..placements import Interleave, Replicate
+from ..placements import Interleave
 from ..sizes import RankSizes, rank_sizes
 from .pairing import (
     check_pairing,
@@ -345,6 +345,7 @@ def plan_transfer(
     # first layer that needs them, then named for every run of layers that one producer
     # stage sends of that spec.
     built: dict[tuple[int, int], tuple[Segment, ...]] = {}
+    part_rows: dict[int, tuple[tuple[CachePart, int, int], ...]] = {}  # by spec, for every rank
     make_segment, make_pair = trusted_maker(Segment), trusted_maker(RankPair)
     sources = tuple(paired_producer(tp_rank, tp_p, tp_d) for tp_rank in range(tp_d))
     for tp_rank, source in enumerate(sources):
@@ -365,17 +366,15 @@ def plan_transfer(
             for (producer_stage_index, index), layers in runs.items():
                 first = built.get((index, tp_rank))
                 if first is None:
-                    spec = sizes.specs[index]
-                    src, dst = (tp_p, source), (tp_d, tp_rank)
-                    first = (
-                        _row_segments(spec, layers[0], prompt_tokens, src, dst, dcp_rank=dcp_rank)
-                        if spec.paging == "token"
-                        else tuple(
-                            derive_part_segment(p, layers[0], src, dst, planned_segment)
-                            for p in slot_parts(sizes, layers[0])
-                        )
+                    first = built[(index, tp_rank)] = _spec_segments(
+                        sizes,
+                        index,
+                        layers[0],
+                        ((tp_p, source), (tp_d, tp_rank)),
+                        prompt_tokens=prompt_tokens,
+                        dcp_rank=dcp_rank,
+                        part_rows=part_rows,
                     )
-                    built[(index, tp_rank)] = first
                 # Built above from validated fields for the run's first layer: nothing to
                 # re-validate in naming the run.
                 into = by_stage.setdefault(producer_stage_index, [])
@@ -432,6 +431,39 @@ def _check_rank(side: str, rank: int, size: int) -> None:
         )
 
 
+def _spec_segments(
+    sizes: RankSizes,
+    index: int,
+    layer: int,
+    ranks: tuple[tuple[int, int], tuple[int, int]],
+    *,
+    prompt_tokens: int,
+    dcp_rank: int,
+    part_rows: dict[int, tuple[tuple[CachePart, int, int], ...]],
+) -> tuple[Segment, ...]:
+    """The segments of module ``layer`` (of spec ``sizes.specs[index]``) from producer
+    ``ranks[0]`` to consumer ``ranks[1]`` (each ``(tp, tp_rank)``); ``part_rows`` keeps each
+    attention spec's row bytes for every consumer rank."""
+    src, dst = ranks
+    spec = sizes.specs[index]
+    if spec.paging == "slot":
+        return tuple(
+            derive_part_segment(part, layer, src, dst, planned_segment)
+            for part in slot_parts(sizes, layer)
+        )
+    rows = part_rows.get(index)
+    if rows is None:
+        rows = part_rows[index] = _part_rows(spec, src[0], dst[0])
+    return _row_segments(spec, layer, prompt_tokens, src, dst, rows=rows, dcp_rank=dcp_rank)
+
+
+def _part_rows(
+    spec: LayerCacheSpec, src_tp: int, dst_tp: int
+) -> tuple[tuple[CachePart, int, int], ...]:
+    """Each part of an attention spec with its row bytes on a producer and a consumer rank."""
+    return tuple((part, part.local_bytes(src_tp), part.local_bytes(dst_tp)) for part in spec.parts)
+
+
 def _row_segments(
     spec: LayerCacheSpec,
     layer: int,
@@ -439,18 +471,18 @@ def _row_segments(
     src: tuple[int, int],
     dst: tuple[int, int],
     *,
+    rows: tuple[tuple[CachePart, int, int], ...],
     dcp_rank: int = 0,
 ) -> tuple[Segment, ...]:
-    """The rows of every part of an attention layer that the consumer's DCP rank owns.
+    """The rows of every part of an attention layer that the consumer's DCP rank owns
+    (``rows``: :func:`_part_rows` of ``spec``).
 
     A replicated row (MLA latent) is copied whole; a row whose heads the two TPs split
     differently (GQA's K and V) would need a copy per token per head slice, which a segment
     does not express with DCP, and is refused there."""
     segments: list[Segment] = []
     tokens = spec.dcp or Interleave(num_ranks=1)
-    for part in spec.parts:
-        dst_row = part.local_bytes(dst[0])
-        src_row = dst_row if isinstance(part.tp, Replicate) else part.local_bytes(src[0])
+    for part, src_row, dst_row in rows:
         if src_row == dst_row:
             segments.extend(
                 derive_token_segments(

@@ -273,7 +273,8 @@ def derive_part_segment(
 ) -> Segment:
     """:func:`part_segment`, made by ``make``."""
     layers = () if layer is None else (layer,)
-    if isinstance(part.tp, Replicate):
+    placement = part.tp
+    if isinstance(placement, Replicate):
         part.local_size_and_offset(*src)  # refuses a rank outside its TP group
         return make(
             part.name,
@@ -283,9 +284,9 @@ def derive_part_segment(
             dst_offset_bytes=0,
             length_bytes=part.local_bytes(dst[0]),
         )
-    dim = part.tp.dim
-    src_size, src_off = part.local_size_and_offset(*src)
-    dst_size, dst_off = part.local_size_and_offset(*dst)
+    dim, shape = placement.dim, part.shape
+    src_size, src_off = placement.local_size_and_offset(shape[dim], *src)
+    dst_size, dst_off = placement.local_size_and_offset(shape[dim], *dst)
     if not src_off <= dst_off <= dst_off + dst_size <= src_off + src_size:
         raise Refusal(
             "head_group_mismatch",
@@ -301,7 +302,7 @@ def derive_part_segment(
             },
             hint="pair each consumer with the producer whose share contains its own",
         )
-    inner = math.prod(part.shape[dim + 1 :]) * part.elem_bytes
+    inner = math.prod(shape[dim + 1 :]) * part.elem_bytes
     return make(
         part.name,
         layers,
@@ -309,7 +310,7 @@ def derive_part_segment(
         src_offset_bytes=(dst_off - src_off) * inner,
         dst_offset_bytes=0,
         length_bytes=dst_size * inner,
-        num_copies=math.prod(part.shape[:dim]),
+        num_copies=math.prod(shape[:dim]),
         src_stride_bytes=src_size * inner,
         dst_stride_bytes=dst_size * inner,
     )
