@@ -305,14 +305,18 @@ def pack_vllm(
             hint=f"use a dcp_interleave that divides {block}, e.g. "
             f"dcp_interleave={math.gcd(block, deployment.dcp_interleave)}",
         )
+    # The pipeline's own validated inputs and the sizes just derived from them: the plan is
+    # its own derivation (pack runs inside deriving()), so there is nothing to re-validate.
     return checked_bytes(
-        VllmPlan(
+        trusted(
+            VllmPlan,
+            groups=groups,
             model=model,
             deployment=deployment,
+            stages=stages,
+            engine="vllm",
             block_tokens=block,
             page_bytes=page,
-            groups=groups,
-            stages=stages,
         ),
         "block_bytes",
     )

@@ -339,12 +339,13 @@ def plan_transfer(
     sizes = decode_plan.sizes
     cursor = sizes.cursor
     tp_p, tp_d = prefill.attn_tp, decode.attn_tp
-    pairs: list[RankPair] = []
+    num_consumers = decode.pp * tp_d
+    pairs: list[tuple[int, RankPair]] = []  # by (producer, consumer), as one sort key
     # A layer's segments differ from another layer of its spec only in the layers they name:
     # each consumer TP rank's segments of each spec are built (and checked) once, at the
     # first layer that needs them, then named for every run of layers that one producer
     # stage sends of that spec.
-    built: dict[tuple[int, int], tuple[Segment, ...]] = {}
+    built: list[dict[int, tuple[dict[str, Any], ...]]] = [{} for _ in range(tp_d)]
     part_rows: dict[int, tuple[tuple[CachePart, int, int], ...]] = {}  # by spec, for every rank
     make_segment, make_pair = trusted_maker(Segment), trusted_maker(RankPair)
     sources = tuple(paired_producer(tp_rank, tp_p, tp_d) for tp_rank in range(tp_d))
@@ -361,25 +362,30 @@ def plan_transfer(
             None,
         )
         for tp_rank, source in enumerate(sources):
-            dcp_rank = dcp_rank_of(tp_rank, decode.dcp)
+            templates = built[tp_rank]
             by_stage: dict[int, list[Segment]] = {}
             for (producer_stage_index, index), layers in runs.items():
-                first = built.get((index, tp_rank))
+                first = templates.get(index)
                 if first is None:
-                    first = built[(index, tp_rank)] = _spec_segments(
-                        sizes,
-                        index,
-                        layers[0],
-                        ((tp_p, source), (tp_d, tp_rank)),
-                        prompt_tokens=prompt_tokens,
-                        dcp_rank=dcp_rank,
-                        part_rows=part_rows,
+                    first = templates[index] = tuple(
+                        segment.__dict__
+                        for segment in _spec_segments(
+                            sizes,
+                            index,
+                            layers[0],
+                            ((tp_p, source), (tp_d, tp_rank)),
+                            prompt_tokens=prompt_tokens,
+                            dcp_rank=dcp_rank_of(tp_rank, decode.dcp),
+                            part_rows=part_rows,
+                        )
                     )
+                into = by_stage.get(producer_stage_index)
+                if into is None:
+                    into = by_stage[producer_stage_index] = []
                 # Built above from validated fields for the run's first layer: nothing to
                 # re-validate in naming the run.
-                into = by_stage.setdefault(producer_stage_index, [])
-                for segment in first:
-                    values = segment.__dict__.copy()
+                for fields in first:
+                    values = fields.copy()
                     values["layers"] = layers
                     into.append(make_segment(values))
             if cursor is not None and first_state is not None:
@@ -389,25 +395,25 @@ def plan_transfer(
                     )
                 )
             consumer = rank_of(stage.index, tp_rank, tp_d)
-            pairs.extend(
-                make_pair(
-                    {
-                        "producer": rank_of(producer_stage_index, source, tp_p),
-                        "consumer": consumer,
-                        "segments": tuple(segments),
-                    },
-                )
-                for producer_stage_index, segments in by_stage.items()
-                if segments
-            )
+            for producer_stage_index, segments in by_stage.items():
+                if not segments:  # a DCP rank that owns none of a short prompt's tokens
+                    continue
+                producer = rank_of(producer_stage_index, source, tp_p)
+                pair = {"producer": producer, "consumer": consumer, "segments": tuple(segments)}
+                pairs.append((producer * num_consumers + consumer, make_pair(pair)))
+    pairs.sort(key=_sort_key)
     with deriving():  # the transfer is its own derivation: its validator need not re-plan
         return TransferPlan(
             model=model,
             prefill=prefill,
             decode=decode,
             prompt_tokens=prompt_tokens,
-            pairs=tuple(sorted(pairs, key=lambda pair: (pair.producer, pair.consumer))),
+            pairs=tuple(pair for _, pair in pairs),
         )
+
+
+def _sort_key(keyed: tuple[int, RankPair]) -> int:
+    return keyed[0]
 
 
 def _layer_runs(
