@@ -361,41 +361,43 @@ def plan_transfer(
             ),
             None,
         )
+        cursor_stage = None if first_state is None else producer_stage[first_state]
         for tp_rank, source in enumerate(sources):
             templates = built[tp_rank]
-            by_stage: dict[int, list[Segment]] = {}
-            for (producer_stage_index, index), layers in runs.items():
-                first = templates.get(index)
-                if first is None:
-                    first = templates[index] = tuple(
-                        segment.__dict__
-                        for segment in _spec_segments(
-                            sizes,
-                            index,
-                            layers[0],
-                            ((tp_p, source), (tp_d, tp_rank)),
-                            prompt_tokens=prompt_tokens,
-                            dcp_rank=dcp_rank_of(tp_rank, decode.dcp),
-                            part_rows=part_rows,
+            consumer = rank_of(stage.index, tp_rank, tp_d)
+            for producer_stage_index, stage_runs in runs.items():
+                segments: list[Segment] = []
+                for index, layers in stage_runs:
+                    first = templates.get(index)
+                    if first is None:
+                        first = templates[index] = tuple(
+                            segment.__dict__
+                            for segment in _spec_segments(
+                                sizes,
+                                index,
+                                layers[0],
+                                ((tp_p, source), (tp_d, tp_rank)),
+                                prompt_tokens=prompt_tokens,
+                                dcp_rank=dcp_rank_of(tp_rank, decode.dcp),
+                                part_rows=part_rows,
+                            )
+                        )
+                    # Built above from validated fields for the run's first layer: nothing
+                    # to re-validate in naming the run.
+                    for fields in first:
+                        values = fields.copy()
+                        values["layers"] = layers
+                        segments.append(make_segment(values))
+                if cursor is not None and producer_stage_index == cursor_stage:
+                    segments.append(
+                        derive_part_segment(
+                            cursor.parts[0],
+                            None,
+                            (tp_p, source),
+                            (tp_d, tp_rank),
+                            planned_segment,
                         )
                     )
-                into = by_stage.get(producer_stage_index)
-                if into is None:
-                    into = by_stage[producer_stage_index] = []
-                # Built above from validated fields for the run's first layer: nothing to
-                # re-validate in naming the run.
-                for fields in first:
-                    values = fields.copy()
-                    values["layers"] = layers
-                    into.append(make_segment(values))
-            if cursor is not None and first_state is not None:
-                by_stage[producer_stage[first_state]].append(
-                    derive_part_segment(
-                        cursor.parts[0], None, (tp_p, source), (tp_d, tp_rank), planned_segment
-                    )
-                )
-            consumer = rank_of(stage.index, tp_rank, tp_d)
-            for producer_stage_index, segments in by_stage.items():
                 if not segments:  # a DCP rank that owns none of a short prompt's tokens
                     continue
                 producer = rank_of(producer_stage_index, source, tp_p)
@@ -418,13 +420,17 @@ def _sort_key(keyed: tuple[int, RankPair]) -> int:
 
 def _layer_runs(
     layers: tuple[int, ...], producer_stage: dict[int, int], layer_specs: tuple[int, ...]
-) -> dict[tuple[int, int], tuple[int, ...]]:
-    """A decode stage's ``layers`` by (producer stage, cache spec index), each run in module
-    order, the runs in the order of their first layer: what one segment of each part names."""
+) -> dict[int, list[tuple[int, tuple[int, ...]]]]:
+    """A decode stage's ``layers`` by producer stage, then by cache spec index: each producer
+    stage's runs ``(spec index, layers)``, layers in module order, runs in the order of their
+    first layer. One segment of each part names each run."""
     runs: dict[tuple[int, int], list[int]] = {}
     for layer in layers:
         runs.setdefault((producer_stage[layer], layer_specs[layer]), []).append(layer)
-    return {key: tuple(run) for key, run in runs.items()}
+    by_stage: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
+    for (stage, index), run in runs.items():
+        by_stage.setdefault(stage, []).append((index, tuple(run)))
+    return by_stage
 
 
 def _check_rank(side: str, rank: int, size: int) -> None:
