@@ -53,6 +53,7 @@ from .segments import (
     derive_part_segment,
     derive_token_segments,
     planned_segment,
+    segment_fields,
 )
 
 MATCHED_FIELDS: tuple[str, ...] = (
@@ -335,7 +336,9 @@ def plan_transfer(
     refusal = tp_multiple_refusal(prefill.attn_tp, decode.attn_tp)
     if refusal is not None:
         raise refusal
-    producer_stage = {layer: stage.index for stage in prefill_plan.stages for layer in stage.layers}
+    producer_stage: dict[int, int] = {}  # module layer -> the prefill stage holding it
+    for held in prefill_plan.stages:
+        producer_stage.update(dict.fromkeys(held.layers, held.index))
     sizes = decode_plan.sizes
     cursor = sizes.cursor
     tp_p, tp_d = prefill.attn_tp, decode.attn_tp
@@ -370,17 +373,14 @@ def plan_transfer(
                 for index, layers in stage_runs:
                     first = templates.get(index)
                     if first is None:
-                        first = templates[index] = tuple(
-                            segment.__dict__
-                            for segment in _spec_segments(
-                                sizes,
-                                index,
-                                layers[0],
-                                ((tp_p, source), (tp_d, tp_rank)),
-                                prompt_tokens=prompt_tokens,
-                                dcp_rank=dcp_rank_of(tp_rank, decode.dcp),
-                                part_rows=part_rows,
-                            )
+                        first = templates[index] = _spec_segments(
+                            sizes,
+                            index,
+                            layers[0],
+                            ((tp_p, source), (tp_d, tp_rank)),
+                            prompt_tokens=prompt_tokens,
+                            dcp_rank=dcp_rank_of(tp_rank, decode.dcp),
+                            part_rows=part_rows,
                         )
                     # Built above from validated fields for the run's first layer: nothing
                     # to re-validate in naming the run.
@@ -452,15 +452,15 @@ def _spec_segments(
     prompt_tokens: int,
     dcp_rank: int,
     part_rows: dict[int, tuple[tuple[CachePart, int, int], ...]],
-) -> tuple[Segment, ...]:
-    """The segments of module ``layer`` (of spec ``sizes.specs[index]``) from producer
-    ``ranks[0]`` to consumer ``ranks[1]`` (each ``(tp, tp_rank)``); ``part_rows`` keeps each
-    attention spec's row bytes for every consumer rank."""
+) -> tuple[dict[str, Any], ...]:
+    """The fields of the segments of module ``layer`` (of spec ``sizes.specs[index]``) from
+    producer ``ranks[0]`` to consumer ``ranks[1]`` (each ``(tp, tp_rank)``); ``part_rows``
+    keeps each attention spec's row bytes for every consumer rank."""
     src, dst = ranks
     spec = sizes.specs[index]
     if spec.paging == "slot":
         return tuple(
-            derive_part_segment(part, layer, src, dst, planned_segment)
+            derive_part_segment(part, layer, src, dst, segment_fields)
             for part in slot_parts(sizes, layer)
         )
     rows = part_rows.get(index)
@@ -485,14 +485,14 @@ def _row_segments(
     *,
     rows: tuple[tuple[CachePart, int, int], ...],
     dcp_rank: int = 0,
-) -> tuple[Segment, ...]:
-    """The rows of every part of an attention layer that the consumer's DCP rank owns
-    (``rows``: :func:`_part_rows` of ``spec``).
+) -> tuple[dict[str, Any], ...]:
+    """The fields of the segments of the rows of every part of an attention layer that the
+    consumer's DCP rank owns (``rows``: :func:`_part_rows` of ``spec``).
 
     A replicated row (MLA latent) is copied whole; a row whose heads the two TPs split
     differently (GQA's K and V) would need a copy per token per head slice, which a segment
     does not express with DCP, and is refused there."""
-    segments: list[Segment] = []
+    segments: list[dict[str, Any]] = []
     tokens = spec.dcp or Interleave(num_ranks=1)
     for part, src_row, dst_row in rows:
         if src_row == dst_row:
@@ -504,7 +504,7 @@ def _row_segments(
                     prompt_tokens,
                     tokens,
                     rank=dcp_rank,
-                    make=planned_segment,
+                    make=segment_fields,
                 )
             )
             continue
@@ -525,7 +525,7 @@ def _row_segments(
             )
         head = derive_part_segment(part, layer, src, dst, planned_segment)  # one token's share
         segments.append(
-            planned_segment(
+            segment_fields(
                 part.name,
                 (layer,),
                 "page",

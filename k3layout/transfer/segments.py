@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from itertools import pairwise
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias, TypeVar
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
@@ -208,7 +208,7 @@ def _canonical(
     }
 
 
-def planned_segment(
+def segment_fields(
     field: RegionField,
     layers: tuple[int, ...],
     kind: RegionKind,
@@ -219,25 +219,32 @@ def planned_segment(
     num_copies: int = 1,
     src_stride_bytes: int = 0,
     dst_stride_bytes: int = 0,
+) -> dict[str, Any]:
+    """:meth:`Segment.strided`'s fields, canonical, in declaration order, unvalidated: the
+    transfer planner's template for the segments it makes (:func:`planned_segment`)."""
+    return _canonical(
+        field,
+        layers,
+        kind,
+        (src_offset_bytes, dst_offset_bytes),
+        (length_bytes, num_copies, src_stride_bytes, dst_stride_bytes),
+    )
+
+
+def planned_segment(
+    field: RegionField,
+    layers: tuple[int, ...],
+    kind: RegionKind,
+    **copies: int,
 ) -> Segment:
     """:meth:`Segment.strided`, made without validation (:func:`~k3layout._frozen.trusted`):
     for the transfer planner only, whose every number comes from validated parts and
     placements by the split algebra (strides at least the length, positive lengths)."""
-    return trusted_record(
-        Segment,
-        _canonical(
-            field,
-            layers,
-            kind,
-            (src_offset_bytes, dst_offset_bytes),
-            (length_bytes, num_copies, src_stride_bytes, dst_stride_bytes),
-        ),
-    )
+    return trusted_record(Segment, segment_fields(field, layers, kind, **copies))
 
 
-SegmentMaker: TypeAlias = Callable[..., Segment]
-"""How a segment is made from its canonical fields: :meth:`Segment.strided` (validated, for
-the public functions) or :func:`planned_segment` (the planner's)."""
+MadeT = TypeVar("MadeT")
+"""What a segment maker makes: a :class:`Segment`, or its fields (:func:`segment_fields`)."""
 
 
 def part_segment(
@@ -269,9 +276,10 @@ def derive_part_segment(
     layer: int | None,
     src: tuple[int, int],
     dst: tuple[int, int],
-    make: SegmentMaker,
-) -> Segment:
-    """:func:`part_segment`, made by ``make``."""
+    make: Callable[..., MadeT],
+) -> MadeT:
+    """:func:`part_segment`, made by ``make`` (:meth:`Segment.strided`, validated, or the
+    planner's :func:`planned_segment` / :func:`segment_fields`)."""
     layers = () if layer is None else (layer,)
     placement = part.tp
     if isinstance(placement, Replicate):
@@ -352,14 +360,26 @@ def derive_token_segments(
     placement: Interleave,
     *,
     rank: int,
-    make: SegmentMaker,
-) -> tuple[Segment, ...]:
+    make: Callable[..., MadeT],
+) -> tuple[MadeT, ...]:
     """:func:`token_segments`, made by ``make``."""
     layers = (layer,)
     count = placement.local_count(prompt_tokens, rank)
+    if count and placement.num_ranks == 1:
+        # One rank (no DCP): the runs touch end to end, one whole copy.
+        return (
+            make(
+                field,
+                layers,
+                "page",
+                src_offset_bytes=placement.global_token(rank, 0) * row_bytes,
+                dst_offset_bytes=0,
+                length_bytes=count * row_bytes,
+            ),
+        )
     run = placement.interleave
     full_runs, tail = divmod(count, run)
-    segments: list[Segment] = []
+    segments: list[MadeT] = []
     if full_runs:
         segments.append(
             make(
@@ -376,27 +396,14 @@ def derive_token_segments(
         )
     if tail:
         local = full_runs * run
-        first = placement.global_token(rank, local)
-        whole = segments[0] if segments else None
-        if whole is not None and whole.num_copies == 1 and whole.src_end_bytes == first * row_bytes:
-            # One rank (no DCP): the tail continues the whole copy.
-            segments[0] = make(
+        segments.append(
+            make(
                 field,
                 layers,
                 "page",
-                src_offset_bytes=whole.src_offset_bytes,
-                dst_offset_bytes=0,
-                length_bytes=count * row_bytes,
+                src_offset_bytes=placement.global_token(rank, local) * row_bytes,
+                dst_offset_bytes=local * row_bytes,
+                length_bytes=tail * row_bytes,
             )
-        else:
-            segments.append(
-                make(
-                    field,
-                    layers,
-                    "page",
-                    src_offset_bytes=first * row_bytes,
-                    dst_offset_bytes=local * row_bytes,
-                    length_bytes=tail * row_bytes,
-                )
-            )
+        )
     return tuple(segments)
