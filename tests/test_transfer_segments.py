@@ -18,6 +18,12 @@ from k3layout import (
     rank_sizes,
 )
 from k3layout.transfer import Segment, part_segment, slot_parts, token_segments
+from k3layout.transfer.segments import (
+    derive_part_segment,
+    derive_token_segments,
+    planned_segment,
+    segment_fields,
+)
 
 H, D, K = 96, 128, 4  # K3's KDA heads, head dim, short conv kernel
 
@@ -197,3 +203,34 @@ def test_token_segments_are_the_interleave_runs_of_the_rank(
     assert (
         len(token_segments(0, "latent", row, tokens, placement, rank=rank)) <= 2
     )  # not one per run
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    num_ranks=st.integers(1, 8),
+    interleave=st.sampled_from((1, 2, 3, 4, 16)),
+    tokens=st.integers(0, 300),
+    data=st.data(),
+)
+def test_the_planners_unvalidated_segments_equal_the_validated_ones(
+    num_ranks: int, interleave: int, tokens: int, data: st.DataObject
+) -> None:
+    """The planner makes its segments without validation (planned_segment, segment_fields);
+    they equal what the validated path gives, field for field."""
+    placement = Interleave(num_ranks=num_ranks, interleave=interleave)
+    rank = data.draw(st.integers(0, num_ranks - 1))
+    checked = token_segments(5, "latent", 6, tokens, placement, rank=rank)
+    planned = derive_token_segments(
+        5, "latent", 6, tokens, placement, rank=rank, make=planned_segment
+    )
+    fields = derive_token_segments(
+        5, "latent", 6, tokens, placement, rank=rank, make=segment_fields
+    )
+    assert planned == checked
+    assert [Segment.model_validate(f) for f in fields] == list(checked)
+    for segment in planned:  # each a valid record: validating its dump gives it back
+        assert Segment.model_validate(segment.model_dump()) == segment
+    conv = CachePart(name="conv", shape=(5, 3, 96, 128), dtype="bfloat16", tp=Shard(dim=2))
+    for d in range(8):
+        made = derive_part_segment(conv, 40, (2, d // 4), (8, d), planned_segment)
+        assert made == part_segment(conv, 40, (2, d // 4), (8, d))
