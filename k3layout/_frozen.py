@@ -174,6 +174,33 @@ def trusted_maker(cls: type[FrozenT], /) -> Callable[[dict[str, Any]], FrozenT]:
     return make
 
 
+def trusted_filler(
+    cls: type[FrozenT], field: str, /
+) -> Callable[[tuple[dict[str, Any], ...], Any], list[FrozenT]]:
+    """:func:`trusted_maker` for records made from templates: the function returned makes,
+    from each of ``templates`` (every field of ``cls``, in declaration order), a record whose
+    ``field`` is ``value`` (the templates are left as they are)."""
+    layout = _LAYOUTS.get(cls) or _layout(cls)
+    if layout is None or field not in layout.names:
+        raise TypeError(f"{cls.__name__}: no trusted records with field {field!r}")
+    all_set = layout.all_set
+
+    def fill(templates: tuple[dict[str, Any], ...], value: Any) -> list[FrozenT]:
+        made: list[FrozenT] = []
+        for template in templates:
+            values = template.copy()
+            values[field] = value
+            record = _new_record(cls)
+            _set_dict(record, values)
+            _set_fields_set(record, all_set)
+            _set_extra(record, None)
+            _set_private(record, None)
+            made.append(record)
+        return made
+
+    return fill
+
+
 def _filled(cls: type[FrozenT], values: dict[str, Any], fields_set: set[str]) -> FrozenT:
     record = _new_record(cls)
     _set_dict(record, values)

@@ -28,6 +28,7 @@ from k3layout import (
 )
 from k3layout._frozen import (
     trusted,
+    trusted_filler,
     trusted_maker,
     trusted_record,
     trusted_variant,
@@ -183,6 +184,12 @@ def test_trusted_records_equal_validated_ones_field_for_field() -> None:
         assert fast == every and hash(fast) == hash(every)
         assert fast.model_dump_json() == every.model_dump_json()
         assert fast.model_fields_set == every.model_fields_set
+    template = dict(segment.model_dump())
+    filled = trusted_filler(Segment, "layers")((template,), (2, 9))
+    assert filled == [segment.model_copy(update={"layers": (2, 9)})]
+    assert template["layers"] == (3,)  # the template is left as it was
+    with pytest.raises(TypeError, match="colour"):
+        trusted_filler(Segment, "colour")
     many = trusted_variants((segment, moved), layers=(1, 2))
     assert [m.layers for m in many] == [(1, 2), (1, 2)]
     assert many[0] == segment.model_copy(update={"layers": (1, 2)})

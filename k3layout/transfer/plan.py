@@ -27,7 +27,7 @@ from pydantic import NonNegativeInt, PositiveInt, model_validator
 
 from .._args import expect_args
 from .._derivation import SelfChecked, check_derivation, deriving, is_deriving
-from .._frozen import Frozen, trusted_maker
+from .._frozen import Frozen, trusted_filler, trusted_maker
 from .._validation import describe
 from ..cache import CachePart, LayerCacheSpec
 from ..constants import MAX_PROMPT_TOKENS
@@ -350,7 +350,7 @@ def plan_transfer(
     # stage sends of that spec.
     built: list[dict[int, tuple[dict[str, Any], ...]]] = [{} for _ in range(tp_d)]
     part_rows: dict[int, tuple[tuple[CachePart, int, int], ...]] = {}  # by spec, for every rank
-    make_segment, make_pair = trusted_maker(Segment), trusted_maker(RankPair)
+    name_run, make_pair = trusted_filler(Segment, "layers"), trusted_maker(RankPair)
     sources = tuple(paired_producer(tp_rank, tp_p, tp_d) for tp_rank in range(tp_d))
     for tp_rank, source in enumerate(sources):
         check_pairing(source, tp_rank, tp_p, tp_d)
@@ -384,10 +384,7 @@ def plan_transfer(
                         )
                     # Built above from validated fields for the run's first layer: nothing
                     # to re-validate in naming the run.
-                    for fields in first:
-                        values = fields.copy()
-                        values["layers"] = layers
-                        segments.append(make_segment(values))
+                    segments += name_run(first, layers)
                 if cursor is not None and producer_stage_index == cursor_stage:
                     segments.append(
                         derive_part_segment(
