@@ -26,8 +26,8 @@ from typing import Any
 from pydantic import NonNegativeInt, PositiveInt, model_validator
 
 from .._args import expect_args
-from .._derivation import SelfChecked, check_derivation, deriving, is_deriving
-from .._frozen import Frozen, trusted_filler, trusted_maker
+from .._derivation import SelfChecked, check_derivation, is_deriving
+from .._frozen import Frozen, trusted, trusted_filler, trusted_maker
 from .._validation import describe
 from ..cache import CachePart, LayerCacheSpec
 from ..constants import MAX_PROMPT_TOKENS
@@ -39,7 +39,6 @@ from ..model import HybridModel
 from ..placements import Interleave
 from ..sizes import RankSizes, rank_sizes
 from .pairing import (
-    check_pairing,
     coords_of,
     dcp_rank_of,
     paired_producer,
@@ -351,9 +350,9 @@ def plan_transfer(
     built: list[dict[int, tuple[dict[str, Any], ...]]] = [{} for _ in range(tp_d)]
     part_rows: dict[int, tuple[tuple[CachePart, int, int], ...]] = {}  # by spec, for every rank
     name_run, make_pair = trusted_filler(Segment, "layers"), trusted_maker(RankPair)
+    # Each consumer TP rank's producer, in its head group by construction (part_segment
+    # refuses a share outside the producer's, and transfer_violations checks every pair).
     sources = tuple(paired_producer(tp_rank, tp_p, tp_d) for tp_rank in range(tp_d))
-    for tp_rank, source in enumerate(sources):
-        check_pairing(source, tp_rank, tp_p, tp_d)
     for stage in decode_plan.stages:
         runs = _layer_runs(stage.layers, producer_stage, sizes.layer_specs)
         first_state = next(
@@ -401,14 +400,16 @@ def plan_transfer(
                 pair = {"producer": producer, "consumer": consumer, "segments": tuple(segments)}
                 pairs.append((producer * num_consumers + consumer, make_pair(pair)))
     pairs.sort(key=_sort_key)
-    with deriving():  # the transfer is its own derivation: its validator need not re-plan
-        return TransferPlan(
-            model=model,
-            prefill=prefill,
-            decode=decode,
-            prompt_tokens=prompt_tokens,
-            pairs=tuple(pair for _, pair in pairs),
-        )
+    # Inputs checked above and pairs derived from them: the transfer is its own derivation,
+    # nothing to re-validate or re-plan.
+    return trusted(
+        TransferPlan,
+        model=model,
+        prefill=prefill,
+        decode=decode,
+        prompt_tokens=prompt_tokens,
+        pairs=tuple(pair for _, pair in pairs),
+    )
 
 
 def _sort_key(keyed: tuple[int, RankPair]) -> int:
