@@ -26,6 +26,8 @@ def expect(name: str, value: object, types: Types) -> None:
     ...
     k3layout.errors.Refusal: pp=True must be int, got bool; pass pp as int
     """
+    if type(value) is types:  # the common case, exactly the type asked for: nothing to refuse
+        return
     allowed = types if isinstance(types, tuple) else (types,)
     is_bool_for_int = isinstance(value, bool) and bool not in allowed
     if isinstance(value, allowed) and not is_bool_for_int:

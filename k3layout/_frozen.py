@@ -9,6 +9,7 @@ the field.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -80,18 +81,43 @@ def _refused(record: str, error: ValidationError) -> Refusal:
 FrozenT = TypeVar("FrozenT", bound=Frozen)
 
 _MISSING = object()
-_LAYOUTS: dict[type[Frozen], tuple[tuple[str, Any], ...]] = {}
-_set_slot = object.__setattr__
 
 
-def _layout(cls: type[Frozen]) -> tuple[tuple[str, Any], ...]:
-    """``cls``'s fields in declaration order (the order validation stores and serialises them
-    in), each with its default or ``_MISSING``."""
-    layout = tuple(
-        (name, _MISSING if info.is_required() else info.get_default(call_default_factory=True))
-        for name, info in cls.__pydantic_fields__.items()
-    )
-    _LAYOUTS[cls] = layout
+class _Layout:
+    """What :func:`trusted` needs of a record class, read once: its field names in
+    declaration order (the order validation stores and serialises them in), each with its
+    default or ``_MISSING``."""
+
+    __slots__ = ("all_set", "defaults", "names")
+
+    def __init__(self, cls: type[Frozen]) -> None:
+        self.defaults = tuple(
+            (name, _MISSING if info.is_required() else info.get_default(call_default_factory=True))
+            for name, info in cls.__pydantic_fields__.items()
+        )
+        self.names = tuple(name for name, _ in self.defaults)
+        # The fields set of a record given every field: one set shared by all such records
+        # of the class (a frozen record's fields set is never changed; copies copy it).
+        self.all_set = set(self.names)
+
+
+_LAYOUTS: dict[type[Frozen], _Layout] = {}
+
+# The four slots every pydantic record has, set through their descriptors (the cheapest way
+# to fill a record made without its __init__).
+_new_record = object.__new__
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+
+
+def _layout(cls: type[Frozen]) -> _Layout | None:
+    """``cls``'s :class:`_Layout`, or ``None`` for a record that must be built the validated
+    way (private attributes, a ``model_post_init`` hook or its own ``__new__``)."""
+    if cls.__private_attributes__ or cls.__pydantic_post_init__ or cls.__new__ is not _new_record:
+        return None
+    layout = _LAYOUTS[cls] = _Layout(cls)
     return layout
 
 
@@ -107,14 +133,89 @@ def trusted(cls: type[FrozenT], /, **fields: Any) -> FrozenT:
     stores its fields in declaration order, as validation does. A record with private
     attributes or a ``model_post_init`` hook is built the validated way.
     """
-    layout = _LAYOUTS.get(cls)
+    layout = _LAYOUTS.get(cls) or _layout(cls)
     if layout is None:
-        if cls.__private_attributes__ or cls.__pydantic_post_init__:
-            return cls(**fields)
-        layout = _layout(cls)
+        return cls(**fields)
+    if tuple(fields) == layout.names:  # every field, in order: the keywords are the record
+        return _filled(cls, fields, layout.all_set)
+    return _filled(cls, _with_defaults(cls, layout, fields), set(fields))
+
+
+def trusted_record(cls: type[FrozenT], values: dict[str, Any], /) -> FrozenT:
+    """:func:`trusted` for the planner's hot loops: ``values`` holds every field of ``cls``,
+    in declaration order, and becomes the record's own (the caller gives it up).
+
+    >>> from k3layout.layouts.groups import Group
+    >>> trusted_record(Group, {"name": "g", "kind": "kda", "layers": (0, 4), "first_plane": 0})
+    Group(name='g', kind='kda', layers=(0, 4), first_plane=0)
+    """
+    layout = _LAYOUTS.get(cls) or _layout(cls)
+    if layout is None or len(values) != len(layout.names):
+        return trusted(cls, **values)
+    return _filled(cls, values, layout.all_set)
+
+
+def trusted_maker(cls: type[FrozenT], /) -> Callable[[dict[str, Any]], FrozenT]:
+    """:func:`trusted_record` for ``cls`` resolved once, for a loop that makes many records
+    of one class: each call takes every field, in declaration order, as a dict it keeps."""
+    layout = _LAYOUTS.get(cls) or _layout(cls)
+    if layout is None:
+        return lambda values: trusted(cls, **values)
+    all_set = layout.all_set
+
+    def make(values: dict[str, Any]) -> FrozenT:
+        record = _new_record(cls)
+        _set_dict(record, values)
+        _set_fields_set(record, all_set)
+        _set_extra(record, None)
+        _set_private(record, None)
+        return record
+
+    return make
+
+
+def trusted_filler(
+    cls: type[FrozenT], field: str, /
+) -> Callable[[tuple[dict[str, Any], ...], Any], list[FrozenT]]:
+    """:func:`trusted_maker` for records made from templates: the function returned makes,
+    from each of ``templates`` (every field of ``cls``, in declaration order), a record whose
+    ``field`` is ``value`` (the templates are left as they are)."""
+    layout = _LAYOUTS.get(cls) or _layout(cls)
+    if layout is None or field not in layout.names:
+        raise TypeError(f"{cls.__name__}: no trusted records with field {field!r}")
+    all_set = layout.all_set
+
+    def fill(templates: tuple[dict[str, Any], ...], value: Any) -> list[FrozenT]:
+        made: list[FrozenT] = []
+        for template in templates:
+            values = template.copy()
+            values[field] = value
+            record = _new_record(cls)
+            _set_dict(record, values)
+            _set_fields_set(record, all_set)
+            _set_extra(record, None)
+            _set_private(record, None)
+            made.append(record)
+        return made
+
+    return fill
+
+
+def _filled(cls: type[FrozenT], values: dict[str, Any], fields_set: set[str]) -> FrozenT:
+    record = _new_record(cls)
+    _set_dict(record, values)
+    _set_fields_set(record, fields_set)
+    _set_extra(record, None)
+    _set_private(record, None)
+    return record
+
+
+def _with_defaults(cls: type[Frozen], layout: _Layout, fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` in declaration order, omitted ones at their defaults (refusing a missing
+    required field or an unknown one with ``TypeError``: a planner bug, not bad input)."""
     values: dict[str, Any] = {}
     given = 0
-    for name, default in layout:
+    for name, default in layout.defaults:
         value = fields.get(name, _MISSING)
         if value is _MISSING:
             if default is _MISSING:
@@ -126,28 +227,28 @@ def trusted(cls: type[FrozenT], /, **fields: Any) -> FrozenT:
     if given != len(fields):
         unknown = sorted(set(fields) - set(cls.__pydantic_fields__))
         raise TypeError(f"{cls.__name__}: no fields {unknown}")
-    record = cls.__new__(cls)
-    _set_slot(record, "__dict__", values)
-    _set_slot(record, "__pydantic_fields_set__", set(fields))
-    _set_slot(record, "__pydantic_extra__", None)
-    _set_slot(record, "__pydantic_private__", None)
-    return record
+    return values
 
 
 def trusted_variant(record: FrozenT, /, **changes: Any) -> FrozenT:
     """``record`` with ``changes`` applied, made the :func:`trusted` way (no re-validation):
     for the planner's many records that differ from one built and checked just before only
-    in a field the checks do not read (a segment's module layer)."""
-    cls = type(record)
-    values = record.__dict__.copy()
-    if len(values) != len(cls.__pydantic_fields__):  # a cached property's value: leave it out
-        values = {name: values[name] for name in cls.__pydantic_fields__}
-    values.update(changes)
-    fields_set = set(record.__pydantic_fields_set__)
-    fields_set.update(changes)
-    variant = cls.__new__(cls)
-    _set_slot(variant, "__dict__", values)
-    _set_slot(variant, "__pydantic_fields_set__", fields_set)
-    _set_slot(variant, "__pydantic_extra__", None)
-    _set_slot(variant, "__pydantic_private__", None)
-    return variant
+    in a field the checks do not read (the module layers a segment names)."""
+    return trusted_variants((record,), **changes)[0]
+
+
+def trusted_variants(records: Iterable[FrozenT], /, **changes: Any) -> tuple[FrozenT, ...]:
+    """:func:`trusted_variant` of each of ``records``, with the same ``changes``."""
+    made: list[FrozenT] = []
+    for record in records:
+        cls = type(record)
+        layout = _LAYOUTS.get(cls) or _layout(cls)
+        values = record.__dict__.copy()
+        if layout is None or len(values) != len(layout.names):  # a cached property's value
+            values = {name: values[name] for name in cls.__pydantic_fields__}
+        values.update(changes)
+        fields_set = record.__pydantic_fields_set__
+        if not fields_set.issuperset(changes):  # else shared, as trusted() shares it
+            fields_set = fields_set.union(changes)
+        made.append(_filled(cls, values, fields_set))
+    return tuple(made)

@@ -6,7 +6,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, model_validator
 
-from ._frozen import Frozen
+from ._frozen import Frozen, trusted
 from .constants import (
     MAX_BLOCK_TOKENS,
     MAX_MODULE_LAYERS,
@@ -113,7 +113,10 @@ class Deployment(Frozen):
     def dcp_placement(self) -> Interleave:
         """How DCP deals an attention block's tokens to ranks (one rank holds all without
         DCP)."""
-        return Interleave(num_ranks=self.dcp, interleave=self.dcp_interleave)
+        # Two validated positive sizes of this deployment: nothing to re-validate.
+        return trusted(
+            Interleave, kind="interleave", num_ranks=self.dcp, interleave=self.dcp_interleave
+        )
 
     @property
     def mamba_cache_mode_run(self) -> MambaCacheMode:

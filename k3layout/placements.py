@@ -233,6 +233,8 @@ def _check_token(name: str, value: int) -> None:
 
 
 def _check_rank(num_ranks: int, rank: int) -> None:
+    if type(num_ranks) is int and type(rank) is int and 0 <= rank < num_ranks:
+        return  # the common case, checked without building the refusal's arguments
     expect_args(("num_ranks", num_ranks, int), ("rank", rank, int))
     if num_ranks < 1 or not 0 <= rank < num_ranks:
         raise Refusal(

@@ -143,7 +143,7 @@ def rank_sizes(model: HybridModel, deployment: Deployment) -> RankSizes:
         if spec not in specs:
             specs.append(spec)
         of_record.append(specs.index(spec))
-    layer_specs = tuple(of_record[i] for i in per_layer)
+    layer_specs = tuple(map(of_record.__getitem__, per_layer))
     check_uniform_layers(model, tuple(specs))
     # Specs built by the layer kinds from validated records: nothing to re-validate.
     sizes = trusted(

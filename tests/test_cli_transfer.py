@@ -24,7 +24,9 @@ def test_json_reports_pairs_segments_and_bytes_per_consumer_rank() -> None:
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["pairs"] == 8 * 8  # 8 consumers x 8 prefill stages
-    assert report["segments"] == 8 * (24 + 69 * 2)  # per consumer: 24 latent, 69 conv + rec
+    # per pair: the stage's latent rows, conv and recurrent state, each one segment naming
+    # every layer of the stage that holds it
+    assert report["segments"] == 8 * 8 * 3
     # 69 KDA layers at S(8, 0) + 24 MLA layers x 4096/8 tokens x 576 B, on each of 8 ranks
     assert report["bytes_per_consumer"] == [69 * S8 + 24 * 4096 // 8 * 576] * 8
     assert len(report["bytes_per_producer"]) == 8

@@ -284,6 +284,22 @@ def test_a_transfer_plan_round_trips_and_refuses_a_tampered_segment(k3: HybridMo
     refused(lambda: result.model_copy(update={"prompt_tokens": 4097}), "plan_mismatch")
 
 
+def test_a_transfer_plan_refuses_a_segment_naming_other_layers(k3: HybridModel) -> None:
+    result = plan_transfer(k3, Deployment(pp=2), Deployment(attn_tp=8, dcp=2), prompt_tokens=4096)
+    layers = result.pairs[0].segments[0].layers
+    assert len(layers) > 1  # a run of layers: stage 0's KDA layers
+    for changed in (layers[1:], (*layers, 99), ()):  # one dropped, one not held, none
+        data = json.loads(result.model_dump_json())
+        data["pairs"][0]["segments"][0]["layers"] = list(changed)
+        text = json.dumps(data)
+        refusal = refused(lambda: TransferPlan.model_validate_json(text), "plan_mismatch")  # noqa: B023
+        assert refusal.facts["field"] == "pairs[0].segments[0].layers"
+        assert refusal.facts["stored"] == changed and refusal.facts["derived"] == layers
+    data = json.loads(result.model_dump_json())
+    data["pairs"][0]["segments"][0]["layers"] = list(reversed(layers))  # not increasing
+    refused(lambda: TransferPlan.model_validate_json(json.dumps(data)), "invalid_argument")
+
+
 def test_a_plane_order_checks_its_planes(vllm_plan: VllmPlan) -> None:
     order = plan_ride(vllm_plan).order
     assert PlaneOrder.model_validate_json(order.model_dump_json()) == order

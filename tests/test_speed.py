@@ -26,7 +26,14 @@ from k3layout import (
     plan,
     rank_sizes,
 )
-from k3layout._frozen import trusted, trusted_variant
+from k3layout._frozen import (
+    trusted,
+    trusted_filler,
+    trusted_maker,
+    trusted_record,
+    trusted_variant,
+    trusted_variants,
+)
 from k3layout.constants import MAX_PAGES_PER_PLANE, PARENT_ALIGNMENT_BYTES
 from k3layout.layouts.packing import PackingFrame, search_packing
 from k3layout.layouts.parent import group_parent
@@ -165,11 +172,32 @@ def test_trusted_records_equal_validated_ones_field_for_field() -> None:
     assert made.model_fields_set == checked.model_fields_set
     assert hash(made) == hash(checked)
     segment = Segment(
-        field="conv", layer=3, kind="slot", src_offset_bytes=0, dst_offset_bytes=0, length_bytes=8
-    )
-    moved = trusted_variant(segment, layer=7)
-    assert moved == segment.model_copy(update={"layer": 7})
+        field="conv", layers=(3,), kind="slot", src_offset_bytes=0, dst_offset_bytes=0,
+        length_bytes=8,
+    )  # fmt: skip
+    moved = trusted_variant(segment, layers=(3, 7))
+    assert moved == segment.model_copy(update={"layers": (3, 7)})
     assert moved.model_dump_json() == Segment.model_validate(moved.model_dump()).model_dump_json()
+    given = {"name": "g", "kind": "kda", "layers": (0, 4), "first_plane": 0}
+    every = Group(**given)  # every field given
+    for fast in (trusted_record(Group, dict(given)), trusted_maker(Group)(dict(given))):
+        assert fast == every and hash(fast) == hash(every)
+        assert fast.model_dump_json() == every.model_dump_json()
+        assert fast.model_fields_set == every.model_fields_set
+    template = dict(segment.model_dump())
+    filled = trusted_filler(Segment, "layers")((template,), (2, 9))
+    assert filled == [segment.model_copy(update={"layers": (2, 9)})]
+    assert template["layers"] == (3,)  # the template is left as it was
+    with pytest.raises(TypeError, match="colour"):
+        trusted_filler(Segment, "colour")
+    many = trusted_variants((segment, moved), layers=(1, 2))
+    assert [m.layers for m in many] == [(1, 2), (1, 2)]
+    assert many[0] == segment.model_copy(update={"layers": (1, 2)})
+    # a shared fields set is never changed: a copy that updates it gets its own
+    before = set(many[0].model_fields_set)
+    updated = many[0].model_copy(update={"num_copies": 1})
+    assert updated.model_fields_set == before | {"num_copies"}
+    assert many[0].model_fields_set == many[1].model_fields_set == before
     with pytest.raises(TypeError, match="no fields"):
         trusted(Group, name="g", kind="kda", layers=(), colour="red")
     with pytest.raises(TypeError, match="required"):

@@ -135,10 +135,11 @@ def apply(
     ]
     for pair in pairs:
         for segment in pair.segments:
-            source = sources[pair.producer][segment.region]
-            target = buffers[pair.consumer][destination(pair.producer, segment.region)]
-            for src, dst, length in segment.copies():
-                target[dst : dst + length] = source[src : src + length]
+            for region in segment.regions:  # the same copies in each of its layers
+                source = sources[pair.producer][region]
+                target = buffers[pair.consumer][destination(pair.producer, region)]
+                for src, dst, length in segment.copies():
+                    target[dst : dst + length] = source[src : src + length]
     return buffers
 
 

@@ -36,7 +36,8 @@ def slot_bytes_by_layer(result: TransferPlan, consumer: int) -> dict[int | None,
     for pair in result.pairs_to(consumer):
         for segment in pair.segments:
             if segment.kind == "slot":
-                received[segment.layer] += segment.total_bytes
+                for _, layer in segment.regions:  # (field, None) alone for the cursor
+                    received[layer] += segment.region_bytes
     return received
 
 
@@ -65,11 +66,12 @@ def test_every_consumer_receives_the_latent_rows_of_exactly_the_tokens_it_owns(
         for pair in result.pairs_to(consumer):
             for segment in pair.segments:
                 if segment.field == "latent":
-                    rows[segment.layer] += [
-                        (src // ROW + i, dst // ROW + i)
-                        for src, dst, length in segment.copies()
-                        for i in range(length // ROW)
-                    ]
+                    for layer in segment.layers:
+                        rows[layer] += [
+                            (src // ROW + i, dst // ROW + i)
+                            for src, dst, length in segment.copies()
+                            for i in range(length // ROW)
+                        ]
         assert set(rows) == set(k3.attention_layer_ids) and len(rows) == 24  # every MLA layer
         for layer_rows in rows.values():
             assert sorted(layer_rows) == [(t, local) for local, t in enumerate(owned)]
@@ -108,7 +110,11 @@ def test_replayssm_adds_196608_bytes_per_layer_and_one_whole_cursor(
         assert set(received.values()) == {state_bytes(8, 2) + records}
     # DSpark's 5 draft layers live on the last stage and send latent rows too
     latent_layers = {
-        s.layer for pair in result.pairs_from(7) for s in pair.segments if s.field == "latent"
+        layer
+        for pair in result.pairs_from(7)
+        for s in pair.segments
+        if s.field == "latent"
+        for layer in s.layers
     }
     assert set(k3_dspark.draft_layer_ids) <= latent_layers
 
@@ -128,6 +134,20 @@ def test_segments_do_not_grow_with_the_prompt(k3: HybridModel) -> None:
     prefill, decode = Deployment(pp=8), Deployment(attn_tp=8, dcp=8)
     short = plan_transfer(k3, prefill, decode, prompt_tokens=TOKENS)
     long = plan_transfer(k3, prefill, decode, prompt_tokens=10 * TOKENS + 3)
-    # interleave 1: every run is one token, all of a rank's runs one strided segment per layer
+    # interleave 1: every run is one token, all of a rank's runs one strided segment
     assert short.num_segments == long.num_segments
-    assert short.num_segments == 8 * (24 + 69 * 2)  # per consumer: 24 latent, 69 x conv + rec
+    # per pair (8 stages x 8 consumers): the stage's latent rows, its conv and its recurrent
+    # state, each one segment naming every layer of the stage that holds the part
+    assert short.num_segments == 8 * 8 * 3
+
+
+def test_a_segment_names_every_layer_of_its_spec_that_one_stage_sends(k3: HybridModel) -> None:
+    result = pp8_to_tp8_dcp8(k3)
+    for pair in result.pairs:
+        stage = result.producer_stages[result.producer_coords(pair.producer)[0]]
+        mla = tuple(layer for layer in stage.layers if k3.module_layers[layer].kind == "mla")
+        kda = tuple(layer for layer in stage.layers if k3.module_layers[layer].kind == "kda")
+        # in the order of each run's first layer: stage 0 starts with KDA layer 0, stage 1 with
+        # MLA layer 11; a slot's parts in spec order
+        runs = sorted([("conv", kda), ("recurrent", kda), ("latent", mla)], key=lambda r: r[1][0])
+        assert [(s.field, s.layers) for s in pair.segments] == runs

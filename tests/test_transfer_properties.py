@@ -20,9 +20,14 @@ from k3layout.model import kimi_layer_pattern
 from k3layout.testing import vllm_pipeline_depths
 from k3layout.transfer import (
     RankPair,
+    RegionKey,
     Segment,
     TransferPlan,
+    dcp_rank_of,
+    part_segment,
     plan_transfer,
+    slot_parts,
+    token_segments,
     transfer_violations,
 )
 
@@ -111,18 +116,16 @@ def transfer_inputs(draw: st.DrawFn) -> TransferInputs:
 Copy = tuple[int, int, int, int]  # producer, src offset, dst offset, length
 
 
-def copies_by_consumer(
-    result: TransferPlan,
-) -> dict[int, dict[tuple[str, int | None], list[Copy]]]:
-    """Every expanded copy, by consumer rank and destination region."""
-    out: dict[int, dict[tuple[str, int | None], list[Copy]]] = defaultdict(
-        lambda: defaultdict(list)
-    )
+def copies_by_consumer(result: TransferPlan) -> dict[int, dict[RegionKey, list[Copy]]]:
+    """Every expanded copy, by consumer rank and destination region (a segment's copies once
+    in each of its layers' regions)."""
+    out: dict[int, dict[RegionKey, list[Copy]]] = defaultdict(lambda: defaultdict(list))
     for pair in result.pairs:
         for segment in pair.segments:
-            out[pair.consumer][segment.region] += [
-                (pair.producer, src, dst, n) for src, dst, n in segment.copies()
-            ]
+            for region in segment.regions:
+                out[pair.consumer][region] += [
+                    (pair.producer, src, dst, n) for src, dst, n in segment.copies()
+                ]
     return out
 
 
@@ -159,11 +162,59 @@ def test_every_source_range_lies_inside_its_producers_region(inputs: TransferInp
         held = {region.key: region for region in result.producer_regions(pair.producer)}
         stage, _ = result.producer_coords(pair.producer)
         for segment in pair.segments:
-            assert segment.region in held  # the producer's stage holds this module layer
-            assert segment.layer is None or segment.layer in result.producer_stages[stage].layers
-            for src, _, n in segment.copies():
-                assert src >= 0
-                assert src + n <= held[segment.region].size_bytes
+            assert set(segment.layers) <= set(result.producer_stages[stage].layers)
+            for region in segment.regions:
+                assert region in held  # the producer's stage holds this module layer
+                for src, _, n in segment.copies():
+                    assert src >= 0
+                    assert src + n <= held[region].size_bytes
+
+
+@settings(max_examples=120, deadline=None)
+@given(transfer_inputs())
+def test_each_layer_gets_the_copies_planned_for_it_alone(inputs: TransferInputs) -> None:
+    """A segment naming several layers recomposes into the segments each layer would get on
+    its own (:func:`part_segment`, :func:`token_segments`): naming a run of layers at once
+    changes no copy, and every region of every consumer is named, by one producer (a DCP
+    rank that owns none of a short prompt's tokens holds empty latent regions, named by
+    none)."""
+    result = inputs.plan()
+    sizes = result.decode_sizes
+    tp_p, tp_d = result.prefill.attn_tp, result.decode.attn_tp
+    for consumer in range(result.num_consumers):
+        _, tp_rank = result.consumer_coords(consumer)
+        named: dict[RegionKey, list[tuple[int, Segment]]] = defaultdict(list)
+        for pair in result.pairs_to(consumer):
+            for segment in pair.segments:
+                specs = {sizes.layer_specs[layer] for layer in segment.layers}
+                assert len(specs) <= 1  # the layers of one segment share a cache spec
+                for region in segment.regions:
+                    named[region].append((pair.producer, segment))
+        held = result.consumer_regions(consumer)
+        assert set(named) == {region.key for region in held if region.size_bytes}  # none empty
+        for (field, layer), got in named.items():
+            producers = {producer for producer, _ in got}
+            assert len(producers) == 1  # one producer per region
+            src, dst = (tp_p, result.producer_coords(producers.pop())[1]), (tp_d, tp_rank)
+            alone: tuple[Segment, ...]
+            if layer is None:  # the cursor
+                assert sizes.cursor is not None
+                alone = (part_segment(sizes.cursor.parts[0], None, src, dst),)
+            elif sizes.spec_of(layer).paging == "slot":
+                part = next(p for p in slot_parts(sizes, layer) if p.name == field)
+                alone = (part_segment(part, layer, src, dst),)
+            else:
+                alone = token_segments(
+                    layer,
+                    field,
+                    sizes.spec_of(layer).part(field).local_bytes(tp_d),
+                    result.prompt_tokens,
+                    result.dcp_placement,
+                    rank=dcp_rank_of(tp_rank, result.decode.dcp),
+                )
+            assert [(s.field, s.kind, s.copies()) for _, s in got] == [
+                (s.field, s.kind, s.copies()) for s in alone
+            ], (consumer, field, layer)
 
 
 @settings(max_examples=120, deadline=None)
@@ -252,7 +303,8 @@ def test_the_checker_catches_dropped_repeated_and_misplaced_copies(
         _with_pairs(result, (dropped, *result.pairs[1:])),
         _with_pairs(result, (repeated, *result.pairs[1:])),
         _edit_first(result, {"src_offset_bytes": segment.src_offset_bytes + 10**9}),
-        _edit_first(result, {"layer": 10**6}),
+        _edit_first(result, {"layers": (10**6,)}),
+        _edit_first(result, {"layers": segment.layers[1:]}),  # a layer left unwritten
     ]
     for plan in broken:
         assert transfer_violations(plan) != []

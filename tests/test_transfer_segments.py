@@ -18,6 +18,12 @@ from k3layout import (
     rank_sizes,
 )
 from k3layout.transfer import Segment, part_segment, slot_parts, token_segments
+from k3layout.transfer.segments import (
+    derive_part_segment,
+    derive_token_segments,
+    planned_segment,
+    segment_fields,
+)
 
 H, D, K = 96, 128, 4  # K3's KDA heads, head dim, short conv kernel
 
@@ -115,19 +121,48 @@ def test_a_placed_dimension_outside_the_shape_is_rejected() -> None:
 
 def test_copies_that_touch_end_to_end_become_one_copy() -> None:
     segment = Segment.strided(
-        "latent", 3, "page", src_offset_bytes=0, dst_offset_bytes=0, length_bytes=8, num_copies=4,
-        src_stride_bytes=8, dst_stride_bytes=8,
+        "latent", (3,), "page", src_offset_bytes=0, dst_offset_bytes=0, length_bytes=8,
+        num_copies=4, src_stride_bytes=8, dst_stride_bytes=8,
     )  # fmt: skip
     assert (segment.num_copies, segment.length_bytes) == (1, 32)
     assert (segment.src_stride_bytes, segment.dst_stride_bytes) == (0, 0)
 
 
 def test_overlapping_strided_copies_are_rejected() -> None:
-    with pytest.raises(Refusal):
+    with pytest.raises(Refusal, match="strides") as refused:
         Segment(
-            field="conv", layer=0, kind="slot", src_offset_bytes=0, dst_offset_bytes=0,
+            field="conv", layers=(0,), kind="slot", src_offset_bytes=0, dst_offset_bytes=0,
             length_bytes=8, num_copies=2, src_stride_bytes=4, dst_stride_bytes=8,
         )  # fmt: skip
+    assert refused.value.code == "invalid_argument"
+
+
+@pytest.mark.parametrize("layers", [(4, 2), (2, 2), (0, 5, 5, 7)])
+def test_a_segment_names_its_layers_once_each_in_increasing_order(
+    layers: tuple[int, ...],
+) -> None:
+    with pytest.raises(Refusal, match="increasing") as refused:
+        Segment(
+            field="conv", layers=layers, kind="slot", src_offset_bytes=0, dst_offset_bytes=0,
+            length_bytes=8,
+        )  # fmt: skip
+    assert refused.value.code == "invalid_argument"
+
+
+def test_a_segment_of_several_layers_moves_its_copies_into_each() -> None:
+    segment = Segment(
+        field="conv", layers=(0, 1, 2, 4), kind="slot", src_offset_bytes=16, dst_offset_bytes=0,
+        length_bytes=8, num_copies=3, src_stride_bytes=32, dst_stride_bytes=8,
+    )  # fmt: skip
+    assert segment.regions == (("conv", 0), ("conv", 1), ("conv", 2), ("conv", 4))
+    assert segment.copies() == ((16, 0, 8), (48, 8, 8), (80, 16, 8))  # the same in each layer
+    assert (segment.num_regions, segment.region_bytes) == (4, 3 * 8)
+    assert segment.total_bytes == 4 * 3 * 8
+    cursor = Segment(
+        field="cursor", layers=(), kind="slot", src_offset_bytes=0, dst_offset_bytes=0,
+        length_bytes=4,
+    )  # fmt: skip
+    assert (cursor.regions, cursor.num_regions, cursor.total_bytes) == ((("cursor", None),), 1, 4)
 
 
 def test_the_docstring_example_dcp4_interleave2_13_tokens_rank1() -> None:
@@ -168,3 +203,34 @@ def test_token_segments_are_the_interleave_runs_of_the_rank(
     assert (
         len(token_segments(0, "latent", row, tokens, placement, rank=rank)) <= 2
     )  # not one per run
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    num_ranks=st.integers(1, 8),
+    interleave=st.sampled_from((1, 2, 3, 4, 16)),
+    tokens=st.integers(0, 300),
+    data=st.data(),
+)
+def test_the_planners_unvalidated_segments_equal_the_validated_ones(
+    num_ranks: int, interleave: int, tokens: int, data: st.DataObject
+) -> None:
+    """The planner makes its segments without validation (planned_segment, segment_fields);
+    they equal what the validated path gives, field for field."""
+    placement = Interleave(num_ranks=num_ranks, interleave=interleave)
+    rank = data.draw(st.integers(0, num_ranks - 1))
+    checked = token_segments(5, "latent", 6, tokens, placement, rank=rank)
+    planned = derive_token_segments(
+        5, "latent", 6, tokens, placement, rank=rank, make=planned_segment
+    )
+    fields = derive_token_segments(
+        5, "latent", 6, tokens, placement, rank=rank, make=segment_fields
+    )
+    assert planned == checked
+    assert [Segment.model_validate(f) for f in fields] == list(checked)
+    for segment in planned:  # each a valid record: validating its dump gives it back
+        assert Segment.model_validate(segment.model_dump()) == segment
+    conv = CachePart(name="conv", shape=(5, 3, 96, 128), dtype="bfloat16", tp=Shard(dim=2))
+    for d in range(8):
+        made = derive_part_segment(conv, 40, (2, d // 4), (8, d), planned_segment)
+        assert made == part_segment(conv, 40, (2, d // 4), (8, d))

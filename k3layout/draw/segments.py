@@ -50,13 +50,12 @@ def segment_map(result: TransferPlan) -> tuple[tuple[int, ...], ...]:
     for pair in result.pairs:
         row = grid[pair.consumer]
         for segment in pair.segments:
-            if segment.layer is None:
-                continue
-            current = row[segment.layer]
-            if current == NO_PRODUCER:
-                row[segment.layer] = pair.producer
-            elif current != pair.producer:
-                row[segment.layer] = SEVERAL_PRODUCERS
+            for layer in segment.layers:  # none for the cursor
+                current = row[layer]
+                if current == NO_PRODUCER:
+                    row[layer] = pair.producer
+                elif current != pair.producer:
+                    row[layer] = SEVERAL_PRODUCERS
     return tuple(tuple(row) for row in grid)
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Literal, TypeAlias
 from pydantic import Field, NonNegativeInt
 
 from .._args import expect, expect_int
-from .._frozen import Frozen, trusted
+from .._frozen import Frozen, trusted, trusted_maker, trusted_record
 from ..cache import LayerCacheSpec
 from ..deployment import Deployment
 from ..errors import Refusal
@@ -36,12 +36,21 @@ class Group(Frozen):
 
     def project(self, stage_layers: frozenset[int]) -> Group:
         """The same group restricted to the layers a stage holds (order kept)."""
-        layers = tuple(layer for layer in self.layers if layer in stage_layers)
+        return self.restricted([layer for layer in self.layers if layer in stage_layers])
+
+    def restricted(self, layers: list[int]) -> Group:
+        """The same group with only ``layers``, a subsequence of its own (order kept)."""
         if len(layers) == len(self.layers):
             return self
         # A subsequence of this (validated) group's layers: nothing to re-validate.
-        return trusted(
-            Group, name=self.name, kind=self.kind, layers=layers, first_plane=self.first_plane
+        return trusted_record(
+            Group,
+            {
+                "name": self.name,
+                "kind": self.kind,
+                "layers": tuple(layers),
+                "first_plane": self.first_plane,
+            },
         )
 
     def plane_of(self, position: int) -> int:
@@ -138,23 +147,41 @@ def project_stages(
     """Split the model's module layers over ``deployment.pp`` stages (vLLM's split; draft
     layers on the last stage) and project ``groups`` onto each."""
     bounds = pp_stage_bounds(model.num_layers, deployment.pp, deployment.pp_partition)
-    stages: list[Stage] = []
-    for index, (start, end) in enumerate(bounds):
-        layers = tuple(range(start, end))
-        if index == len(bounds) - 1:
-            layers += model.draft_layer_ids
-        held = frozenset(layers)
-        if len(bounds) == 1:
-            # One stage holds every module layer: each group is its own projection.
-            stages.append(trusted(Stage, index=index, layers=layers, groups=groups))
-            break
-        # Stage bounds and projections of validated groups: nothing to re-validate.
-        stages.append(
-            trusted(
-                Stage, index=index, layers=layers, groups=tuple(g.project(held) for g in groups)
+    if len(bounds) == 1:
+        # One stage holds every module layer: each group is its own projection.
+        layers = tuple(range(len(model.module_layers)))
+        return (trusted(Stage, groups=groups, index=0, layers=layers),)
+    # Each stage holds a contiguous range of module layers (the last one the draft layers
+    # too, numbered after the target's): every group's layers are dealt to their stages in
+    # one pass, in the group's order (each stage's projection of the group).
+    ranges = [range(start, end) for start, end in bounds]
+    ranges[-1] = range(bounds[-1][0], len(model.module_layers))
+    stage_of = [index for index, held in enumerate(ranges) for _ in held]
+    projected: list[list[Group]] = [[] for _ in ranges]
+    make_group = trusted_maker(Group)
+    for group in groups:
+        runs: list[list[int]] = [[] for _ in ranges]
+        for layer in group.layers:
+            runs[stage_of[layer]].append(layer)
+        for into, run in zip(projected, runs, strict=True):
+            # A subsequence of a validated group's layers: nothing to re-validate.
+            into.append(
+                group
+                if len(run) == len(group.layers)
+                else make_group(
+                    {
+                        "name": group.name,
+                        "kind": group.kind,
+                        "layers": tuple(run),
+                        "first_plane": group.first_plane,
+                    }
+                )
             )
-        )
-    return tuple(stages)
+    make_stage = trusted_maker(Stage)
+    return tuple(
+        make_stage({"groups": tuple(held_groups), "index": index, "layers": tuple(held)})
+        for index, (held, held_groups) in enumerate(zip(ranges, projected, strict=True))
+    )
 
 
 def split_strided(layers: tuple[int, ...], num_groups: int) -> tuple[tuple[int, ...], ...]:

@@ -396,7 +396,8 @@ def group_vllm(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
         prefix = None if list(kinds.values()).count(kind) == 1 else sizes.specs[index].kind
         names = group_names(kind, len(splits), prefix)
         groups.extend(
-            trusted(Group, name=n, kind=kind, layers=s) for n, s in zip(names, splits, strict=True)
+            trusted(Group, name=n, kind=kind, layers=s, first_plane=0)
+            for n, s in zip(names, splits, strict=True)
         )
     return tuple(groups)
 
@@ -423,14 +424,18 @@ def pack_vllm(
             hint=f"use a dcp_interleave that divides {block}, e.g. "
             f"dcp_interleave={math.gcd(block, deployment.dcp_interleave)}",
         )
+    # The pipeline's own validated inputs and the sizes just derived from them: the plan is
+    # its own derivation (pack runs inside deriving()), so there is nothing to re-validate.
     return checked_bytes(
-        VllmPlan(
+        trusted(
+            VllmPlan,
+            groups=groups,
             model=model,
             deployment=deployment,
+            stages=stages,
+            engine="vllm",
             block_tokens=block,
             page_bytes=page,
-            groups=groups,
-            stages=stages,
         ),
         "block_bytes",
     )

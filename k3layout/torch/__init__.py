@@ -27,6 +27,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
 
 del _torch
 
+from ..transfer import RegionKey  # noqa: E402
 from .allocation import TORCH_DTYPES, Allocation, Registered, allocate, cut, parts_of  # noqa: E402
 from .images import (  # noqa: E402
     PageUnits,
@@ -39,7 +40,6 @@ from .images import (  # noqa: E402
 )
 from .live import LiveLayout, tensor_view, validate  # noqa: E402
 from .regions import (  # noqa: E402
-    RegionKey,
     apply_segments,
     restore_across_tp,
     tier_regions,

@@ -22,15 +22,12 @@ import torch
 
 from ..cache import PartRange
 from ..errors import Refusal
-from ..transfer import Region, RegionField, TransferPlan
+from ..transfer import Region, RegionKey, TransferPlan
 from .allocation import Registered, parts_of
 from .images import plane_view
 from .live import LiveLayout
 from .tables import BlockTables, boundary_row
 from .tier import Tier
-
-RegionKey = tuple[RegionField, int | None]
-"""``(field, module layer)``: how segments name a region."""
 
 
 def _check_conv_layout(transfer: TransferPlan, layout: LiveLayout, side: str) -> None:
@@ -142,12 +139,13 @@ def apply_segments(
     ]
     for pair in transfer.pairs:
         for segment in pair.segments:
-            source = sources[pair.producer][segment.region]
-            target = targets[pair.consumer][segment.region]
             shape = (segment.num_copies, segment.length_bytes)
-            _strided(target, segment.dst_offset_bytes, segment.dst_stride_bytes, shape).copy_(
-                _strided(source, segment.src_offset_bytes, segment.src_stride_bytes, shape)
-            )
+            for region in segment.regions:  # the same copies in each of the segment's layers
+                source = sources[pair.producer][region]
+                target = targets[pair.consumer][region]
+                _strided(target, segment.dst_offset_bytes, segment.dst_stride_bytes, shape).copy_(
+                    _strided(source, segment.src_offset_bytes, segment.src_stride_bytes, shape)
+                )
     return targets
 
 

@@ -27,7 +27,14 @@ from .plan import (
 )
 from .regions import Region, rank_regions, slot_parts
 from .report import RankPairReport, TransferReport, transfer_report
-from .segments import RegionField, RegionKind, Segment, part_segment, token_segments
+from .segments import (
+    RegionField,
+    RegionKey,
+    RegionKind,
+    Segment,
+    part_segment,
+    token_segments,
+)
 
 __all__ = [
     "MATCHED_FIELDS",
@@ -35,6 +42,7 @@ __all__ = [
     "RankPairReport",
     "Region",
     "RegionField",
+    "RegionKey",
     "RegionKind",
     "Segment",
     "TransferPlan",

@@ -2,7 +2,8 @@
 can assert before moving a byte.
 
 - every segment reads a region its producer holds and writes one its consumer holds (same field
-  and module layer), and the pair is in one head group;
+  and module layer), for each of its layers, and the pair is in one head group;
+- the layers of one segment share a cache spec;
 - every source copy lies inside its producer's region;
 - each consumer region is tiled exactly by its copies: every destination byte written once,
   no two copies overlap, none is left unwritten;
@@ -17,9 +18,7 @@ from .._args import expect_args
 from .pairing import pairing_refusal
 from .plan import TransferPlan
 from .regions import Region
-from .segments import RegionField
-
-RegionKey = tuple[RegionField, int | None]
+from .segments import RegionKey, Segment
 
 
 def _tiling_violations(
@@ -39,6 +38,43 @@ def _tiling_violations(
         problems.append(
             f"consumer {consumer} {region.key}: written up to byte {end} of {region.size_bytes}"
         )
+    return problems
+
+
+def _segment_violations(
+    result: TransferPlan,
+    producer: int,
+    held: dict[RegionKey, Region],
+    segment: Segment,
+    region: RegionKey,
+) -> list[str]:
+    """What is wrong with ``segment``'s copies in one of its regions, read from ``producer``."""
+    problems: list[str] = []
+    source = held.get(region)
+    if source is None:
+        problems.append(f"producer {producer} holds no region {region}")
+    elif segment.src_end_bytes > source.size_bytes:
+        problems.append(
+            f"producer {producer} {region}: reads up to byte {segment.src_end_bytes} of "
+            f"{source.size_bytes}"
+        )
+    field, layer = region
+    row_bytes = (
+        result.decode_sizes.spec_of(layer).part(field).local_bytes(result.decode.attn_tp)
+        if segment.kind == "page" and layer is not None
+        else 1
+    )
+    if any(
+        value % row_bytes
+        for value in (
+            segment.length_bytes,
+            segment.src_offset_bytes,
+            segment.dst_offset_bytes,
+            segment.src_stride_bytes,
+            segment.dst_stride_bytes,
+        )
+    ):
+        problems.append(f"latent segment {segment} splits a {row_bytes} B row of {region}")
     return problems
 
 
@@ -63,32 +99,16 @@ def transfer_violations(result: TransferPlan) -> list[str]:
         if refusal is not None:
             problems.append(f"pair {pair.producer} -> {pair.consumer}: {refusal}")
         for segment in pair.segments:
-            source = held.get(segment.region)
-            if source is None:
-                problems.append(f"producer {pair.producer} holds no region {segment.region}")
-            elif segment.src_end_bytes > source.size_bytes:
+            specs = {sizes.layer_specs[n] for n in segment.layers if n < len(sizes.layer_specs)}
+            if len(specs) > 1:
                 problems.append(
-                    f"producer {pair.producer} {segment.region}: reads up to byte "
-                    f"{segment.src_end_bytes} of {source.size_bytes}"
+                    f"pair {pair.producer} -> {pair.consumer}: segment {segment.field} names "
+                    f"layers {segment.layers} of different cache specs"
                 )
-            row_bytes = (
-                sizes.spec_of(segment.layer).part(segment.field).local_bytes(result.decode.attn_tp)
-                if segment.kind == "page" and segment.layer is not None
-                else 1
-            )
-            if any(
-                value % row_bytes
-                for value in (
-                    segment.length_bytes,
-                    segment.src_offset_bytes,
-                    segment.dst_offset_bytes,
-                    segment.src_stride_bytes,
-                    segment.dst_stride_bytes,
-                )
-            ):
-                problems.append(f"latent segment {segment} splits a {row_bytes} B row")
-            spans = written[pair.consumer].setdefault(segment.region, [])
-            spans.extend((dst, length) for _, dst, length in segment.copies())
+            for key in segment.regions:
+                problems += _segment_violations(result, pair.producer, held, segment, key)
+                spans = written[pair.consumer].setdefault(key, [])
+                spans.extend((dst, length) for _, dst, length in segment.copies())
     for consumer in range(result.num_consumers):
         regions = result.consumer_regions(consumer)
         keys = {region.key for region in regions}

@@ -28,6 +28,9 @@ from ..placements import Shard
 MAX_LISTED_GROUP = 64
 """A head group of at most this many consumers is listed whole in a refusal's facts."""
 
+_CONSUMER_SHARES = Shard()
+"""How the consumer shares are dealt to producer TP ranks: evenly, in order."""
+
 
 def rank_of(stage: int, tp_rank: int, attn_tp: int) -> int:
     """Rank number of TP rank ``tp_rank`` on pipeline stage ``stage``."""
@@ -73,7 +76,7 @@ def head_group(producer_tp_rank: int, prefill_tp: int, decode_tp: int) -> range:
     refusal = tp_multiple_refusal(prefill_tp, decode_tp)
     if refusal is not None:
         raise refusal
-    size, offset = Shard().local_size_and_offset(decode_tp, prefill_tp, producer_tp_rank)
+    size, offset = _CONSUMER_SHARES.local_size_and_offset(decode_tp, prefill_tp, producer_tp_rank)
     return range(offset, offset + size)
 
 

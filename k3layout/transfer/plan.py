@@ -11,8 +11,11 @@ the consumer's head group (:mod:`~k3layout.transfer.pairing`):
   the consumer receives its TP share (:meth:`~.segments.FieldLayout.segment`). The ReplaySSM
   cursor is written whole, once, by the producer of the stage's first KDA layer.
 
-Rows are placed by module layer: a segment names the module layer on both sides, so the
-state of KDA layer 40 lands in layer 40's slot wherever the two sides cut their stages.
+Rows are placed by module layer: a segment names its module layers on both sides, so the
+state of KDA layer 40 lands in layer 40's slot wherever the two sides cut their stages. One
+segment covers every layer of one cache spec that one producer stage sends a consumer (the
+copies are the same in each), so a PP8 x TP1 -> TP8 x DCP8 transfer of K3 has 3 segments per
+pair, not one per layer and part.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from typing import Any
 from pydantic import NonNegativeInt, PositiveInt, model_validator
 
 from .._args import expect_args
-from .._derivation import SelfChecked, check_derivation, deriving, is_deriving
-from .._frozen import Frozen, trusted, trusted_variant
+from .._derivation import SelfChecked, check_derivation, is_deriving
+from .._frozen import Frozen, trusted, trusted_filler, trusted_maker
 from .._validation import describe
-from ..cache import LayerCacheSpec
+from ..cache import CachePart, LayerCacheSpec
 from ..constants import MAX_PROMPT_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
@@ -36,7 +39,6 @@ from ..model import HybridModel
 from ..placements import Interleave
 from ..sizes import RankSizes, rank_sizes
 from .pairing import (
-    check_pairing,
     coords_of,
     dcp_rank_of,
     paired_producer,
@@ -44,7 +46,14 @@ from .pairing import (
     tp_multiple_refusal,
 )
 from .regions import Region, rank_regions, slot_parts
-from .segments import RegionKind, Segment, part_segment, token_segments
+from .segments import (
+    RegionKind,
+    Segment,
+    derive_part_segment,
+    derive_token_segments,
+    planned_segment,
+    segment_fields,
+)
 
 MATCHED_FIELDS: tuple[str, ...] = (
     "kv_dtype",
@@ -327,66 +336,100 @@ def plan_transfer(
     refusal = tp_multiple_refusal(prefill.attn_tp, decode.attn_tp)
     if refusal is not None:
         raise refusal
-    producer_stage = {layer: stage.index for stage in prefill_plan.stages for layer in stage.layers}
+    producer_stage: dict[int, int] = {}  # module layer -> the prefill stage holding it
+    for held in prefill_plan.stages:
+        producer_stage.update(dict.fromkeys(held.layers, held.index))
     sizes = decode_plan.sizes
     cursor = sizes.cursor
     tp_p, tp_d = prefill.attn_tp, decode.attn_tp
-    pairs: list[RankPair] = []
-    # A layer's segments differ from another layer of its spec only in the layer they name:
+    num_consumers = decode.pp * tp_d
+    pairs: list[tuple[int, RankPair]] = []  # by (producer, consumer), as one sort key
+    # A layer's segments differ from another layer of its spec only in the layers they name:
     # each consumer TP rank's segments of each spec are built (and checked) once, at the
-    # first layer that needs them, then copied for every other.
-    built: dict[tuple[int, int], tuple[Segment, ...]] = {}
+    # first layer that needs them, then named for every run of layers that one producer
+    # stage sends of that spec.
+    built: list[dict[int, tuple[dict[str, Any], ...]]] = [{} for _ in range(tp_d)]
+    part_rows: dict[int, tuple[tuple[CachePart, int, int], ...]] = {}  # by spec, for every rank
+    name_run, make_pair = trusted_filler(Segment, "layers"), trusted_maker(RankPair)
+    # Each consumer TP rank's producer, in its head group by construction (part_segment
+    # refuses a share outside the producer's, and transfer_violations checks every pair).
+    sources = tuple(paired_producer(tp_rank, tp_p, tp_d) for tp_rank in range(tp_d))
     for stage in decode_plan.stages:
-        for tp_rank in range(tp_d):
-            source = paired_producer(tp_rank, tp_p, tp_d)
-            check_pairing(source, tp_rank, tp_p, tp_d)
-            dcp_rank = dcp_rank_of(tp_rank, decode.dcp)
-            by_stage: dict[int, list[Segment]] = {}
-            first_state: int | None = None
-            for layer in stage.layers:
-                into = by_stage.setdefault(producer_stage[layer], [])
-                index = sizes.layer_specs[layer]
-                first = built.get((index, tp_rank))
-                if first is not None:
-                    into.extend(trusted_variant(s, layer=layer) for s in first)
-                else:
-                    spec = sizes.specs[index]
-                    src, dst = (tp_p, source), (tp_d, tp_rank)
-                    first = (
-                        _row_segments(spec, layer, prompt_tokens, src, dst, dcp_rank=dcp_rank)
-                        if spec.paging == "token"
-                        else tuple(
-                            part_segment(p, layer, src, dst) for p in slot_parts(sizes, layer)
+        runs = _layer_runs(stage.layers, producer_stage, sizes.layer_specs)
+        first_state = next(
+            (
+                layer
+                for layer in stage.layers
+                if sizes.specs[sizes.layer_specs[layer]].paging == "slot"
+            ),
+            None,
+        )
+        cursor_stage = None if first_state is None else producer_stage[first_state]
+        for tp_rank, source in enumerate(sources):
+            templates = built[tp_rank]
+            consumer = rank_of(stage.index, tp_rank, tp_d)
+            for producer_stage_index, stage_runs in runs.items():
+                segments: list[Segment] = []
+                for index, layers in stage_runs:
+                    first = templates.get(index)
+                    if first is None:
+                        first = templates[index] = _spec_segments(
+                            sizes,
+                            index,
+                            layers[0],
+                            ((tp_p, source), (tp_d, tp_rank)),
+                            prompt_tokens=prompt_tokens,
+                            dcp_rank=dcp_rank_of(tp_rank, decode.dcp),
+                            part_rows=part_rows,
+                        )
+                    # Built above from validated fields for the run's first layer: nothing
+                    # to re-validate in naming the run.
+                    segments += name_run(first, layers)
+                if cursor is not None and producer_stage_index == cursor_stage:
+                    segments.append(
+                        derive_part_segment(
+                            cursor.parts[0],
+                            None,
+                            (tp_p, source),
+                            (tp_d, tp_rank),
+                            planned_segment,
                         )
                     )
-                    built[(index, tp_rank)] = first
-                    into.extend(first)
-                if first_state is None and sizes.specs[index].paging == "slot":
-                    first_state = layer
-            if cursor is not None and first_state is not None:
-                by_stage[producer_stage[first_state]].append(
-                    part_segment(cursor.parts[0], None, (tp_p, source), (tp_d, tp_rank))
-                )
-            consumer = rank_of(stage.index, tp_rank, tp_d)
-            # Segments built above from validated fields: nothing to re-validate.
-            pairs.extend(
-                trusted(
-                    RankPair,
-                    producer=rank_of(producer_stage_index, source, tp_p),
-                    consumer=consumer,
-                    segments=tuple(segments),
-                )
-                for producer_stage_index, segments in by_stage.items()
-                if segments
-            )
-    with deriving():  # the transfer is its own derivation: its validator need not re-plan
-        return TransferPlan(
-            model=model,
-            prefill=prefill,
-            decode=decode,
-            prompt_tokens=prompt_tokens,
-            pairs=tuple(sorted(pairs, key=lambda pair: (pair.producer, pair.consumer))),
-        )
+                if not segments:  # a DCP rank that owns none of a short prompt's tokens
+                    continue
+                producer = rank_of(producer_stage_index, source, tp_p)
+                pair = {"producer": producer, "consumer": consumer, "segments": tuple(segments)}
+                pairs.append((producer * num_consumers + consumer, make_pair(pair)))
+    pairs.sort(key=_sort_key)
+    # Inputs checked above and pairs derived from them: the transfer is its own derivation,
+    # nothing to re-validate or re-plan.
+    return trusted(
+        TransferPlan,
+        model=model,
+        prefill=prefill,
+        decode=decode,
+        prompt_tokens=prompt_tokens,
+        pairs=tuple(pair for _, pair in pairs),
+    )
+
+
+def _sort_key(keyed: tuple[int, RankPair]) -> int:
+    return keyed[0]
+
+
+def _layer_runs(
+    layers: tuple[int, ...], producer_stage: dict[int, int], layer_specs: tuple[int, ...]
+) -> dict[int, list[tuple[int, tuple[int, ...]]]]:
+    """A decode stage's ``layers`` by producer stage, then by cache spec index: each producer
+    stage's runs ``(spec index, layers)``, layers in module order, runs in the order of their
+    first layer. One segment of each part names each run."""
+    runs: dict[tuple[int, int], list[int]] = {}
+    for layer in layers:
+        runs.setdefault((producer_stage[layer], layer_specs[layer]), []).append(layer)
+    by_stage: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
+    for (stage, index), run in runs.items():
+        by_stage.setdefault(stage, []).append((index, tuple(run)))
+    return by_stage
 
 
 def _check_rank(side: str, rank: int, size: int) -> None:
@@ -399,6 +442,39 @@ def _check_rank(side: str, rank: int, size: int) -> None:
         )
 
 
+def _spec_segments(
+    sizes: RankSizes,
+    index: int,
+    layer: int,
+    ranks: tuple[tuple[int, int], tuple[int, int]],
+    *,
+    prompt_tokens: int,
+    dcp_rank: int,
+    part_rows: dict[int, tuple[tuple[CachePart, int, int], ...]],
+) -> tuple[dict[str, Any], ...]:
+    """The fields of the segments of module ``layer`` (of spec ``sizes.specs[index]``) from
+    producer ``ranks[0]`` to consumer ``ranks[1]`` (each ``(tp, tp_rank)``); ``part_rows``
+    keeps each attention spec's row bytes for every consumer rank."""
+    src, dst = ranks
+    spec = sizes.specs[index]
+    if spec.paging == "slot":
+        return tuple(
+            derive_part_segment(part, layer, src, dst, segment_fields)
+            for part in slot_parts(sizes, layer)
+        )
+    rows = part_rows.get(index)
+    if rows is None:
+        rows = part_rows[index] = _part_rows(spec, src[0], dst[0])
+    return _row_segments(spec, layer, prompt_tokens, src, dst, rows=rows, dcp_rank=dcp_rank)
+
+
+def _part_rows(
+    spec: LayerCacheSpec, src_tp: int, dst_tp: int
+) -> tuple[tuple[CachePart, int, int], ...]:
+    """Each part of an attention spec with its row bytes on a producer and a consumer rank."""
+    return tuple((part, part.local_bytes(src_tp), part.local_bytes(dst_tp)) for part in spec.parts)
+
+
 def _row_segments(
     spec: LayerCacheSpec,
     layer: int,
@@ -406,20 +482,29 @@ def _row_segments(
     src: tuple[int, int],
     dst: tuple[int, int],
     *,
+    rows: tuple[tuple[CachePart, int, int], ...],
     dcp_rank: int = 0,
-) -> tuple[Segment, ...]:
-    """The rows of every part of an attention layer that the consumer's DCP rank owns.
+) -> tuple[dict[str, Any], ...]:
+    """The fields of the segments of the rows of every part of an attention layer that the
+    consumer's DCP rank owns (``rows``: :func:`_part_rows` of ``spec``).
 
     A replicated row (MLA latent) is copied whole; a row whose heads the two TPs split
     differently (GQA's K and V) would need a copy per token per head slice, which a segment
     does not express with DCP, and is refused there."""
-    segments: list[Segment] = []
+    segments: list[dict[str, Any]] = []
     tokens = spec.dcp or Interleave(num_ranks=1)
-    for part in spec.parts:
-        src_row, dst_row = part.local_bytes(src[0]), part.local_bytes(dst[0])
+    for part, src_row, dst_row in rows:
         if src_row == dst_row:
             segments.extend(
-                token_segments(layer, part.name, dst_row, prompt_tokens, tokens, rank=dcp_rank)
+                derive_token_segments(
+                    layer,
+                    part.name,
+                    dst_row,
+                    prompt_tokens,
+                    tokens,
+                    rank=dcp_rank,
+                    make=segment_fields,
+                )
             )
             continue
         if tokens.num_ranks > 1:
@@ -437,11 +522,11 @@ def _row_segments(
                 },
                 hint="use dcp=1, or equal attention TP on both sides",
             )
-        head = part_segment(part, layer, src, dst)  # one token's share, inside the row
+        head = derive_part_segment(part, layer, src, dst, planned_segment)  # one token's share
         segments.append(
-            Segment.strided(
+            segment_fields(
                 part.name,
-                layer,
+                (layer,),
                 "page",
                 src_offset_bytes=head.src_offset_bytes,
                 dst_offset_bytes=0,

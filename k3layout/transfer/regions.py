@@ -28,7 +28,7 @@ from ..cache import CachePart
 from ..deployment import Deployment
 from ..sizes import RankSizes
 from .pairing import dcp_rank_of
-from .segments import RegionField, RegionKind
+from .segments import RegionField, RegionKey, RegionKind
 
 
 class Region(Frozen):
@@ -41,7 +41,7 @@ class Region(Frozen):
     size_bytes: NonNegativeInt
 
     @property
-    def key(self) -> tuple[str, int | None]:
+    def key(self) -> RegionKey:
         """``(field, layer)``: how segments name the region."""
         return (self.field, self.layer)
 

@@ -2,9 +2,11 @@
 
 A :class:`Segment` is a strided copy, ``num_copies`` runs of ``length_bytes``, the ``i``-th from
 ``src_offset_bytes + i * src_stride_bytes`` of a producer's region to ``dst_offset_bytes +
-i * dst_stride_bytes`` of the consumer's region of the same field and module layer. One
-segment stands for a whole run of equal copies (the rows of a time-major conv state, the MLA
-rows of one DCP rank), so a plan's size does not grow with the prompt.
+i * dst_stride_bytes`` of the consumer's region of the same field and module layer, applied to
+each of its module ``layers``. One segment stands for a whole run of equal copies (the rows of
+a time-major conv state, the MLA rows of one DCP rank) in every layer of one cache spec that
+one producer sends one consumer, so a plan's size grows neither with the prompt nor with the
+layers a stage holds.
 
 The segments come from placements, not index arithmetic: a field is a row-major array with a
 global shape and one TP placement (:class:`~k3layout.Shard` of one dimension, as DTensor's
@@ -16,12 +18,15 @@ producer's share by :meth:`FieldLayout.segment`. MLA rows on a DCP decode follow
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, TypeAlias
+from collections.abc import Callable
+from itertools import pairwise
+from typing import Annotated, Any, Literal, TypeAlias, TypeVar
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
-from .._frozen import Frozen
+from .._frozen import Frozen, trusted_record
 from ..cache import CachePart, Paging
+from ..constants import MAX_MODULE_LAYERS
 from ..errors import Refusal
 from ..placements import Interleave, Replicate
 
@@ -33,6 +38,15 @@ rows of an attention layer; ``conv``, ``recurrent`` and ReplaySSM's ``replay_k``
 RegionKind: TypeAlias = Literal["page", "slot"]
 """``page``: an attention layer's rows of the request's tokens; ``slot``: its state slot."""
 
+RegionKey: TypeAlias = tuple[RegionField, int | None]
+"""``(field, module layer)``: how a segment names each region it reads and writes (layer
+``None`` for the slot's cursor)."""
+
+SegmentLayers: TypeAlias = Annotated[
+    tuple[NonNegativeInt, ...], Field(max_length=MAX_MODULE_LAYERS)
+]
+"""The module layers a segment copies, in increasing order (empty for the slot's cursor)."""
+
 
 def region_kind(paging: Paging) -> RegionKind:
     """``page`` for a token-paged part, ``slot`` for a part of a state slot."""
@@ -40,7 +54,13 @@ def region_kind(paging: Paging) -> RegionKind:
 
 
 class Segment(Frozen):
-    """``num_copies`` copies of ``length_bytes`` from a producer region to a consumer region.
+    """``num_copies`` copies of ``length_bytes`` from a producer region to a consumer region,
+    for each module layer in ``layers``.
+
+    The copies are the same in every listed layer's region of ``field`` (the layers of one
+    cache spec that one producer stage sends one consumer: PP8 x TP1 -> TP8 x DCP8 of K3 sends
+    each consumer the conv state of stage 0's KDA layers 0, 1, 2, 4, 5, 6, 8, 9, 10 as one
+    segment); ``layers`` is empty for the slot's cursor, which belongs to no layer.
 
     Copy ``i`` reads ``[src_offset_bytes + i*src_stride_bytes, .. + length_bytes)`` and writes
     ``[dst_offset_bytes + i*dst_stride_bytes, .. + length_bytes)``. The conv state of TP8
@@ -60,7 +80,7 @@ class Segment(Frozen):
     """
 
     field: RegionField
-    layer: NonNegativeInt | None
+    layers: SegmentLayers
     kind: RegionKind
     src_offset_bytes: NonNegativeInt
     dst_offset_bytes: NonNegativeInt
@@ -68,6 +88,13 @@ class Segment(Frozen):
     num_copies: PositiveInt = 1
     src_stride_bytes: NonNegativeInt = 0
     dst_stride_bytes: NonNegativeInt = 0
+
+    @model_validator(mode="after")
+    def _layers_are_increasing(self) -> Segment:
+        layers = self.layers
+        if len(layers) > 1 and any(a >= b for a, b in pairwise(layers)):
+            raise ValueError(f"layers {layers} must be increasing, each named once")
+        return self
 
     @model_validator(mode="after")
     def _copies_do_not_overlap(self) -> Segment:
@@ -84,7 +111,7 @@ class Segment(Frozen):
     def strided(
         cls,
         field: RegionField,
-        layer: int | None,
+        layers: tuple[int, ...],
         kind: RegionKind,
         *,
         src_offset_bytes: int,
@@ -96,31 +123,38 @@ class Segment(Frozen):
     ) -> Segment:
         """The segment in its canonical form: copies that touch end to end on both sides
         become one copy; a single copy has strides 0."""
-        if num_copies > 1 and src_stride_bytes == dst_stride_bytes == length_bytes:
-            length_bytes, num_copies = length_bytes * num_copies, 1
-        if num_copies == 1:
-            src_stride_bytes = dst_stride_bytes = 0
         return cls(
-            field=field,
-            layer=layer,
-            kind=kind,
-            src_offset_bytes=src_offset_bytes,
-            dst_offset_bytes=dst_offset_bytes,
-            length_bytes=length_bytes,
-            num_copies=num_copies,
-            src_stride_bytes=src_stride_bytes,
-            dst_stride_bytes=dst_stride_bytes,
+            **_canonical(
+                field,
+                layers,
+                kind,
+                (src_offset_bytes, dst_offset_bytes),
+                (length_bytes, num_copies, src_stride_bytes, dst_stride_bytes),
+            )
         )
 
     @property
-    def region(self) -> tuple[RegionField, int | None]:
-        """The region this segment reads and writes: ``(field, layer)`` on both ranks."""
-        return (self.field, self.layer)
+    def regions(self) -> tuple[RegionKey, ...]:
+        """The regions this segment reads and writes, ``(field, layer)`` on both ranks: one
+        per layer, or ``(field, None)`` alone for the slot's cursor."""
+        if not self.layers:
+            return ((self.field, None),)
+        return tuple((self.field, layer) for layer in self.layers)
+
+    @property
+    def num_regions(self) -> int:
+        """Regions the copies are applied to: one per layer (one for the cursor)."""
+        return len(self.layers) or 1
+
+    @property
+    def region_bytes(self) -> int:
+        """Bytes the segment moves into each region: ``num_copies * length_bytes``."""
+        return self.num_copies * self.length_bytes
 
     @property
     def total_bytes(self) -> int:
-        """Bytes the segment moves: ``num_copies * length_bytes``."""
-        return self.num_copies * self.length_bytes
+        """Bytes the segment moves: ``num_regions * num_copies * length_bytes``."""
+        return self.num_regions * self.num_copies * self.length_bytes
 
     @property
     def src_end_bytes(self) -> int:
@@ -135,7 +169,8 @@ class Segment(Frozen):
         return last + self.length_bytes
 
     def copies(self) -> tuple[tuple[int, int, int], ...]:
-        """Every copy as ``(src_offset_bytes, dst_offset_bytes, length_bytes)``."""
+        """Every copy into one region as ``(src_offset_bytes, dst_offset_bytes,
+        length_bytes)``, offsets inside the region (the same in each of :attr:`regions`)."""
         return tuple(
             (
                 self.src_offset_bytes + i * self.src_stride_bytes,
@@ -146,14 +181,81 @@ class Segment(Frozen):
         )
 
 
+def _canonical(
+    field: RegionField,
+    layers: tuple[int, ...],
+    kind: RegionKind,
+    offsets: tuple[int, int],
+    copies: tuple[int, int, int, int],
+) -> dict[str, Any]:
+    """A segment's fields in canonical form (see :meth:`Segment.strided`), in declaration
+    order: ``offsets`` are (src, dst), ``copies`` (length, number, src stride, dst stride)."""
+    length_bytes, num_copies, src_stride_bytes, dst_stride_bytes = copies
+    if num_copies > 1 and src_stride_bytes == dst_stride_bytes == length_bytes:
+        length_bytes, num_copies = length_bytes * num_copies, 1
+    if num_copies == 1:
+        src_stride_bytes = dst_stride_bytes = 0
+    return {
+        "field": field,
+        "layers": layers,
+        "kind": kind,
+        "src_offset_bytes": offsets[0],
+        "dst_offset_bytes": offsets[1],
+        "length_bytes": length_bytes,
+        "num_copies": num_copies,
+        "src_stride_bytes": src_stride_bytes,
+        "dst_stride_bytes": dst_stride_bytes,
+    }
+
+
+def segment_fields(
+    field: RegionField,
+    layers: tuple[int, ...],
+    kind: RegionKind,
+    *,
+    src_offset_bytes: int,
+    dst_offset_bytes: int,
+    length_bytes: int,
+    num_copies: int = 1,
+    src_stride_bytes: int = 0,
+    dst_stride_bytes: int = 0,
+) -> dict[str, Any]:
+    """:meth:`Segment.strided`'s fields, canonical, in declaration order, unvalidated: the
+    transfer planner's template for the segments it makes (:func:`planned_segment`)."""
+    return _canonical(
+        field,
+        layers,
+        kind,
+        (src_offset_bytes, dst_offset_bytes),
+        (length_bytes, num_copies, src_stride_bytes, dst_stride_bytes),
+    )
+
+
+def planned_segment(
+    field: RegionField,
+    layers: tuple[int, ...],
+    kind: RegionKind,
+    **copies: int,
+) -> Segment:
+    """:meth:`Segment.strided`, made without validation (:func:`~k3layout._frozen.trusted`):
+    for the transfer planner only, whose every number comes from validated parts and
+    placements by the split algebra (strides at least the length, positive lengths)."""
+    return trusted_record(Segment, segment_fields(field, layers, kind, **copies))
+
+
+MadeT = TypeVar("MadeT")
+"""What a segment maker makes: a :class:`Segment`, or its fields (:func:`segment_fields`)."""
+
+
 def part_segment(
     part: CachePart,
     layer: int | None,
     src: tuple[int, int],
     dst: tuple[int, int],
 ) -> Segment:
-    """The copy that fills rank ``dst = (tp, rank)``'s share of a slot ``part`` from rank
-    ``src``'s.
+    """The copy that fills rank ``dst = (tp, rank)``'s share of a slot ``part`` of module
+    ``layer`` (``None``: the cursor, of no layer) from rank ``src``'s: a segment of that one
+    layer (:func:`~k3layout.plan_transfer` names every layer of the spec the same copy fills).
 
     A replicated part is copied whole. A sharded one: the consumer's slab along the placed
     axis must lie inside the producer's (its head group), else ``head_group_mismatch``; the
@@ -166,19 +268,33 @@ def part_segment(
     The SD conv state of K3, ``(K-1+s, 3, 96, 128)`` with ``Shard(2)``, gives ``3*(K-1+s)``
     copies, one per row and channel group (q, k, v).
     """
-    if isinstance(part.tp, Replicate):
+    return derive_part_segment(part, layer, src, dst, Segment.strided)
+
+
+def derive_part_segment(
+    part: CachePart,
+    layer: int | None,
+    src: tuple[int, int],
+    dst: tuple[int, int],
+    make: Callable[..., MadeT],
+) -> MadeT:
+    """:func:`part_segment`, made by ``make`` (:meth:`Segment.strided`, validated, or the
+    planner's :func:`planned_segment` / :func:`segment_fields`)."""
+    layers = () if layer is None else (layer,)
+    placement = part.tp
+    if isinstance(placement, Replicate):
         part.local_size_and_offset(*src)  # refuses a rank outside its TP group
-        return Segment.strided(
+        return make(
             part.name,
-            layer,
+            layers,
             "slot",
             src_offset_bytes=0,
             dst_offset_bytes=0,
             length_bytes=part.local_bytes(dst[0]),
         )
-    dim = part.tp.dim
-    src_size, src_off = part.local_size_and_offset(*src)
-    dst_size, dst_off = part.local_size_and_offset(*dst)
+    dim, shape = placement.dim, part.shape
+    src_size, src_off = placement.local_size_and_offset(shape[dim], *src)
+    dst_size, dst_off = placement.local_size_and_offset(shape[dim], *dst)
     if not src_off <= dst_off <= dst_off + dst_size <= src_off + src_size:
         raise Refusal(
             "head_group_mismatch",
@@ -194,15 +310,15 @@ def part_segment(
             },
             hint="pair each consumer with the producer whose share contains its own",
         )
-    inner = math.prod(part.shape[dim + 1 :]) * part.elem_bytes
-    return Segment.strided(
+    inner = math.prod(shape[dim + 1 :]) * part.elem_bytes
+    return make(
         part.name,
-        layer,
+        layers,
         "slot",
         src_offset_bytes=(dst_off - src_off) * inner,
         dst_offset_bytes=0,
         length_bytes=dst_size * inner,
-        num_copies=math.prod(part.shape[:dim]),
+        num_copies=math.prod(shape[:dim]),
         src_stride_bytes=src_size * inner,
         dst_stride_bytes=dst_size * inner,
     )
@@ -218,7 +334,8 @@ def token_segments(
     rank: int,
 ) -> tuple[Segment, ...]:
     """The MLA rows of tokens ``[0, prompt_tokens)`` that DCP rank ``rank`` owns, copied from a
-    producer holding every token at row ``t`` to the consumer's local rows.
+    producer holding every token at row ``t`` to the consumer's local rows of module ``layer``
+    (segments of that one layer).
 
     The rank's tokens are runs of ``interleave`` consecutive tokens, one per span of
     ``num_ranks * interleave``: all full runs are one strided segment, a partial last run a
@@ -230,15 +347,44 @@ def token_segments(
 
     Without DCP (one rank) the runs touch end to end and become one whole copy.
     """
+    return derive_token_segments(
+        layer, field, row_bytes, prompt_tokens, placement, rank=rank, make=Segment.strided
+    )
+
+
+def derive_token_segments(
+    layer: int,
+    field: RegionField,
+    row_bytes: int,
+    prompt_tokens: int,
+    placement: Interleave,
+    *,
+    rank: int,
+    make: Callable[..., MadeT],
+) -> tuple[MadeT, ...]:
+    """:func:`token_segments`, made by ``make``."""
+    layers = (layer,)
     count = placement.local_count(prompt_tokens, rank)
+    if count and placement.num_ranks == 1:
+        # One rank (no DCP): the runs touch end to end, one whole copy.
+        return (
+            make(
+                field,
+                layers,
+                "page",
+                src_offset_bytes=placement.global_token(rank, 0) * row_bytes,
+                dst_offset_bytes=0,
+                length_bytes=count * row_bytes,
+            ),
+        )
     run = placement.interleave
     full_runs, tail = divmod(count, run)
-    segments: list[Segment] = []
+    segments: list[MadeT] = []
     if full_runs:
         segments.append(
-            Segment.strided(
+            make(
                 field,
-                layer,
+                layers,
                 "page",
                 src_offset_bytes=placement.global_token(rank, 0) * row_bytes,
                 dst_offset_bytes=0,
@@ -250,27 +396,14 @@ def token_segments(
         )
     if tail:
         local = full_runs * run
-        first = placement.global_token(rank, local)
-        whole = segments[0] if segments else None
-        if whole is not None and whole.num_copies == 1 and whole.src_end_bytes == first * row_bytes:
-            # One rank (no DCP): the tail continues the whole copy.
-            segments[0] = Segment.strided(
+        segments.append(
+            make(
                 field,
-                layer,
+                layers,
                 "page",
-                src_offset_bytes=whole.src_offset_bytes,
-                dst_offset_bytes=0,
-                length_bytes=count * row_bytes,
+                src_offset_bytes=placement.global_token(rank, local) * row_bytes,
+                dst_offset_bytes=local * row_bytes,
+                length_bytes=tail * row_bytes,
             )
-        else:
-            segments.append(
-                Segment.strided(
-                    field,
-                    layer,
-                    "page",
-                    src_offset_bytes=first * row_bytes,
-                    dst_offset_bytes=local * row_bytes,
-                    length_bytes=tail * row_bytes,
-                )
-            )
+        )
     return tuple(segments)
