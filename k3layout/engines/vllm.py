@@ -11,6 +11,8 @@ vLLM's own code on CPU).
   the groups (their layers, in order), the backing's size for its ``num_blocks``, and where
   every tensor's offset and strides put each layer's pages. The refusal (``plan_mismatch``)
   names the first difference: the planned value, vLLM's value and the layer.
+- :func:`check_kv_caches`: then the tensors the worker bound to every layer
+  (:mod:`~k3layout.engines.vllm_caches`).
 """
 
 from __future__ import annotations
@@ -25,8 +27,16 @@ from ..deployment import Deployment
 from ..errors import Refusal
 from ..layouts import VllmPlan, plan_vllm
 from ..model import HybridModel, model_from_config
+from .vllm_caches import check_bound_caches
 
-__all__ = ["check_kv_cache_config", "layer_of", "model_from_vllm", "plan_from_vllm"]
+__all__ = [
+    "check_kv_cache_config",
+    "check_kv_caches",
+    "deployment_from_vllm",
+    "layer_of",
+    "model_from_vllm",
+    "plan_from_vllm",
+]
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _KV_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8"}
@@ -171,6 +181,22 @@ def check_kv_cache_config(vllm_config: Any, kv_cache_config: Any, stage: int = 0
                 if got != want:
                     raise _mismatch(f"page of block {block}", want, got, layer=layer)
     return result
+
+
+def check_kv_caches(
+    vllm_config: Any, kv_cache_config: Any, kv_caches: Any, stage: int = 0
+) -> VllmPlan:
+    """Check the caches a worker of pipeline stage ``stage`` bound (``kv_caches``: layer
+    name -> tensor, one int8 backing viewed per layer) against the plan of ``vllm_config``:
+    first ``kv_cache_config`` (:func:`check_kv_cache_config`), then, for every layer, its
+    name (vLLM's, :func:`~k3layout.offload.naming_rule`), dtype, shape and strides, that it
+    views the one backing, the address of its pages of blocks 0, 1 and N-1 relative to the
+    backing (layer ``j`` of every group on plane ``j``) and, for a KDA layer, where its conv
+    and recurrent states sit in the page. Works on CUDA, CPU and ``meta`` tensors (read by
+    their attributes). Returns the plan; refuses the first difference naming the layer
+    (``tensor_mismatch``, ``aliasing``)."""
+    result = check_kv_cache_config(vllm_config, kv_cache_config, stage)
+    return check_bound_caches(result, kv_cache_config, kv_caches, stage)
 
 
 def _count(record: Any, name: str) -> int:

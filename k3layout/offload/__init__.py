@@ -16,7 +16,16 @@ from .image import (
     checkpoint_image,
     page_regions,
 )
-from .names import LayerNames, engine_layer_names, index_region_name, name_order
+from .names import (
+    NAMING_RULES,
+    LayerNames,
+    NamingEngine,
+    NamingRule,
+    engine_layer_names,
+    index_region_name,
+    name_order,
+    naming_rule,
+)
 from .plane_order import PlaneOrder, PlaneShare, plane_order
 from .report import HitReport, RideReport, ride_report
 from .ride import (
@@ -34,6 +43,7 @@ from .ride import (
 from .views import TensorView, vllm_views
 
 __all__ = [
+    "NAMING_RULES",
     "RIDABLE_MODEL_TYPE",
     "CheckpointImage",
     "GroupSpan",
@@ -44,6 +54,8 @@ __all__ = [
     "MambaCacheMode",
     "Misplaced",
     "MisplacedBy",
+    "NamingEngine",
+    "NamingRule",
     "PageRegion",
     "PlaneOrder",
     "PlaneShare",
@@ -61,6 +73,7 @@ __all__ = [
     "engine_layer_names",
     "index_region_name",
     "name_order",
+    "naming_rule",
     "page_regions",
     "plan_ride",
     "plane_order",

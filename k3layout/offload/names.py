@@ -1,18 +1,23 @@
-"""The names an engine registers its cache layers under, defined once.
+"""The names an engine registers its cache layers under: one naming rule per engine.
 
-vLLM registers every attention and KDA layer in its static forward context under the module
-path of the layer; the KV connector sees the same names. The convention here:
+An engine registers every attention and KDA layer under a name (vLLM: the layer's module
+path in its static forward context; a KV connector sees the same names). The names matter
+beyond cosmetics: an engine that publishes PAGE planes *by name* orders them by these
+strings, and the ride's plane order and aliasing check match on them. The rules, as each
+engine really names the layers (:data:`NAMING_RULES`):
 
-- target MLA layer ``i``: ``model.layers.{i}.self_attn.attn``
-- target KDA layer ``i``: ``model.layers.{i}.self_attn``
-- draft MLA layer ``k`` (the draft's own count from 0): ``draft.layers.{k}.self_attn.attn``
-- the DSA index region of an attention layer: ``<attention name>.indexer.k_cache``
-
-The speculative draft (K3's DSpark) is its own module tree, loaded after the target, so its
-layers are *registered* after the target's (module layers 93..97) but their names begin with
-``draft.``, which sorts before ``model.``. In name order the five draft layers therefore come
-first: five of K3 + DSpark's 29 attention layers sort ahead of the 23 the KDA state aliases,
-which is what the seed's first boot ran into.
+- ``atom`` (seed 000's connector, the default here): target MLA layer ``i``
+  ``model.layers.{i}.self_attn.attn``, target KDA layer ``i`` ``model.layers.{i}.self_attn``,
+  draft MLA layer ``k`` (the draft's own count) ``draft.layers.{k}.self_attn.attn``. The
+  draft is its own module tree, registered after the target but sorting *before* it
+  (``draft.`` < ``model.``): five of K3 + DSpark's 29 attention layers sort ahead of the 23
+  the KDA state aliases, which is what the seed's first boot ran into.
+- ``vllm`` (vLLM 0.33, read off the names its ``KVCacheConfig`` and bound caches carry):
+  every layer ``{prefix}model.layers.{i}.self_attn``, MLA and KDA alike, where the prefix is
+  ``language_model.`` for Kimi-K3 (a multimodal wrapper, ``KimiK3ForConditionalGeneration``)
+  and empty for Kimi-Linear; a DSpark or MTP draft continues the target's numbering without
+  the prefix (``model.layers.93.self_attn``).
+- The DSA index region of an attention layer: ``<attention name>.indexer.k_cache``.
 
 *Name order* is plain string order (``sorted``), as an engine gets when it publishes planes by
 name: ``model.layers.11...`` sorts before ``model.layers.3...``.
@@ -23,23 +28,78 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Final
+from typing import Final, Literal, TypeAlias
 
 from pydantic import model_validator
 
-from .._args import expect_args
+from .._args import expect, expect_args
 from .._frozen import Frozen, trusted
 from ..errors import Refusal
 from ..model import HybridModel
 
-TARGET_ATTENTION_NAME: Final = "model.layers.{layer}.self_attn.attn"
-"""An MLA layer of the target; ``layer`` is the module layer id."""
+NamingEngine: TypeAlias = Literal["atom", "vllm"]
+"""An engine whose naming rule is known (:data:`NAMING_RULES`)."""
 
-TARGET_KDA_NAME: Final = "model.layers.{layer}.self_attn"
-"""A KDA layer of the target (vLLM registers the KDA module itself under ``self_attn``)."""
 
-DRAFT_ATTENTION_NAME: Final = "draft.layers.{index}.self_attn.attn"
-"""A draft MLA layer; ``index`` counts the draft's own layers from 0."""
+class NamingRule(Frozen):
+    """How one engine names one model's cache layers. Each template takes ``{layer}`` (the
+    module layer id) or, for a draft, ``{index}`` (the draft's own count from 0)."""
+
+    engine: NamingEngine
+    model_types: tuple[str, ...]
+    """The ``model_type`` values the rule names (empty: any model)."""
+    attention: str
+    kda: str
+    draft: str
+    source: str
+    """Where the rule was read."""
+
+    def target_name(self, layer: int, *, attention: bool) -> str:
+        """The name of target module layer ``layer``."""
+        return (self.attention if attention else self.kda).format(layer=layer)
+
+    def draft_name(self, layer: int, index: int) -> str:
+        """The name of draft layer ``index`` (module layer ``layer``)."""
+        return self.draft.format(layer=layer, index=index)
+
+
+NAMING_RULES: Final[tuple[NamingRule, ...]] = (
+    NamingRule(
+        engine="atom",
+        model_types=(),
+        attention="model.layers.{layer}.self_attn.attn",
+        kda="model.layers.{layer}.self_attn",
+        draft="draft.layers.{index}.self_attn.attn",
+        source="seed 000 (ATOM's KDA ride over vLLM's mp executor)",
+    ),
+    NamingRule(
+        engine="vllm",
+        model_types=("kimi_k3",),
+        attention="language_model.model.layers.{layer}.self_attn",
+        kda="language_model.model.layers.{layer}.self_attn",
+        draft="model.layers.{layer}.self_attn",
+        source="vLLM 0.33.0's KVCacheConfig and bound caches (tests/conformance)",
+    ),
+    NamingRule(
+        engine="vllm",
+        model_types=(),
+        attention="model.layers.{layer}.self_attn",
+        kda="model.layers.{layer}.self_attn",
+        draft="model.layers.{layer}.self_attn",
+        source="vLLM 0.33.0's KVCacheConfig and bound caches (tests/conformance)",
+    ),
+)
+"""Every engine's naming rule; the first whose engine matches and whose ``model_types``
+holds the model's (or is empty) applies."""
+
+TARGET_ATTENTION_NAME: Final = NAMING_RULES[0].attention
+"""ATOM's name of a target MLA layer; ``layer`` is the module layer id."""
+
+TARGET_KDA_NAME: Final = NAMING_RULES[0].kda
+"""ATOM's name of a target KDA layer (the KDA module itself, ``self_attn``)."""
+
+DRAFT_ATTENTION_NAME: Final = NAMING_RULES[0].draft
+"""ATOM's name of a draft MLA layer; ``index`` counts the draft's own layers from 0."""
 
 INDEX_REGION_SUFFIX: Final = ".indexer.k_cache"
 """Appended to an attention layer's name for its DSA ``index_cache`` region."""
@@ -104,29 +164,47 @@ class LayerNames(Frozen):
             )
 
 
-def engine_layer_names(model: HybridModel) -> LayerNames:
-    """The convention's names for every module layer of ``model`` (target, then draft)."""
+def naming_rule(model: HybridModel, engine: NamingEngine = "atom") -> NamingRule:
+    """The rule ``engine`` names ``model``'s layers by (refuses an engine with no rule)."""
     expect_args(("model", model, HybridModel))
-    # The names depend only on which module layers are attention layers (the model caches
-    # their ids) and where the target ends: one LayerNames per such layout, shared.
-    return _names_of(model.num_layers, len(model.module_layers), model.attention_layer_ids)
+    expect("engine", engine, str)
+    for rule in NAMING_RULES:
+        if rule.engine == engine and (not rule.model_types or model.model_type in rule.model_types):
+            return rule
+    engines = sorted({rule.engine for rule in NAMING_RULES})
+    raise Refusal(
+        "invalid_argument",
+        f"engine={engine!r} has no naming rule (known: {', '.join(engines)})",
+        facts={"engine": engine, "engines": tuple(engines)},
+        hint=f"use engine in {engines}",
+    )
+
+
+def engine_layer_names(model: HybridModel, engine: NamingEngine = "atom") -> LayerNames:
+    """The names ``engine`` registers every module layer of ``model`` under (target, then
+    draft), by its :func:`naming_rule`.
+
+    >>> from k3layout import preset
+    >>> names = engine_layer_names(preset("kimi-k3-dspark"), "vllm")
+    >>> names.name(3), names.name(93)
+    ('language_model.model.layers.3.self_attn', 'model.layers.93.self_attn')
+    """
+    rule = naming_rule(model, engine)
+    # The names depend only on the rule, which module layers are attention layers (the model
+    # caches their ids) and where the target ends: one LayerNames per such layout, shared.
+    return _names_of(rule, model.num_layers, len(model.module_layers), model.attention_layer_ids)
 
 
 @lru_cache(maxsize=256)
-def _names_of(target: int, total: int, attention: tuple[int, ...]) -> LayerNames:
-    # The templates split once around their one field: a concatenation per layer.
-    attention_head, attention_tail = TARGET_ATTENTION_NAME.split("{layer}")
-    kda_head, kda_tail = TARGET_KDA_NAME.split("{layer}")
-    draft_head, draft_tail = DRAFT_ATTENTION_NAME.split("{index}")
+def _names_of(
+    rule: NamingRule, target: int, total: int, attention: tuple[int, ...]
+) -> LayerNames:
     is_attention = set(attention)
-    names = [
-        f"{attention_head}{layer_id}{attention_tail}"
-        if layer_id in is_attention
-        else f"{kda_head}{layer_id}{kda_tail}"
-        for layer_id in range(target)
-    ]
-    names.extend(f"{draft_head}{k}{draft_tail}" for k in range(total - target))
-    # One name per module layer id, distinct by construction: nothing to re-validate.
+    names = [rule.target_name(layer, attention=layer in is_attention) for layer in range(target)]
+    names.extend(rule.draft_name(target + k, k) for k in range(total - target))
+    if len(set(names)) != len(names):  # a rule naming two layers alike: a table bug
+        return LayerNames(names=tuple(names))
+    # One name per module layer id, distinct (checked above): nothing to re-validate.
     return trusted(LayerNames, names=tuple(names))
 
 

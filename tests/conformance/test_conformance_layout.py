@@ -4,8 +4,9 @@ For every configuration of the grid, vLLM resolves its block, groups its layers 
 KV cache; the planner, given the same model (loaded from the same ``config.json``) and the same
 flags, must answer the same: the block, the page, each group's kind, layers and order, the
 planes of every pipeline stage, the bytes of a block, ``num_blocks`` for a memory budget and
-where every layer's page of blocks 0, 1 and N-1 lies in the rank's one backing allocation. A
-configuration vLLM refuses, the planner refuses too.
+where every layer's page of blocks 0, 1 and N-1 lies in the rank's one backing allocation; and
+the caches vLLM binds pass ``check_kv_caches``. A configuration vLLM refuses, the planner
+refuses too.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ require_vllm()
 from vllm_engine import (  # noqa: E402
     Case,
     Engine,
+    bind,
     blocks_per_request,
     max_concurrency,
     start,
@@ -29,6 +31,7 @@ from vllm_engine import (  # noqa: E402
 )
 
 from k3layout import Deployment, HybridModel, Refusal, VllmPlan, load_config, plan  # noqa: E402
+from k3layout.engines.vllm import check_kv_caches  # noqa: E402
 from k3layout.engines.vllm import layer_of as layer_id  # noqa: E402
 from k3layout.model.presets import DSPARK_DRAFT_LAYERS  # noqa: E402
 
@@ -199,6 +202,12 @@ def planned_offsets(result: VllmPlan, stage: int, num_blocks: int) -> dict[tuple
     }
 
 
+def binds(case: Case) -> bool:
+    """Whether vLLM binds the caches it planned (a block-outermost block is bound only
+    whole: by TRITON_MLA)."""
+    return case.kv_cache_layout != "BLHNC" or case.backend == "TRITON_MLA"
+
+
 def describe(value: Any) -> str:
     shown = str(value) if isinstance(value, Exception) else "a plan"
     return f"{type(value).__name__}: {shown[:300]}"
@@ -223,6 +232,13 @@ def test_planner_answers_what_vllm_resolves(case: Case, tmp_path: Path) -> None:
         assert backing == {result.blocks_bytes(num_blocks, stage)}
         assert result.stage_block_bytes(stage) * num_blocks in backing
         assert planned_offsets(result, stage, num_blocks) == page_offsets(engine, stage)
+        if binds(case):  # the caches vLLM binds pass the live check
+            bound = bind(engine, stage)
+            with pytest.MonkeyPatch.context() as env:  # as the engine process has it
+                if case.pp_partition is not None:
+                    env.setenv("VLLM_PP_LAYER_PARTITION", ",".join(map(str, case.pp_partition)))
+                checked = check_kv_caches(engine.workers[stage], config, bound, stage)
+            assert (checked.stages, checked.page_bytes) == (result.stages, result.page_bytes)
     capacity = result.capacity(case.memory_bytes, case.max_model_len)
     assert capacity.num_blocks == engine.kv_cache_configs[0].num_blocks
     assert [g.blocks for g in capacity.blocks_per_request] == blocks_per_request(engine)

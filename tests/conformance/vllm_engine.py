@@ -423,8 +423,9 @@ def start(case: Case, tmp: Path) -> Engine:
     )
 
 
-def bind(engine: Engine, stage: int = 0) -> dict[str, torch.Tensor]:
-    """What a worker of ``stage`` binds to its layers, allocated on ``meta``: vLLM's
+def bind(engine: Engine, stage: int = 0, device: str = "meta") -> dict[str, torch.Tensor]:
+    """What a worker of ``stage`` binds to its layers, allocated on ``device`` (``meta``
+    unless a test needs real addresses and a small budget): vLLM's
     ``allocate_kv_cache`` (one int8 backing, a view per layer) then
     ``map_kv_caches_to_kernel_blocks`` (attention views in the backend's kernel blocks).
     Raises what vLLM raises when it cannot bind (a block-outermost block its kernels would
@@ -458,7 +459,7 @@ def bind(engine: Engine, stage: int = 0) -> dict[str, torch.Tensor]:
                     each.kernel_block_size = size
     layout = worker.cache_config.get_resolved_kv_cache_layout()
     with set_current_vllm_config(worker):
-        caches = allocate_kv_cache(config, torch.device("meta"), layout, kernel)
+        caches = allocate_kv_cache(config, torch.device(device), layout, kernel)
         bound: dict[str, torch.Tensor] = map_kv_caches_to_kernel_blocks(
             caches, [each for attention in groups for each in attention]
         )

@@ -1,0 +1,341 @@
+"""vLLM 0.33: check the KV caches a worker really bound against the plan.
+
+vLLM allocates ONE int8 backing per rank and binds a view of it to every layer
+(``allocate_kv_cache`` then ``map_kv_caches_to_kernel_blocks``):
+
+- a KDA layer: one raw int8 page view ``[num_blocks, 1, 1, state_bytes]`` (the layer slices
+  its conv and recurrent states out of it, by its ``MambaSpec``'s shapes and dtypes);
+- an MLA layer: the page in the backend's kernel blocks, ``[num_blocks * r, 1, kernel,
+  row]`` in the cache dtype (fp8 as ``uint8``), ``r = block / kernel`` (``LBNHC``), or
+  ``[num_blocks, 1, block, row]`` with the whole block as stride (``BLHNC``).
+
+Nothing here imports torch or vLLM: a tensor is read by its attributes (``dtype``,
+``shape``, ``stride()``, ``storage_offset()``, ``element_size()``, ``untyped_storage()``),
+so the check runs on CUDA, CPU and ``meta`` tensors alike. Addresses are read relative to
+the backing (the storage every view shares), which is what the plan's byte ranges are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import Fact, Refusal
+from ..layouts import VllmPlan
+from ..offload import LayerNames, engine_layer_names
+
+TORCH_NAMES: dict[str, str] = {
+    "float8_e4m3fn": "torch.uint8",  # vLLM keeps an fp8 cache as raw bytes
+    "bfloat16": "torch.bfloat16",
+    "float16": "torch.float16",
+    "float32": "torch.float32",
+    "uint8": "torch.uint8",
+}
+"""The torch dtype vLLM binds an attention part of each planner element dtype as."""
+
+STATE_DTYPE = "torch.int8"
+"""A KDA layer's raw page view."""
+
+
+def check_bound_caches(
+    result: VllmPlan, kv_cache_config: Any, kv_caches: Any, stage: int = 0
+) -> VllmPlan:
+    """Check the caches vLLM bound on a rank of ``stage`` against ``result`` (the plan
+    :func:`~k3layout.engines.vllm.check_kv_cache_config` checked ``kv_cache_config``
+    against): the names, then every layer's dtype, shape, strides, backing and the address
+    of its pages of blocks 0, 1 and N-1, then where the KDA parts sit inside the page.
+    Refuses the first difference, naming the layer."""
+    if not isinstance(kv_caches, Mapping):
+        raise Refusal(
+            "invalid_argument",
+            f"kv_caches is a {type(kv_caches).__name__}, not a mapping of layer names to tensors",
+            facts={"kv_caches": type(kv_caches).__name__},
+            hint="pass the dict vLLM binds (GPUModelRunner.kv_caches by layer name)",
+        )
+    num_blocks = int(kv_cache_config.num_blocks)
+    names = engine_layer_names(result.model, "vllm")
+    held = _check_names(result, names, kv_caches, stage)
+    storages = {name: _storage_of(name, kv_caches[name]) for name in held}
+    backing, _ = Counter(storages.values()).most_common(1)[0]
+    parts = _state_parts(kv_cache_config)
+    for name, layer in held.items():
+        tensor = kv_caches[name]
+        where = _where(result, name, layer, stage)
+        _check_tensor(result, tensor, layer, num_blocks, stage, where=where)
+        if storages[name] != backing:
+            raise _refuse(
+                "aliasing",
+                where,
+                "is not a view of the rank's one backing (another storage)",
+                "bind every layer to a view of the one KV-cache backing",
+            )
+        _check_pages(result, tensor, layer, num_blocks, stage, where=where)
+        if name in parts:
+            _check_state_parts(result, layer, parts[name], where)
+    needed = result.blocks_bytes(num_blocks, stage)
+    size = _storage_bytes(kv_caches[next(iter(held))])
+    if size is not None and size < needed:
+        raise Refusal(
+            "tensor_mismatch",
+            f"stage {stage}: the backing holds {size:,} B, the plan's {num_blocks:,} blocks "
+            f"need {needed:,} B",
+            facts={"stage": stage, "backing_bytes": size, "expected_bytes": needed},
+            hint="allocate num_blocks x the stage's block bytes",
+        )
+    return result
+
+
+def _where(result: VllmPlan, name: str, layer: int, stage: int) -> dict[str, Fact]:
+    group, position = result.group_of(layer, stage)
+    return {
+        "kind": "KDA" if result.sizes.spec_of(layer).paging == "slot" else "attention",
+        "layer_name": name,
+        "layer": layer,
+        "group": group.name,
+        "position": position,
+        "plane": position,
+    }
+
+
+def _refuse(code: Any, where: dict[str, Fact], message: str, hint: str, **facts: Fact) -> Refusal:
+    return Refusal(
+        code,
+        f"{where['kind']} layer {where['layer_name']} (module layer {where['layer']}, group "
+        f"{where['group']}, plane {where['plane']}): {message}",
+        facts={**where, **facts},
+        hint=hint,
+    )
+
+
+def _check_names(
+    result: VllmPlan, names: LayerNames, kv_caches: Mapping[Any, Any], stage: int
+) -> dict[str, int]:
+    """The planned names of the stage's layers, by name, in module order; refuses a
+    non-string key, a missing layer or an extra one."""
+    bad = [key for key in kv_caches if not isinstance(key, str)]
+    if bad:
+        raise Refusal(
+            "tensor_mismatch",
+            f"kv_caches has a key {bad[0]!r} ({type(bad[0]).__name__}), not a layer name",
+            facts={"key": repr(bad[0])},
+            hint="key kv_caches by the layer names vLLM registers",
+        )
+    held = {names.name(layer): layer for layer in result.stage(stage).layers}
+    missing = tuple(name for name in held if name not in kv_caches)
+    extra = tuple(sorted(name for name in kv_caches if name not in held))
+    if missing or extra:
+        raise Refusal(
+            "tensor_mismatch",
+            f"stage {stage}: the bound layers are not the plan's {len(held)} (missing "
+            f"{list(missing[:3])}{' ...' if len(missing) > 3 else ''}, extra "
+            f"{list(extra[:3])}{' ...' if len(extra) > 3 else ''})",
+            facts={"stage": stage, "missing": missing, "extra": extra},
+            hint="bind every attention and KDA layer of the stage once, under vLLM's name "
+            f"(e.g. {next(iter(held))!r})",
+        )
+    return held
+
+
+def _expected_view(
+    result: VllmPlan, layer: int, elem: int, num_blocks: int, stage: int
+) -> tuple[tuple[int, ...], tuple[int | None, ...], int]:
+    """The view vLLM binds for ``layer``: its shape, strides (``None``: an axis of one, whose
+    stride means nothing) and how many leading entries one block spans."""
+    spec = result.sizes.spec_of(layer)
+    block_stride = result.block_stride_bytes(stage)
+    if spec.paging == "slot":
+        state = result.sizes.state_bytes
+        return (num_blocks, 1, 1, state), (block_stride, None, None, 1), 1
+    row = spec.bytes_per_token(result.deployment.attn_tp) // elem
+    kernel = result.kernel_block_tokens
+    per_block = result.block_tokens // kernel
+    if per_block > 1:  # LBNHC only (vLLM refuses to split a block-outermost block)
+        stride = result.page_bytes // per_block // elem
+        return (num_blocks * per_block, 1, kernel, row), (stride, None, row, 1), per_block
+    return (num_blocks, 1, kernel, row), (block_stride // elem, None, row, 1), 1
+
+
+def _check_tensor(
+    result: VllmPlan,
+    tensor: Any,
+    layer: int,
+    num_blocks: int,
+    stage: int,
+    *,
+    where: dict[str, Fact],
+) -> None:
+    spec = result.sizes.spec_of(layer)
+    want_dtype = STATE_DTYPE if spec.paging == "slot" else TORCH_NAMES[spec.parts[0].dtype]
+    dtype = str(getattr(tensor, "dtype", type(tensor).__name__))
+    if dtype != want_dtype:
+        raise _refuse(
+            "tensor_mismatch",
+            where,
+            f"bound as {dtype}, the plan's view is {want_dtype}",
+            f"bind it as {want_dtype}",
+            dtype=dtype,
+            expected_dtype=want_dtype,
+        )
+    elem = int(tensor.element_size())
+    shape, strides, _ = _expected_view(result, layer, elem, num_blocks, stage)
+    got_shape = tuple(int(n) for n in tensor.shape)
+    if got_shape != shape:
+        raise _refuse(
+            "tensor_mismatch",
+            where,
+            f"has shape {got_shape}, the plan's is {shape} (page {result.page_bytes:,} B, "
+            f"{num_blocks:,} blocks)",
+            "bind the plan's view: a wrong size means another page or block count",
+            shape=got_shape,
+            expected_shape=shape,
+        )
+    got_strides = tuple(int(s) for s in tensor.stride())
+    for axis, (got, want) in enumerate(zip(got_strides, strides, strict=True)):
+        if want is not None and got != want:
+            raise _refuse(
+                "tensor_mismatch",
+                where,
+                f"has strides {got_strides}, the plan's are "
+                f"{tuple('*' if s is None else s for s in strides)}"
+                + _layout_note(result, axis, got * elem, stage),
+                f"bind the plan's view ({result.deployment.kv_cache_layout})",
+                strides=got_strides,
+                axis=axis,
+            )
+
+
+def _layout_note(result: VllmPlan, axis: int, got_bytes: int, stage: int) -> str:
+    """Why a block stride differs: the tensors are in the other KV-cache layout."""
+    if axis != 0:
+        return ""
+    planned = result.deployment.kv_cache_layout
+    if planned == "LBNHC" and got_bytes == result.stage_block_bytes(stage):
+        return " (the caches are laid out block-outermost, BLHNC; the plan is LBNHC)"
+    if planned == "BLHNC" and got_bytes == result.page_bytes:
+        return " (the caches are laid out layer-outermost, LBNHC; the plan is BLHNC)"
+    return ""
+
+
+def _check_pages(
+    result: VllmPlan,
+    tensor: Any,
+    layer: int,
+    num_blocks: int,
+    stage: int,
+    *,
+    where: dict[str, Fact],
+) -> None:
+    """Blocks 0, 1 and N-1 start where the plan puts the layer's page (relative to the
+    backing): layer ``j`` of every group on plane ``j``."""
+    elem = int(tensor.element_size())
+    *_, per_block = _expected_view(result, layer, elem, num_blocks, stage)
+    start = int(tensor.storage_offset()) * elem
+    step = per_block * int(tensor.stride()[0]) * elem
+    for block in sorted({0, min(1, num_blocks - 1), num_blocks - 1}):
+        want = result.page_offset_bytes(layer, block, num_blocks, stage)
+        got = start + block * step
+        if got != want:
+            plane, at_block = _plane_and_block(result, got, num_blocks, stage)
+            raise _refuse(
+                "aliasing",
+                where,
+                f"its page of block {block} starts at byte {got:,} of the backing (plane "
+                f"{plane}, block {at_block}); the plan puts it at byte {want:,} (plane "
+                f"{where['plane']}, block {block})",
+                f"bind layer {where['position']} of every group to plane {where['position']}",
+                block=block,
+                offset_bytes=got,
+                expected_offset_bytes=want,
+                found_plane=plane,
+            )
+
+
+def _plane_and_block(result: VllmPlan, offset: int, num_blocks: int, stage: int) -> tuple[int, int]:
+    """The plane and block a backing offset falls in."""
+    layer_stride = result.layer_stride_bytes(num_blocks, stage)
+    block_stride = result.block_stride_bytes(stage)
+    if result.deployment.kv_cache_layout == "BLHNC":
+        return (offset % block_stride) // layer_stride, offset // block_stride
+    return offset // layer_stride, (offset % layer_stride) // block_stride
+
+
+def _state_parts(kv_cache_config: Any) -> dict[str, tuple[tuple[tuple[int, ...], int], ...]]:
+    """Each KDA layer's parts as its group's spec gives them: ``(shape, element bytes)``."""
+    parts: dict[str, tuple[tuple[tuple[int, ...], int], ...]] = {}
+    for group in getattr(kv_cache_config, "kv_cache_groups", ()):
+        spec = getattr(group, "kv_cache_spec", None)
+        shapes, dtypes = getattr(spec, "shapes", None), getattr(spec, "dtypes", None)
+        if shapes is None or dtypes is None:
+            continue
+        described = tuple(
+            (tuple(int(n) for n in shape), int(dtype.itemsize))
+            for shape, dtype in zip(shapes, dtypes, strict=False)
+        )
+        parts.update(dict.fromkeys(getattr(group, "layer_names", ()), described))
+    return parts
+
+
+def _check_state_parts(
+    result: VllmPlan,
+    layer: int,
+    parts: tuple[tuple[tuple[int, ...], int], ...],
+    where: dict[str, Fact],
+) -> None:
+    """The layer's conv and recurrent states, cut back to back from the page start by the
+    shapes and dtypes of its group's spec, sit where the plan's part ranges say."""
+    planned = result.part_range_list(layer)
+    spec = result.sizes.spec_of(layer)
+    tp = result.deployment.attn_tp
+    offset = 0
+    for index, planned_part in enumerate(planned):
+        if index >= len(parts):
+            break
+        shape, elem = parts[index]
+        size = math.prod(shape) * elem
+        want_shape = spec.page_shape(planned_part.part, tp, 1)
+        if (offset, size, shape) != (
+            planned_part.offset_bytes,
+            planned_part.size_bytes,
+            want_shape,
+        ):
+            raise _refuse(
+                "tensor_mismatch",
+                where,
+                f"its {planned_part.part} state is {shape} ({size:,} B) at byte {offset:,} of "
+                f"the page; the plan's is {want_shape} ({planned_part.size_bytes:,} B) at "
+                f"byte {planned_part.offset_bytes:,}",
+                "the engine's KDA state shapes and the plan's disagree: check the conv "
+                "layout (VLLM_SSM_CONV_STATE_LAYOUT) and the speculative tokens",
+                part=planned_part.part,
+                offset_bytes=offset,
+                expected_offset_bytes=planned_part.offset_bytes,
+            )
+        offset += size
+    if len(parts) != len(planned):
+        raise _refuse(
+            "tensor_mismatch",
+            where,
+            f"its spec cuts {len(parts)} state parts, the plan {len(planned)} "
+            f"({', '.join(p.part for p in planned)})",
+            "check the vLLM version the plan follows",
+        )
+
+
+def _storage_of(name: str, tensor: Any) -> int:
+    """The address of the storage ``tensor`` views (0 on ``meta``: one storage there)."""
+    storage = getattr(tensor, "untyped_storage", None)
+    if not callable(storage) or not callable(getattr(tensor, "stride", None)):
+        raise Refusal(
+            "tensor_mismatch",
+            f"kv_caches[{name!r}] is a {type(tensor).__name__}, not a tensor",
+            facts={"layer_name": name, "type": type(tensor).__name__},
+            hint="bind a tensor view of the KV-cache backing to every layer",
+        )
+    return int(storage().data_ptr())
+
+
+def _storage_bytes(tensor: Any) -> int | None:
+    nbytes = getattr(tensor.untyped_storage(), "nbytes", None)
+    return int(nbytes()) if callable(nbytes) else None
