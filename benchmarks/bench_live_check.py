@@ -20,9 +20,9 @@ from timing import median_seconds
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "conformance"))
 
-from vllm_engine import Case, bind, start  # noqa: E402
+from vllm_engine import Case, bind, start
 
-from k3layout.engines.vllm import (  # noqa: E402
+from k3layout.engines.vllm import (
     check_kv_cache_config,
     check_kv_caches,
     plan_from_vllm,
