@@ -7,6 +7,7 @@ PP gives each stage a contiguous range of module layers.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, PositiveInt
@@ -178,6 +179,21 @@ def pp_stage_bounds(
 
     ``partition`` (layers per stage) overrides the split, as ``VLLM_PP_LAYER_PARTITION`` does.
     """
+    if (
+        type(num_layers) is int
+        and type(pp) is int
+        and (
+            partition is None
+            or (type(partition) is tuple and all(type(n) is int for n in partition))
+        )
+    ):  # exact integers (True is not 1 here): a plan's split, memoised by value
+        return _cached_bounds(num_layers, pp, partition)
+    return _split_stages(num_layers, pp, partition)
+
+
+def _split_stages(
+    num_layers: int, pp: int, partition: tuple[int, ...] | None
+) -> tuple[tuple[int, int], ...]:
     expect_args(("num_layers", num_layers, int), ("pp", pp, int))
     expect("partition", partition, (tuple, list, type(None)))
     for name, value, low in (("num_layers", num_layers, 1), ("pp", pp, 1)):
@@ -220,6 +236,9 @@ def pp_stage_bounds(
         bounds.append((start, start + size))
         start += size
     return tuple(bounds)
+
+
+_cached_bounds = lru_cache(maxsize=1024)(_split_stages)
 
 
 def _check_token(name: str, value: int) -> None:

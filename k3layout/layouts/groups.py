@@ -9,6 +9,7 @@ projected onto it (same names and order on every stage, possibly empty).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, NonNegativeInt
@@ -156,23 +157,22 @@ def project_stages(
     # one pass, in the group's order (each stage's projection of the group).
     ranges = [range(start, end) for start, end in bounds]
     ranges[-1] = range(bounds[-1][0], len(model.module_layers))
-    stage_of = [index for index, held in enumerate(ranges) for _ in held]
+    starts = [start for start, _ in bounds[1:]]  # the last stage runs to the drafts' end
     projected: list[list[Group]] = [[] for _ in ranges]
     make_group = trusted_maker(Group)
     for group in groups:
-        runs: list[list[int]] = [[] for _ in ranges]
-        for layer in group.layers:
-            runs[stage_of[layer]].append(layer)
-        for into, run in zip(projected, runs, strict=True):
-            # A subsequence of a validated group's layers: nothing to re-validate.
+        layers = group.layers  # increasing: each stage's run is one slice, cut by bisection
+        cuts = [0, *(bisect_left(layers, start) for start in starts), len(layers)]
+        for into, low, high in zip(projected, cuts, cuts[1:], strict=False):
+            # A slice of a validated group's layers: nothing to re-validate.
             into.append(
                 group
-                if len(run) == len(group.layers)
+                if high - low == len(layers)
                 else make_group(
                     {
                         "name": group.name,
                         "kind": group.kind,
-                        "layers": tuple(run),
+                        "layers": layers[low:high],
                         "first_plane": group.first_plane,
                     }
                 )

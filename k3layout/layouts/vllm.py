@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from typing import Literal
 
 from pydantic import PositiveInt, model_validator
@@ -352,11 +353,14 @@ def check_every_stage_pages(model: HybridModel, deployment: Deployment) -> None:
 def stage_without_attention(model: HybridModel, bounds: tuple[tuple[int, int], ...]) -> int | None:
     """The first pipeline stage (``[start, end)`` module layers each; drafts on the last)
     holding a state layer and no attention layer, or ``None``."""
+    attention = model.attention_layer_ids  # sorted: count each stage's by bisection
+    draft_pagings = {layer.paging for layer in model.draft_layers}
     last = len(bounds) - 1
     for stage, (start, end) in enumerate(bounds):
-        layers = (*model.layers[start:end], *(model.draft_layers if stage == last else ()))
-        pagings = {layer.paging for layer in layers}
-        if "slot" in pagings and "token" not in pagings:
+        held = bisect_left(attention, end) - bisect_left(attention, start)
+        has_attention = held > 0 or (stage == last and "token" in draft_pagings)
+        has_state = held < end - start or (stage == last and "slot" in draft_pagings)
+        if has_state and not has_attention:
             return stage
     return None
 
