@@ -28,6 +28,7 @@ from ..errors import Refusal
 from ..layouts import VllmPlan, plan_vllm
 from ..model import HybridModel, model_from_config
 from .vllm_caches import check_bound_caches
+from .vllm_plugin import register
 
 __all__ = [
     "check_kv_cache_config",
@@ -36,6 +37,7 @@ __all__ = [
     "layer_of",
     "model_from_vllm",
     "plan_from_vllm",
+    "register",
 ]
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
