@@ -24,19 +24,7 @@ from typing import Any
 
 from ..errors import Fact, Refusal
 from ..layouts import VllmPlan
-from ..offload import LayerNames, engine_layer_names
-
-TORCH_NAMES: dict[str, str] = {
-    "float8_e4m3fn": "torch.uint8",  # vLLM keeps an fp8 cache as raw bytes
-    "bfloat16": "torch.bfloat16",
-    "float16": "torch.float16",
-    "float32": "torch.float32",
-    "uint8": "torch.uint8",
-}
-"""The torch dtype vLLM binds an attention part of each planner element dtype as."""
-
-STATE_DTYPE = "torch.int8"
-"""A KDA layer's raw page view."""
+from ..layouts.bound import BoundView, vllm_bound_views
 
 
 def check_bound_caches(
@@ -55,15 +43,15 @@ def check_bound_caches(
             hint="pass the dict vLLM binds (GPUModelRunner.kv_caches by layer name)",
         )
     num_blocks = int(kv_cache_config.num_blocks)
-    names = engine_layer_names(result.model, "vllm")
-    held = _check_names(result, names, kv_caches, stage)
-    storages = {name: _storage_of(name, kv_caches[name]) for name in held}
+    views = {view.name: view for view in vllm_bound_views(result, num_blocks, stage)}
+    _check_names(views, kv_caches, stage)
+    storages = {name: _storage_of(name, kv_caches[name]) for name in views}
     backing, _ = Counter(storages.values()).most_common(1)[0]
     parts = _state_parts(kv_cache_config)
-    for name, layer in held.items():
+    for name, view in views.items():
         tensor = kv_caches[name]
-        where = _where(result, name, layer, stage)
-        _check_tensor(result, tensor, layer, num_blocks, stage, where=where)
+        where = _where(result, view, stage)
+        _check_tensor(result, view, tensor, stage, where=where)
         if storages[name] != backing:
             raise _refuse(
                 "aliasing",
@@ -71,11 +59,11 @@ def check_bound_caches(
                 "is not a view of the rank's one backing (another storage)",
                 "bind every layer to a view of the one KV-cache backing",
             )
-        _check_pages(result, tensor, layer, num_blocks, stage, where=where)
+        _check_pages(result, view, tensor, num_blocks, stage, where=where)
         if name in parts:
-            _check_state_parts(result, layer, parts[name], where)
+            _check_state_parts(result, view.module_layer, parts[name], where)
     needed = result.blocks_bytes(num_blocks, stage)
-    size = _storage_bytes(kv_caches[next(iter(held))])
+    size = _storage_bytes(kv_caches[next(iter(views))])
     if size is not None and size < needed:
         raise Refusal(
             "tensor_mismatch",
@@ -87,12 +75,12 @@ def check_bound_caches(
     return result
 
 
-def _where(result: VllmPlan, name: str, layer: int, stage: int) -> dict[str, Fact]:
-    group, position = result.group_of(layer, stage)
+def _where(result: VllmPlan, view: BoundView, stage: int) -> dict[str, Fact]:
+    group, position = result.group_of(view.module_layer, stage)
     return {
-        "kind": "KDA" if result.sizes.spec_of(layer).paging == "slot" else "attention",
-        "layer_name": name,
-        "layer": layer,
+        "kind": "KDA" if view.kind == "kda" else "attention",
+        "layer_name": view.name,
+        "layer": view.module_layer,
         "group": group.name,
         "position": position,
         "plane": position,
@@ -109,11 +97,8 @@ def _refuse(code: Any, where: dict[str, Fact], message: str, hint: str, **facts:
     )
 
 
-def _check_names(
-    result: VllmPlan, names: LayerNames, kv_caches: Mapping[Any, Any], stage: int
-) -> dict[str, int]:
-    """The planned names of the stage's layers, by name, in module order; refuses a
-    non-string key, a missing layer or an extra one."""
+def _check_names(views: Mapping[str, BoundView], kv_caches: Mapping[Any, Any], stage: int) -> None:
+    """Refuse a non-string key, a missing layer or an extra one."""
     bad = [key for key in kv_caches if not isinstance(key, str)]
     if bad:
         raise Refusal(
@@ -122,52 +107,24 @@ def _check_names(
             facts={"key": repr(bad[0])},
             hint="key kv_caches by the layer names vLLM registers",
         )
-    held = {names.name(layer): layer for layer in result.stage(stage).layers}
-    missing = tuple(name for name in held if name not in kv_caches)
-    extra = tuple(sorted(name for name in kv_caches if name not in held))
+    missing = tuple(name for name in views if name not in kv_caches)
+    extra = tuple(sorted(name for name in kv_caches if name not in views))
     if missing or extra:
         raise Refusal(
             "tensor_mismatch",
-            f"stage {stage}: the bound layers are not the plan's {len(held)} (missing "
+            f"stage {stage}: the bound layers are not the plan's {len(views)} (missing "
             f"{list(missing[:3])}{' ...' if len(missing) > 3 else ''}, extra "
             f"{list(extra[:3])}{' ...' if len(extra) > 3 else ''})",
             facts={"stage": stage, "missing": missing, "extra": extra},
             hint="bind every attention and KDA layer of the stage once, under vLLM's name "
-            f"(e.g. {next(iter(held))!r})",
+            f"(e.g. {next(iter(views))!r})",
         )
-    return held
-
-
-def _expected_view(
-    result: VllmPlan, layer: int, elem: int, num_blocks: int, stage: int
-) -> tuple[tuple[int, ...], tuple[int | None, ...], int]:
-    """The view vLLM binds for ``layer``: its shape, strides (``None``: an axis of one, whose
-    stride means nothing) and how many leading entries one block spans."""
-    spec = result.sizes.spec_of(layer)
-    block_stride = result.block_stride_bytes(stage)
-    if spec.paging == "slot":
-        state = result.sizes.state_bytes
-        return (num_blocks, 1, 1, state), (block_stride, None, None, 1), 1
-    row = spec.bytes_per_token(result.deployment.attn_tp) // elem
-    kernel = result.kernel_block_tokens
-    per_block = result.block_tokens // kernel
-    if per_block > 1:  # LBNHC only (vLLM refuses to split a block-outermost block)
-        stride = result.page_bytes // per_block // elem
-        return (num_blocks * per_block, 1, kernel, row), (stride, None, row, 1), per_block
-    return (num_blocks, 1, kernel, row), (block_stride // elem, None, row, 1), 1
 
 
 def _check_tensor(
-    result: VllmPlan,
-    tensor: Any,
-    layer: int,
-    num_blocks: int,
-    stage: int,
-    *,
-    where: dict[str, Fact],
+    result: VllmPlan, view: BoundView, tensor: Any, stage: int, *, where: dict[str, Fact]
 ) -> None:
-    spec = result.sizes.spec_of(layer)
-    want_dtype = STATE_DTYPE if spec.paging == "slot" else TORCH_NAMES[spec.parts[0].dtype]
+    want_dtype = f"torch.{view.dtype}"
     dtype = str(getattr(tensor, "dtype", type(tensor).__name__))
     if dtype != want_dtype:
         raise _refuse(
@@ -178,28 +135,24 @@ def _check_tensor(
             dtype=dtype,
             expected_dtype=want_dtype,
         )
-    elem = int(tensor.element_size())
-    shape, strides, _ = _expected_view(result, layer, elem, num_blocks, stage)
     got_shape = tuple(int(n) for n in tensor.shape)
-    if got_shape != shape:
+    if got_shape != view.shape:
         raise _refuse(
             "tensor_mismatch",
             where,
-            f"has shape {got_shape}, the plan's is {shape} (page {result.page_bytes:,} B, "
-            f"{num_blocks:,} blocks)",
+            f"has shape {got_shape}, the plan's is {view.shape} (page {result.page_bytes:,} B)",
             "bind the plan's view: a wrong size means another page or block count",
             shape=got_shape,
-            expected_shape=shape,
+            expected_shape=view.shape,
         )
     got_strides = tuple(int(s) for s in tensor.stride())
-    for axis, (got, want) in enumerate(zip(got_strides, strides, strict=True)):
-        if want is not None and got != want:
+    for axis, (got, want) in enumerate(zip(got_strides, view.strides, strict=True)):
+        if view.shape[axis] > 1 and got != want:  # an axis of one: its stride means nothing
             raise _refuse(
                 "tensor_mismatch",
                 where,
-                f"has strides {got_strides}, the plan's are "
-                f"{tuple('*' if s is None else s for s in strides)}"
-                + _layout_note(result, axis, got * elem, stage),
+                f"has strides {got_strides}, the plan's are {view.strides}"
+                + _layout_note(result, axis, got * view.elem_bytes, stage),
                 f"bind the plan's view ({result.deployment.kv_cache_layout})",
                 strides=got_strides,
                 axis=axis,
@@ -220,8 +173,8 @@ def _layout_note(result: VllmPlan, axis: int, got_bytes: int, stage: int) -> str
 
 def _check_pages(
     result: VllmPlan,
+    view: BoundView,
     tensor: Any,
-    layer: int,
     num_blocks: int,
     stage: int,
     *,
@@ -229,12 +182,11 @@ def _check_pages(
 ) -> None:
     """Blocks 0, 1 and N-1 start where the plan puts the layer's page (relative to the
     backing): layer ``j`` of every group on plane ``j``."""
-    elem = int(tensor.element_size())
-    *_, per_block = _expected_view(result, layer, elem, num_blocks, stage)
+    elem = view.elem_bytes
     start = int(tensor.storage_offset()) * elem
-    step = per_block * int(tensor.stride()[0]) * elem
+    step = view.entries_per_block * int(tensor.stride()[0]) * elem
     for block in sorted({0, min(1, num_blocks - 1), num_blocks - 1}):
-        want = result.page_offset_bytes(layer, block, num_blocks, stage)
+        want = view.page_offset_bytes(block)
         got = start + block * step
         if got != want:
             plane, at_block = _plane_and_block(result, got, num_blocks, stage)

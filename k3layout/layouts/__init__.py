@@ -1,5 +1,6 @@
 """Engine layouts: the vLLM hybrid allocator and parent-block packing, one pipeline for both."""
 
+from .bound import BoundView, vllm_bound_views
 from .groups import Group, GroupedLayout, GroupKind, PlaneMember, Stage, project_stages
 from .packing import Packing, PackingFrame, RuleCheck
 from .parent import Binding, GroupPages, LayerBinding, ParentPlan
@@ -9,6 +10,7 @@ from .vllm import VllmPlan, block_tokens_for, built_model
 
 __all__ = [
     "Binding",
+    "BoundView",
     "ByteRange",
     "EngineLayout",
     "Group",
@@ -32,5 +34,6 @@ __all__ = [
     "plan_parent",
     "plan_vllm",
     "project_stages",
+    "vllm_bound_views",
     "with_engine",
 ]

@@ -1,0 +1,144 @@
+"""What vLLM 0.33 binds to each layer, as data: the view of the rank's one backing that every
+layer's ``kv_cache`` is.
+
+vLLM allocates ONE int8 backing per rank (``allocate_kv_cache``) and binds a view of it to
+every layer (``map_kv_caches_to_kernel_blocks``):
+
+- a KDA layer: one raw int8 page view ``[num_blocks, 1, 1, state_bytes]`` (the layer slices
+  its conv and recurrent states out of it by its ``MambaSpec``'s shapes and dtypes);
+- an MLA layer: its pages in the backend's kernel blocks, ``[num_blocks * r, 1, kernel,
+  row]`` in the cache dtype (fp8 as raw ``uint8``), ``r = block / kernel`` (``LBNHC``), or
+  ``[num_blocks, 1, block, row]`` with the stage's whole block as stride (``BLHNC``, where
+  vLLM binds only unsplit blocks).
+
+K3 at TP 1, fp8: KDA ``[272, 1, 1, 6512640]`` and MLA ``[48416, 1, 64, 576]`` for 272
+blocks. Pure Python: the engine bridge checks live tensors against these, the adapter cuts
+them from its own backing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, TypeAlias
+
+from pydantic import NonNegativeInt, PositiveInt
+
+from .._args import expect_int
+from .._frozen import Frozen
+from .vllm import VllmPlan
+
+if TYPE_CHECKING:
+    from ..offload.names import LayerNames
+
+BoundDtype: TypeAlias = Literal["int8", "uint8", "bfloat16", "float16", "float32"]
+"""The torch dtype (``torch.<name>``) of a bound view."""
+
+_BOUND_BYTES: dict[BoundDtype, int] = {
+    "int8": 1,
+    "uint8": 1,
+    "bfloat16": 2,
+    "float16": 2,
+    "float32": 4,
+}
+
+_BOUND_DTYPES: dict[str, BoundDtype] = {
+    "float8_e4m3fn": "uint8",  # vLLM keeps an fp8 cache as raw bytes
+    "uint8": "uint8",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "float32": "float32",
+}
+
+
+class BoundView(Frozen):
+    """The view vLLM binds to one layer: ``shape`` and ``strides`` in elements of ``dtype``,
+    starting ``offset_bytes`` into the rank's backing; ``entries_per_block`` leading entries
+    make one block (an MLA block split into kernel blocks), so block ``b``'s page starts at
+    ``offset_bytes + b * entries_per_block * strides[0] * element bytes``."""
+
+    name: str
+    module_layer: NonNegativeInt
+    kind: Literal["attention", "kda"]
+    dtype: BoundDtype
+    shape: tuple[PositiveInt, ...]
+    strides: tuple[NonNegativeInt, ...]
+    offset_bytes: NonNegativeInt
+    entries_per_block: PositiveInt
+
+    @property
+    def elem_bytes(self) -> int:
+        """Bytes per element."""
+        return _BOUND_BYTES[self.dtype]
+
+    @property
+    def block_stride_bytes(self) -> int:
+        """Bytes from one block's page to the next."""
+        return self.entries_per_block * self.strides[0] * self.elem_bytes
+
+    def page_offset_bytes(self, block: int) -> int:
+        """Where the view's page of ``block`` starts in the backing."""
+        return self.offset_bytes + expect_int("block", block) * self.block_stride_bytes
+
+
+def vllm_bound_views(
+    plan: VllmPlan, num_blocks: int, stage: int = 0, names: LayerNames | None = None
+) -> tuple[BoundView, ...]:
+    """The views vLLM 0.33 binds on a rank of ``stage`` holding ``num_blocks`` blocks, one per
+    layer, in module order (names: vLLM's, :func:`~k3layout.offload.naming_rule`).
+
+    >>> from k3layout import Deployment, plan, preset
+    >>> views = vllm_bound_views(plan(preset("kimi-k3"), Deployment()), 272)
+    >>> [(v.name, v.shape) for v in views[2:4]]  # doctest: +NORMALIZE_WHITESPACE
+    [('language_model.model.layers.2.self_attn', (272, 1, 1, 6512640)),
+     ('language_model.model.layers.3.self_attn', (48416, 1, 64, 576))]
+    """
+    # The offload package builds on the layouts: its names are imported when first needed.
+    from ..offload.names import engine_layer_names  # noqa: PLC0415
+
+    expect_int("num_blocks", num_blocks)
+    names = names or engine_layer_names(plan.model, "vllm")
+    block_stride = plan.block_stride_bytes(stage)
+    state = plan.sizes.state_bytes if plan.sizes.state is not None else 0
+    kernel = plan.kernel_block_tokens
+    tp = plan.deployment.attn_tp
+    views: list[BoundView] = []
+    for layer in plan.stage(stage).layers:
+        spec = plan.sizes.spec_of(layer)
+        offset = plan.page_offset_bytes(layer, 0, num_blocks, stage)
+        if spec.paging == "slot":
+            shape: tuple[int, ...] = (num_blocks, 1, 1, state)
+            views.append(
+                BoundView(
+                    name=names.name(layer),
+                    module_layer=layer,
+                    kind="kda",
+                    dtype="int8",
+                    shape=shape,
+                    strides=(block_stride, state, state, 1),
+                    offset_bytes=offset,
+                    entries_per_block=1,
+                )
+            )
+            continue
+        dtype = _BOUND_DTYPES[spec.parts[0].dtype]
+        elem = _BOUND_BYTES[dtype]
+        row = spec.bytes_per_token(tp) // elem
+        per_block = plan.block_tokens // kernel
+        if per_block > 1:  # kernel blocks: LBNHC only (vLLM binds no split BLHNC block)
+            stride = plan.page_bytes // per_block // elem
+            shape, strides = (num_blocks * per_block, 1, kernel, row), (stride, row, row, 1)
+        else:
+            shape = (num_blocks, 1, kernel, row)
+            strides = (block_stride // elem, plan.page_bytes // elem, row, 1)
+        views.append(
+            BoundView(
+                name=names.name(layer),
+                module_layer=layer,
+                kind="attention",
+                dtype=dtype,
+                shape=shape,
+                strides=strides,
+                offset_bytes=offset,
+                entries_per_block=per_block,
+            )
+        )
+    return tuple(views)
