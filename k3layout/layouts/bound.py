@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
-from .._args import expect_int
+from .._args import expect_args, expect_int
 from .._frozen import Frozen
+from ..errors import Refusal
 from .vllm import VllmPlan
 
 if TYPE_CHECKING:
@@ -94,7 +95,14 @@ def vllm_bound_views(
     # The offload package builds on the layouts: its names are imported when first needed.
     from ..offload.names import engine_layer_names  # noqa: PLC0415
 
-    expect_int("num_blocks", num_blocks)
+    expect_args(("plan", plan, VllmPlan))
+    if expect_int("num_blocks", num_blocks) < 1:
+        raise Refusal(
+            "invalid_argument",
+            f"num_blocks={num_blocks} must be >= 1",
+            facts={"num_blocks": num_blocks},
+            hint="bind at least one block",
+        )
     names = names or engine_layer_names(plan.model, "vllm")
     block_stride = plan.block_stride_bytes(stage)
     state = plan.sizes.state_bytes if plan.sizes.state is not None else 0
