@@ -26,3 +26,22 @@ def run_seconds(action: Callable[[], object], *, repeats: int = 9, number: int =
             action()
         runs.append((time.perf_counter() - start) / number)
     return runs
+
+
+def interleaved_seconds(
+    actions: dict[str, Callable[[], object]], *, repeats: int = 9
+) -> dict[str, list[float]]:
+    """The time of one call of each action, ``repeats`` rounds, the actions taking turns in
+    every round, after one warm-up of each.
+
+    For ratios against a baseline on a shared machine: a neighbour's burst then slows every
+    action of the round it falls in, instead of all the runs of whichever action it met."""
+    for action in actions.values():
+        action()
+    runs: dict[str, list[float]] = {name: [] for name in actions}
+    for _ in range(repeats):
+        for name, action in actions.items():
+            start = time.perf_counter()
+            action()
+            runs[name].append(time.perf_counter() - start)
+    return runs

@@ -82,7 +82,10 @@ def test_the_image_is_views_of_the_kda_state_no_byte_copied(k3_plan: VllmPlan) -
             # the page starts where the layer's state starts: the attention layer's page
             assert page.data_ptr() == conv[blocks[g]].data_ptr()
             assert page.data_ptr() == attention.data_ptr() + blocks[g] * PAGE
-            assert page.untyped_storage().data_ptr() == cache.planes[j].data_ptr()
+            # ...a view of the one backing, on plane j's bytes
+            plane = cache.planes[j]
+            assert page.untyped_storage().data_ptr() == plane.untyped_storage().data_ptr()
+            assert page.data_ptr() == plane[blocks[g]].data_ptr()
     # a write into a layer's state is a write into the image: one set of bytes
     conv, recurrent = cache.layers["model.layers.21.self_attn"]  # group 1 layer 5
     recurrent[0].fill_(2.0)  # block 0
@@ -209,7 +212,8 @@ def test_image_refusals_name_units_blocks_and_sizes(k3_plan: VllmPlan) -> None:
         "invalid_argument",
         {"unit": 2, "block_id": 2, "num_blocks": 2},
     )
-    units = image_units(live, cache.registered, (0, 1, 0))
+    three = allocate(k3_plan, num_blocks=3)
+    units = image_units(validate(k3_plan, three.registered), three.registered, (0, 1, 2))
     refused = refusal(lambda: restore_units(torch.zeros(10, dtype=torch.uint8), units))
     assert refused.code == "tensor_mismatch"
     assert refused.facts == {
@@ -219,9 +223,13 @@ def test_image_refusals_name_units_blocks_and_sizes(k3_plan: VllmPlan) -> None:
     }
     refused = refusal(lambda: PageUnits(planes=(cache.planes[0], cache.planes[0][:1]), blocks=()))
     assert refused.code == "tensor_mismatch"
-    refused = refusal(lambda: plane_view(cache.planes[0], 3, PAGE))
+    # the backing's last plane (28 of 29, 2 blocks each) has no third block
+    refused = refusal(lambda: plane_view(cache.planes[28], 3, PAGE))
     assert refused.code == "tensor_mismatch"
-    assert refused.facts["storage_bytes"] == 2 * PAGE
+    assert (refused.facts["offset_bytes"], refused.facts["storage_bytes"]) == (
+        28 * 2 * PAGE,
+        29 * 2 * PAGE,
+    )
 
 
 def test_a_boundary_off_the_block_grid_is_refused(k3_plan: VllmPlan) -> None:
@@ -259,3 +267,109 @@ def test_a_parent_layout_has_no_image() -> None:
     assert refusal(lambda: image_units(live, cache.registered, (0, 0, 0))).code == (
         "engine_mismatch"
     )
+
+
+def test_a_block_repeated_in_an_image_is_refused_naming_the_units(k3_plan: VllmPlan) -> None:
+    """Two KDA groups cannot have one boundary block: its pages are one set of bytes, so a
+    restore into both would keep only the second group's state."""
+    cache = allocate(k3_plan, num_blocks=3)
+    live = validate(k3_plan, cache.registered)
+    refused = refusal(lambda: image_units(live, cache.registered, [1, 1, 1]))
+    assert (refused.code, refused.facts) == ("aliasing", {"block_id": 1, "units": (0, 1, 2)})
+    refused = refusal(lambda: image_units(live, cache.registered, [2, 0, 2]))
+    assert refused.facts == {"block_id": 2, "units": (0, 2)}
+    # the KV's units are blocks too: one block twice is one page restored twice
+    refused = refusal(lambda: kv_units(live, cache.registered, (0, 0)))
+    assert refused.facts == {"block_id": 0, "units": (0, 1)}
+
+
+def test_a_stage_whose_state_cannot_ride_is_refused_by_the_image_and_kv_up_front() -> None:
+    p = plan_vllm(preset("kimi-k3"), Deployment(attn_tp=8, pp=8))
+    # stage 0: layers 0..10, KDA groups of 3 positions, 2 attention layers (3 and 7)
+    cache = allocate(p, num_blocks=8, stage=0)
+    live = validate(p, cache.registered, stage=0)  # the KV check itself passes
+    tables = block_tables(p, p.block_tokens, range(8), stage=0)
+    facts = {
+        "stage": 0,
+        "kda_positions": 3,
+        "attention_layers": ("model.layers.3.self_attn.attn", "model.layers.7.self_attn.attn"),
+    }
+    for action in (
+        lambda: kv_units(live, cache.registered, (6,)),
+        lambda: image_units(live, cache.registered, (0, 2, 4)),
+        lambda: store_prefix(live, cache.registered, tables, p.block_tokens),
+    ):
+        refused = refusal(action)
+        assert (refused.code, refused.facts) == ("aliasing", facts)
+
+
+def test_meta_units_and_tiers_are_a_dry_run_and_a_meta_source_is_refused() -> None:
+    """Meta tensors hold no bytes: into meta, every size is checked and nothing copied; from
+    meta into real memory there is nothing to copy, which is refused."""
+    p = plan_vllm(preset("kimi-linear-48b"), Deployment(attn_tp=8))
+    meta = allocate(p, num_blocks=4, device="meta")
+    live = validate(p, meta.registered)  # addresses are relative to the one backing
+    units = image_units(live, meta.registered, (3, 1, 0))
+    tier = pack_units(units)
+    assert (tier.device.type, tier.numel()) == ("meta", units.num_bytes)
+    restore_units(tier, units)  # a dry run
+    real = random_bytes(allocate(p, num_blocks=4), seed=7)
+    real_units = image_units(validate(p, real.registered), real.registered, (0, 1, 2))
+    restore_units(pack_units(real_units), units)  # real bytes into meta pages: a dry run
+    assert pack_units(real_units, out=torch.empty_like(tier)).device.type == "meta"
+    before = [plane.clone() for plane in real.planes]
+    refused = refusal(lambda: restore_units(tier, real_units))
+    assert (refused.code, refused.facts) == (
+        "tensor_mismatch",
+        {"operation": "restore", "source_device": "meta"},
+    )
+    assert all(torch.equal(a, b) for a, b in zip(real.planes, before, strict=True))
+    refused = refusal(
+        lambda: pack_units(units, out=torch.empty(units.num_bytes, dtype=torch.uint8))
+    )
+    assert refused.facts == {"operation": "pack", "source_device": "meta"}
+    # the sizes are still checked on meta
+    refused = refusal(lambda: restore_units(tier[:10], units))
+    assert refused.facts["expected_bytes"] == units.num_bytes
+
+
+def test_every_way_of_copying_units_packs_and_restores_the_same_bytes() -> None:
+    """Rows of one backing (one gather, one scatter), a strided view per unit (pages no row
+    divides), a page per page (planes in tensors of their own), into a strided tier: the
+    same bytes, and only the units' pages written."""
+    p = plan_vllm(preset("kimi-linear-48b"), Deployment(attn_tp=8))
+    cache = random_bytes(allocate(p, num_blocks=4), seed=8)
+    units = image_units(validate(p, cache.registered), cache.registered, (3, 0, 2))
+    expected = torch.cat(units.pages())
+    assert units.rows is not None  # 294,912 B pages: 18 rows of 16 KiB
+    apart = PageUnits(planes=tuple(plane.clone() for plane in units.planes), blocks=units.blocks)
+    assert apart.stacked is None
+    # one backing cut in pages of 294,911 B (a prime): no row of 4 KiB or more
+    # divides them, so a strided view per unit
+    unaligned = PageUnits(planes=odd_pages(cache).unbind(0), blocks=units.blocks)
+    assert unaligned.stacked is not None and unaligned.rows is None
+    strided = torch.zeros(2 * units.num_bytes, dtype=torch.uint8)[::2]
+    for way in (units, apart):
+        assert torch.equal(pack_units(way), expected)
+        assert torch.equal(pack_units(way, out=strided), expected)
+    assert torch.equal(pack_units(unaligned), torch.cat(unaligned.pages()))
+    target = random_bytes(allocate(p, num_blocks=4), seed=9)
+    before = [plane.clone() for plane in target.planes]
+    target_units = image_units(validate(p, target.registered), target.registered, (1, 2, 0))
+    for tier in (expected, strided):
+        restore_units(tier, target_units)
+        assert torch.equal(torch.cat(target_units.pages()), expected)
+    restored = {(j, block) for j in range(units.num_planes) for block in (1, 2, 0)}
+    for j, (after, old) in enumerate(zip(target.planes, before, strict=True)):
+        for block in range(4):
+            assert (j, block) in restored or torch.equal(after[block], old[block])
+    into = PageUnits(planes=odd_pages(random_bytes(target, seed=10)).unbind(0), blocks=(1, 2, 0))
+    restore_units(pack_units(unaligned), into)
+    assert torch.equal(torch.cat(into.pages()), torch.cat(unaligned.pages()))
+
+
+def odd_pages(cache: Allocation) -> torch.Tensor:
+    """The first 7 planes of the cache's backing recut in 4 pages of 294,911 B each."""
+    page = 294_911
+    backing = cache.planes[0].untyped_storage()
+    return cache.planes[0].new_empty(0).set_(backing, 0, (7, 4, page), (4 * page, page, 1))

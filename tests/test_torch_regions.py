@@ -36,6 +36,7 @@ from k3layout.torch import (
     store_prefix,
     tier_regions,
     validate,
+    write_regions,
 )
 
 NUM_BLOCKS = 8
@@ -254,3 +255,58 @@ def test_replayssm_records_have_no_bytes_in_the_vllm_layout() -> None:
     assert refused.code == "tensor_mismatch"
     assert refused.facts == {"field": "replay_k", "layer": 0}
     assert isinstance(case.tiers[0], Tier)
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode"),
+    [
+        (Deployment(attn_tp=1), Deployment(attn_tp=2, dcp=2)),  # interleaved latent rows
+        (Deployment(attn_tp=2, conv_layout="DS"), Deployment(attn_tp=4, conv_layout="DS")),
+        (Deployment(pp=2, spec_tokens=2), Deployment(attn_tp=2, spec_tokens=2)),
+    ],
+)
+def test_moving_straight_into_the_blocks_writes_what_the_staged_steps_write(
+    prefill: Deployment, decode: Deployment
+) -> None:
+    """restore_across_tp copies from the tiers into the consumers' pages, cutting and folding
+    the segments' copies; the steps (tier_regions, apply_segments, write_regions) stage every
+    region: both leave every consumer plane byte for byte the same, nothing else touched."""
+    model = small_model()
+    p_plan, d_plan = plan_vllm(model, prefill), plan_vllm(model, decode)
+    tokens = 2 * p_plan.block_tokens
+    transfer = plan_transfer(model, prefill, decode, prompt_tokens=tokens)
+    tiers = []
+    for rank in range(transfer.num_producers):
+        stage = rank // prefill.attn_tp
+        cache = random_cache(p_plan, rank, stage=stage)
+        tables = block_tables(p_plan, tokens, range(NUM_BLOCKS), stage=stage)
+        live = validate(p_plan, cache.registered, stage=stage)
+        tiers.append(store_prefix(live, cache.registered, tables, tokens))
+    d_tables = block_tables(d_plan, tokens, range(NUM_BLOCKS - 1, -1, -1))
+    moved = [random_cache(d_plan, 50 + rank) for rank in range(transfer.num_consumers)]
+    staged = [random_cache(d_plan, 50 + rank) for rank in range(transfer.num_consumers)]
+    restore_across_tp(
+        transfer, tiers, [(validate(d_plan, c.registered), c.registered, d_tables) for c in moved]
+    )
+    sources = [tier_regions(t, transfer.producer_regions(r)) for r, t in enumerate(tiers)]
+    for cache, regions in zip(staged, apply_segments(transfer, sources), strict=True):
+        live = validate(d_plan, cache.registered)
+        write_regions(live, cache.registered, d_tables, tokens, regions, transfer=transfer)
+    for a, b in zip(moved, staged, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a.planes, b.planes, strict=True))
+    assert any(  # and the transfer did write: the consumers differ from their fresh bytes
+        not torch.equal(x, y)
+        for a, fresh in zip(moved, range(transfer.num_consumers), strict=True)
+        for x, y in zip(a.planes, random_cache(d_plan, 50 + fresh).planes, strict=True)
+    )
+
+
+def test_a_layout_of_another_deployment_than_the_transfers_is_refused() -> None:
+    case = Case(1, 2, "SD")
+    plan = plan_transfer(case.model, case.prefill, Deployment(attn_tp=4), prompt_tokens=case.tokens)
+    consumers = [*case.targets(), *case.targets()]  # four layouts, each of TP 2
+    refused = refusal(lambda: restore_across_tp(plan, case.tiers, consumers))
+    assert (refused.code, refused.facts) == (
+        "tensor_mismatch",
+        {"side": "consumer", "attn_tp": 2, "transfer_attn_tp": 4},
+    )

@@ -4,6 +4,7 @@ group and plane) every way a registered layout can differ from its plan."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 
@@ -16,7 +17,6 @@ from k3layout.offload import engine_layer_names, name_order
 from k3layout.torch import (
     Allocation,
     LiveLayout,
-    PartSpec,
     allocate,
     cut,
     validate,
@@ -45,16 +45,10 @@ def refusal(action: Callable[[], object]) -> Refusal:
 
 
 def recut(cache: Allocation, name: str, plane: int, shift: int = 0) -> tuple[torch.Tensor, ...]:
-    """Layer ``name``'s parts cut from plane ``plane``, ``shift`` bytes further in."""
-    return tuple(
-        cut(
-            cache.planes[plane],
-            PartSpec.model_validate(
-                {**part.model_dump(), "offset_bytes": part.offset_bytes + shift}
-            ),
-        )
-        for part in cache.spec.layer(name).parts
-    )
+    """Layer ``name``'s parts cut from plane ``plane`` moved ``shift`` bytes (either way)."""
+    source = cache.planes[plane]
+    moved = source.as_strided(source.shape, source.stride(), source.storage_offset() + shift)
+    return tuple(cut(moved, part) for part in cache.spec.layer(name).parts)
 
 
 def where(name: str, group: str, position: int, plane: int | None = None) -> dict[str, object]:
@@ -235,10 +229,13 @@ def test_two_attention_layers_on_one_plane_are_refused(
     registered["model.layers.7.self_attn.attn"] = cache.registered["model.layers.3.self_attn.attn"]
     refused = refusal(lambda: validate(k3_plan, registered))
     assert refused.code == "aliasing"
+    # plane 1's KDA layers say where it is: layer 7 is named, found on plane 0
     assert refused.facts == {
         **where("model.layers.7.self_attn.attn", "full_attention", 1),
-        "other_plane": 0,
-        "plane_span_bytes": 1536 * 576,
+        "part": "latent",
+        "found_plane": 0,
+        "offset_bytes": 0,
+        "expected_offset_bytes": 0,
     }
 
 
@@ -305,3 +302,84 @@ def test_vllms_list_of_state_tensors_is_accepted_and_views_are_named(
         "layer_names",
         {"name": "model.layers.4.mlp", "stage": 0},
     )
+
+
+def test_a_key_that_is_not_a_layer_name_is_refused_by_name(
+    k3_plan: VllmPlan, cache: Allocation
+) -> None:
+    registered: dict[object, object] = {name: value for name, value in cache.registered.items()}
+    # keyed by module layer, and one left unkeyed: extra keys that do not even sort
+    registered[7] = registered.pop("model.layers.7.self_attn.attn")
+    registered[None] = registered.pop("model.layers.11.self_attn.attn")
+    refused = refusal(lambda: validate(k3_plan, registered))  # type: ignore[arg-type]
+    assert (refused.code, refused.facts) == ("tensor_mismatch", {"key": "7", "type": "int"})
+    assert "7" in str(refused)
+    refused = refusal(lambda: validate(k3_plan, list(cache.registered)))  # type: ignore[arg-type]
+    assert (refused.code, refused.facts) == ("invalid_argument", {"type": "list"})
+
+
+def per_plane_registration(p: VllmPlan) -> tuple[Allocation, Registered]:
+    """The layout cut from a tensor per plane (an engine allocating planes one by one), each
+    with 64 B to spare on both sides, so that a shifted view is still a view."""
+    cache = allocate(p, num_blocks=2)
+    span = cache.spec.plane_span_bytes
+    planes = tuple(
+        torch.zeros(span + 128, dtype=torch.uint8)[64 : 64 + span].view(plane.shape)
+        for plane in cache.planes
+    )
+    layers = {
+        layer.name: tuple(cut(planes[layer.plane], part) for part in layer.parts)
+        for layer in cache.spec.layers
+    }
+    return Allocation(spec=cache.spec, planes=planes, layers=layers), {
+        name: parts[0] if len(parts) == 1 else parts for name, parts in layers.items()
+    }
+
+
+CORRUPTION_PLANS = {
+    "kimi-linear-48b TP8": ("kimi-linear-48b", Deployment(attn_tp=8)),
+    "kimi-k3-dspark TP8": ("kimi-k3-dspark", K3_TP8),
+}
+
+
+@pytest.mark.parametrize("layout", ["one backing", "a tensor per plane"])
+@pytest.mark.parametrize("case", sorted(CORRUPTION_PLANS))
+def test_a_corrupted_layer_is_the_layer_the_refusal_names(case: str, layout: str) -> None:
+    """Each layer in turn, shifted inside its plane or cut from the next plane: the refusal
+    names it, never the attention layer or the KDA riders sharing its plane."""
+    model, deployment = CORRUPTION_PLANS[case]
+    p = plan_vllm(preset(model), deployment)
+    if layout == "one backing":
+        cache = allocate(p, num_blocks=2)
+        registered: Registered = dict(cache.registered)
+    else:
+        if case != "kimi-linear-48b TP8":
+            pytest.skip("a plane of one layer, on its own tensor, has no other layer to agree")
+        cache, registered = per_plane_registration(p)
+    validate(p, registered)
+    spec = cache.spec
+    for layer in spec.layers:
+        last = layer.plane == spec.num_planes - 1  # shifted back: no bytes after the backing
+        for how, plane, shift in (
+            ("shifted", layer.plane, -64 if last else 64),
+            ("on another plane", (layer.plane + 1) % spec.num_planes, 0),
+        ):
+            corrupted = dict(registered)
+            parts = recut(cache, layer.name, plane, shift)
+            corrupted[layer.name] = parts if layer.kind == "kda" else parts[0]
+            refused = refusal(partial(validate, p, corrupted))
+            assert refused.code == "aliasing", (layer.name, how)
+            assert refused.facts["layer_name"] == layer.name, (how, refused.facts)
+
+
+def test_a_first_layer_of_another_block_count_is_the_one_named(k3_plan: VllmPlan) -> None:
+    """The block count is the one most layers were cut for, not the first layer's."""
+    cache, other = allocate(k3_plan, num_blocks=1), allocate(k3_plan, num_blocks=2)
+    registered: Registered = dict(cache.registered)
+    registered["model.layers.0.self_attn"] = other.registered["model.layers.0.self_attn"]
+    refused = refusal(lambda: validate(k3_plan, registered))
+    assert refused.code == "tensor_mismatch"
+    assert refused.facts["layer_name"] == "model.layers.0.self_attn"
+    shape, expected = refused.facts["shape"], refused.facts["expected_shape"]
+    assert isinstance(shape, tuple) and isinstance(expected, tuple)
+    assert (shape[0], expected[0]) == (2, 1)

@@ -5,7 +5,8 @@ Allocation builds its views from this spec and validation checks live tensors ag
 the two cannot drift apart. The module is pure Python (no torch): the spec is a frozen
 record, built and inspected without torch.
 
-``vllm`` (vLLM's hybrid allocator): ``num_planes`` tensors of ``num_blocks x page``; the layer at
+``vllm`` (vLLM's hybrid allocator): one backing per rank, ``num_planes`` planes of
+``num_blocks x page`` back to back (``LBNHC``); the layer at
 position ``j`` of every group is cut from plane ``j``, with the page as block stride:
 
 - MLA: ``latent [num_blocks, block_tokens, 576]`` in the cache dtype (FlashMLA's ``fp8_ds_mla``
@@ -91,8 +92,8 @@ class CacheSpec(Frozen):
     """Every tensor one rank registers for a plan: ``num_planes`` planes of ``plane_bytes``.
 
     ``num_blocks`` counts vLLM blocks, or a parent arena's usable parents ``n`` (the arena
-    holds ``n + 1``). ``vllm`` planes are separate allocations; ``parent`` planes are
-    consecutive in one arena.
+    holds ``n + 1``). Both engines' planes are consecutive in one allocation (vLLM's
+    backing, the parent's arena).
     """
 
     engine: EngineFlavour

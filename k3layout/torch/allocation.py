@@ -1,12 +1,15 @@
 """Allocate a plan's KV cache on CPU with the engine's real aliasing.
 
-``vllm``: one ``uint8 [num_blocks, page]`` tensor per plane (vLLM's ``KVCacheTensor``); every
-layer's tensors are strided views cut from its plane, so KDA layer ``j`` of every group and
-attention layer ``j`` share plane ``j``'s bytes. ``parent``: one arena of ``bind(n)`` bytes, the
-planes consecutive in it. The views follow :func:`~k3layout.layouts.tensors.cache_spec`; the
-registered mapping has the form vLLM hands a connector: a tensor per attention layer (and DSA
-index region), a tuple ``(conv, recurrent)`` per KDA layer (the conv state is ONE tensor,
-vLLM's ``SD`` or ``DS`` layout as the deployment says).
+Both engines allocate ONE backing per rank and cut the planes from it, consecutive: plane ``j``
+starts ``j`` plane spans in (vLLM 0.33's one KV-cache tensor, layer-outermost as the plan lays
+it out; the parent engine's ``bind(n)`` arena). ``vllm``: plane ``j`` is ``uint8 [num_blocks,
+page]`` and every layer's tensors are strided views cut from its plane, so KDA layer ``j`` of
+every group and attention layer ``j`` share plane ``j``'s bytes. One backing also lets the image
+helpers copy a unit's pages of every plane in one strided copy. The views follow
+:func:`~k3layout.layouts.tensors.cache_spec`; the registered mapping has the form vLLM hands a
+connector: a tensor per attention layer (and DSA index region), a tuple ``(conv, recurrent)``
+per KDA layer (the conv state is ONE tensor, vLLM's ``SD`` or ``DS`` layout as the deployment
+says).
 """
 
 from __future__ import annotations
@@ -108,14 +111,11 @@ def allocate(
     True
     """
     spec = cache_spec(plan, num_blocks, stage=stage, names=names)
-    if spec.engine == "vllm":  # one allocation per plane, as vLLM's KVCacheTensors
-        planes = tuple(
-            _buffer((spec.num_blocks, spec.page_bytes), fill, device)
-            for _ in range(spec.num_planes)
-        )
-    else:  # one arena, planes consecutive
-        arena = _buffer((spec.num_planes, spec.plane_span_bytes), fill, device)
-        planes = tuple(arena[j] for j in range(spec.num_planes))
+    # one backing, planes consecutive (vLLM 0.33's one KV-cache tensor; the parent's arena)
+    backing = _buffer((spec.num_planes, spec.plane_span_bytes), fill, device)
+    if spec.engine == "vllm":
+        backing = backing.view(spec.num_planes, spec.num_blocks, spec.page_bytes)
+    planes = tuple(backing[j] for j in range(spec.num_planes))
     layers = {
         layer.name: tuple(cut(planes[layer.plane], part) for part in layer.parts)
         for layer in spec.layers

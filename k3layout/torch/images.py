@@ -8,19 +8,33 @@ units out contiguously, unit by unit, plane by plane (the tier's buffer, byte fo
 image the offload plans); :func:`restore_units` writes a tier back into the units of other
 blocks. The KV of a prefix is the same thing over every published plane in the attention
 group's blocks (:func:`kv_units`).
+
+Every ``copy_`` pays the thread pool's fork and join, which on a busy host costs more than an
+884 KB page. On one backing (planes equally spaced in one storage, as
+:func:`~.allocation.allocate` and vLLM 0.33 lay them out) a pack is therefore one gather and a
+restore one scatter of the pages' rows (:class:`~.copies.PageRows`), each a single pass as a
+plain copy is; where no row fits, one strided copy per unit; planes in tensors of their own
+are copied page by page.
+
+``meta`` tensors hold no bytes: packing or restoring into a ``meta`` tier or ``meta`` units is
+a dry run (every size is checked, nothing is copied); packing ``meta`` units into a real tier,
+or restoring a ``meta`` tier into real pages, is refused, as there are no bytes to give.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
 from ..errors import Refusal
 from ..offload import checkpoint_image
-from ..offload.stage import ridable
+from ..offload.stage import num_image_planes, ridable
 from .allocation import Registered, parts_of
+from .copies import PageRows, page_rows, stacked_planes
 from .live import LiveLayout
 from .tables import BlockTables, boundary_row
 
@@ -70,15 +84,28 @@ class PageUnits:
                 facts={"shapes": tuple(str(s) for s in sorted(shapes))},
                 hint="take the planes with plane_view",
             )
+        devices = sorted({str(plane.device) for plane in self.planes})
+        if len(devices) != 1:
+            raise Refusal(
+                "tensor_mismatch",
+                f"page units need planes on one device (got {devices})",
+                facts={"devices": tuple(devices)},
+                hint="take every plane from the one cache of a rank",
+            )
         num_blocks = self.planes[0].shape[0]
         for unit, block in enumerate(self.blocks):
-            if not 0 <= block < num_blocks:
+            if not _is_index(block) or not 0 <= block < num_blocks:
                 raise Refusal(
                     "invalid_argument",
-                    f"unit {unit}: block {block} is not one of the {num_blocks} blocks",
-                    facts={"unit": unit, "block_id": block, "num_blocks": num_blocks},
+                    f"unit {unit}: block {block!r} is not one of the {num_blocks} blocks",
+                    facts={
+                        "unit": unit,
+                        "block_id": block if isinstance(block, int) else repr(block),
+                        "num_blocks": num_blocks,
+                    },
                     hint=f"use block ids in [0, {num_blocks})",
                 )
+        _check_distinct(self.blocks)
 
     @property
     def page_bytes(self) -> int:
@@ -112,12 +139,80 @@ class PageUnits:
             for plane in range(self.num_planes)
         )
 
+    @property
+    def is_meta(self) -> bool:
+        """Whether the planes are ``meta`` tensors (shapes only, no bytes)."""
+        return self.planes[0].device.type == "meta"
+
+    @cached_property
+    def stacked(self) -> torch.Tensor | None:
+        """The planes as one ``[planes, num_blocks, page]`` view when they are equally spaced
+        in one storage (one backing), else ``None``: a unit's pages are then ``stacked[:,
+        block]``, one strided view."""
+        return stacked_planes(self.planes)
+
+    @cached_property
+    def rows(self) -> PageRows | None:
+        """On one backing, its bytes as short rows and the rows of every page in packing
+        order (:func:`~.copies.page_rows`); ``None`` where rows do not fit the pages."""
+        return None if self.stacked is None else page_rows(self.stacked, self.blocks)
+
+
+def _is_index(block: object) -> bool:
+    """Whether ``block`` is an integer (Python's, numpy's, a 0-d integer tensor's)."""
+    try:
+        operator.index(block)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    return not isinstance(block, bool)
+
+
+def _check_distinct(blocks: Sequence[int]) -> None:
+    """Units on one block alias: they are the same pages, so a restore keeps only the last."""
+    units: dict[int, list[int]] = {}
+    for unit, block in enumerate(blocks):
+        units.setdefault(operator.index(block), []).append(unit)
+    for block, repeats in units.items():
+        if len(repeats) > 1:
+            raise Refusal(
+                "aliasing",
+                f"block {block} is the block of units {repeats}: they would be the same pages "
+                "(one per plane), so a restore into them keeps only the last unit's bytes",
+                facts={"block_id": block, "units": tuple(repeats)},
+                hint="give every unit its own block (a KDA group's boundary block, an "
+                "attention block of the prefix)",
+            )
+
+
+def _publish_order(layout: LiveLayout) -> tuple[str, ...]:
+    """The planes the image and the KV are read in (``layout.published``); refused on a
+    ``parent`` layout (``engine_mismatch``) and on a pipeline stage whose state cannot ride
+    (``aliasing``): more KDA positions than attention layers, so no publish order exists."""
+    plan = ridable(layout.plan)
+    if layout.published:
+        return layout.published
+    stage = plan.stage(layout.spec.stage)
+    positions = num_image_planes(stage)
+    attention = tuple(
+        layout.names.name(layer) for group in stage.groups_of("attention") for layer in group.layers
+    )
+    raise Refusal(
+        "aliasing",
+        f"stage {stage.index}: its KDA groups have {positions} positions, one plane each, and "
+        f"{len(attention)} attention layers publish planes ({list(attention[:4])}"
+        f"{' ...' if len(attention) > 4 else ''}): its state cannot ride, so the layout has no "
+        "publish order to read an image or KV in",
+        facts={"stage": stage.index, "kda_positions": positions, "attention_layers": attention},
+        hint="split the pipeline so that every stage holds at least as many attention layers "
+        "as its longest KDA group",
+    )
+
 
 def _published_planes(layout: LiveLayout, registered: Registered) -> tuple[torch.Tensor, ...]:
     spec = layout.spec
     return tuple(
         plane_view(parts_of(registered[name])[0], spec.num_blocks, spec.page_bytes)
-        for name in layout.published
+        for name in _publish_order(layout)
     )
 
 
@@ -133,6 +228,7 @@ def image_units(layout: LiveLayout, registered: Registered, blocks: Sequence[int
     >>> units.num_bytes, units.page(1, 0).data_ptr() == cache.planes[0][1].data_ptr()
     (61046784, True)
     """
+    _publish_order(layout)  # the same refusal as the KV's on a stage that cannot ride
     image = checkpoint_image(layout.plan, stage=layout.spec.stage, names=layout.names)
     if len(blocks) != image.num_units:
         raise Refusal(
@@ -161,22 +257,64 @@ def kv_units(layout: LiveLayout, registered: Registered, blocks: Sequence[int]) 
 
 
 def pack_units(units: PageUnits, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Copy ``units`` into one contiguous ``uint8`` buffer (``out`` or a new one), unit by
-    unit, plane by plane: the tier's bytes."""
-    tier = torch.empty(units.num_bytes, dtype=torch.uint8) if out is None else out
-    _check_tier(tier, units)
-    page = units.page_bytes
-    for index, source in enumerate(units.pages()):
-        tier[index * page : (index + 1) * page].copy_(source)
-    return tier
+    """Copy ``units`` into one contiguous ``uint8`` buffer (``out`` or a new one, on the CPU;
+    ``meta`` for ``meta`` units), unit by unit, plane by plane: the tier's bytes."""
+    if out is None:
+        device = "meta" if units.is_meta else "cpu"
+        out = torch.empty(units.num_bytes, dtype=torch.uint8, device=device)
+    _check_tier(out, units)
+    if _dry_run(source_meta=units.is_meta, target_meta=out.device.type == "meta", what="pack"):
+        return out
+    rows = units.rows
+    if rows is not None and rows.rows.device == out.device and out.is_contiguous():
+        # one gather in a single pass of the thread pool: a copy per page or per unit pays a
+        # fork and join each and the threads' uneven finish, which a busy host multiplies
+        rows.gather(out)
+        return out
+    for into, pages in _runs(out, units):
+        into.copy_(pages)
+    return out
 
 
 def restore_units(tier: torch.Tensor, units: PageUnits) -> None:
-    """Write a packed ``tier`` back into ``units`` (other blocks, another cache): byte-exact."""
+    """Write a packed ``tier`` back into ``units`` (other blocks, another cache): byte-exact.
+    Into ``meta`` units it is a dry run: the sizes are checked, nothing is copied."""
     _check_tier(tier, units)
-    page = units.page_bytes
-    for index, target in enumerate(units.pages()):
-        target.copy_(tier[index * page : (index + 1) * page])
+    if _dry_run(source_meta=tier.device.type == "meta", target_meta=units.is_meta, what="restore"):
+        return
+    rows = units.rows
+    if rows is not None and rows.rows.device == tier.device and tier.is_contiguous():
+        rows.scatter(tier)  # one pass of the thread pool, as the pack
+        return
+    for stored, pages in _runs(tier, units):
+        pages.copy_(stored)
+
+
+def _runs(tier: torch.Tensor, units: PageUnits) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The tier and the units cut alike, in packing order: a ``[planes, page]`` view of each
+    per unit on one backing (one copy per unit), else a page of each per page."""
+    per_unit = tier.view(units.num_units, units.num_planes, units.page_bytes)
+    stacked = units.stacked
+    for unit, block in enumerate(units.blocks):
+        if stacked is not None:
+            yield per_unit[unit], stacked[:, block]
+            continue
+        for plane in range(units.num_planes):
+            yield per_unit[unit, plane], units.page(unit, plane)
+
+
+def _dry_run(*, source_meta: bool, target_meta: bool, what: str) -> bool:
+    """Whether a copy is a dry run (a ``meta`` target: checked, nothing to write); a ``meta``
+    source has no bytes to give a real target, and is refused."""
+    if source_meta and not target_meta:
+        raise Refusal(
+            "tensor_mismatch",
+            f"{what}: the source is a meta tensor, which holds no bytes, and the target is real "
+            "memory",
+            facts={"operation": what, "source_device": "meta"},
+            hint="copy from real tensors; meta tensors only check sizes (a dry run into meta)",
+        )
+    return target_meta
 
 
 def _check_tier(tier: object, units: PageUnits) -> None:

@@ -8,7 +8,10 @@ address (``data_ptr``), strides and sizes and checks, in order:
 2. the engine's KV-cache groups, when given: the plan's groups, in order (``aliasing``);
 3. every tensor: count, dtype, shape and strides as the plan cuts them (``tensor_mismatch``);
 4. every address: each layer at its plane's base plus its part's offset, planes disjoint
-   (``aliasing``); the base of plane ``j`` is read off the attention layer at position ``j``;
+   (``aliasing``). A plane's base is where most layers say it is, so the refusal names the
+   layer that is wrong, never the layers that agree with the plan: on one backing (vLLM
+   0.33, the parent arena) plane ``j`` starts ``j`` plane spans after the start most layers
+   agree on; on a tensor per plane, where most of the plane's layers agree;
 5. ``vllm``: the ride's aliasing check on the publish order (``aliasing``): KDA layer ``j`` of
    every group starts at published plane ``j`` (:func:`~k3layout.offload.check_aliasing`).
 
@@ -18,7 +21,8 @@ what the image and transfer helpers take as proof the layout was checked.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import Literal
 
@@ -97,6 +101,25 @@ def _refuse(
     return Refusal(code, f"{layer.where}: {message}", facts={**where, **facts}, hint=hint)
 
 
+def _check_keys(registered: object) -> None:
+    """A mapping keyed by layer names: anything else is refused before a name is compared."""
+    if not isinstance(registered, Mapping):
+        raise Refusal(
+            "invalid_argument",
+            f"registered is a {type(registered).__name__}, not a mapping of layer names to tensors",
+            facts={"type": type(registered).__name__},
+            hint="pass {layer name: tensor or (conv, recurrent)}, as the engine registers them",
+        )
+    bad = next((key for key in registered if not isinstance(key, str)), None)
+    if bad is not None:
+        raise Refusal(
+            "tensor_mismatch",
+            f"registered has a key {bad!r} ({type(bad).__name__}), not a layer name",
+            facts={"key": repr(bad), "type": type(bad).__name__},
+            hint="key the registered tensors by the engine's layer names (strings)",
+        )
+
+
 def _check_names(spec: CacheSpec, registered: Registered) -> None:
     expected = spec.names
     missing = tuple(name for name in expected if name not in registered)
@@ -153,13 +176,22 @@ def _check_groups(
 
 
 def _num_blocks(plan: EngineLayout, layer: LayerSpec, first: torch.Tensor) -> int:
-    """The block (or usable parent) count the first layer's first tensor was allocated for."""
+    """The block (or usable parent) count ``layer``'s first tensor was allocated for."""
     leading = first.shape[0] if first.dim() else 0
     group = plan.group(layer.group)
     # The leading axis counts c0 + c1 * n pages for n blocks (parents): invert it.
     c0 = plan.page_axes(group, 0)[0][0]
     c1 = plan.page_axes(group, 1)[0][0] - c0
     return max((leading - c0) // c1, 1)
+
+
+def _common_num_blocks(
+    plan: EngineLayout, spec: CacheSpec, parts: dict[str, tuple[torch.Tensor, ...]]
+) -> int:
+    """The block count most layers were allocated for: one layer of another size is then
+    refused by name, instead of every other layer being compared with it."""
+    counts = Counter(_num_blocks(plan, layer, parts[layer.name][0]) for layer in spec.layers)
+    return counts.most_common(1)[0][0]
 
 
 def _parts(layer: LayerSpec, value: object) -> tuple[torch.Tensor, ...]:
@@ -213,18 +245,56 @@ def _check_part(layer: LayerSpec, part: PartSpec, tensor: torch.Tensor) -> None:
             )
 
 
+def _storage_range(tensor: torch.Tensor) -> tuple[int, int]:
+    """The address range of the storage ``tensor`` views (relative on ``meta``, as its
+    ``data_ptr``)."""
+    storage = tensor.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def _implied_bases(
+    spec: CacheSpec, parts: dict[str, tuple[torch.Tensor, ...]]
+) -> list[tuple[LayerSpec, int]]:
+    """Every layer with the base its first part says its plane has (address - offset),
+    attention layers first, so that they win a tie as they always have."""
+    ordered = sorted(spec.layers, key=lambda layer: layer.kind != "attention")
+    return [
+        (layer, parts[layer.name][0].data_ptr() - layer.parts[0].offset_bytes) for layer in ordered
+    ]
+
+
 def _plane_bases(spec: CacheSpec, parts: dict[str, tuple[torch.Tensor, ...]]) -> tuple[int, ...]:
-    """Plane ``j``'s base address: read off the attention layer at position ``j`` (the first
-    layer on the plane when no attention layer is); a parent's planes follow plane 0's."""
-    anchors: dict[int, int] = {}
-    for kind in ("attention", "index", "kda"):
-        for layer in spec.layers:
-            if layer.kind == kind and layer.plane not in anchors:
-                first = parts[layer.name][0]
-                anchors[layer.plane] = first.data_ptr() - layer.parts[0].offset_bytes
-    if spec.engine == "parent":
-        return tuple(anchors[0] + j * spec.plane_span_bytes for j in range(spec.num_planes))
-    return tuple(anchors[j] for j in range(spec.num_planes))
+    """Plane ``j``'s base, where most layers say it is: a corrupted layer cannot move its
+    plane, so the address check names it rather than the layers sharing its plane.
+
+    On one backing (planes consecutive: vLLM 0.33's KV-cache tensor, the parent's arena) every
+    layer votes for the backing's start, ``base - plane x span``, and plane ``j`` starts ``j``
+    spans after the winner: this names even a layer alone on its plane. Otherwise (a tensor per
+    plane) each plane takes the base most of its layers imply; a tie goes to a base at a whole
+    number of plane spans into its storage (a shifted view is not), then to attention layers.
+    """
+    span = spec.plane_span_bytes
+    implied = _implied_bases(spec, parts)
+    starts = Counter(base - layer.plane * span for layer, base in implied)
+    start, votes = starts.most_common(1)[0]
+    if spec.engine == "parent" or 2 * votes > len(implied):
+        return tuple(start + j * span for j in range(spec.num_planes))
+    candidates: dict[int, Counter[int]] = {j: Counter() for j in range(spec.num_planes)}
+    aligned: set[int] = set()
+    for layer, base in implied:
+        candidates[layer.plane][base] += 1
+        origin, _ = _storage_range(parts[layer.name][0])
+        if (base - origin) % span == 0:
+            aligned.add(base)
+    return tuple(
+        max(candidates[j], key=lambda base: (candidates[j][base], base in aligned))
+        for j in range(spec.num_planes)
+    )
+
+
+def _plane_owner(spec: CacheSpec, plane: int) -> LayerSpec:
+    on_plane = [layer for layer in spec.layers if layer.plane == plane]
+    return next((la for la in on_plane if la.kind == "attention"), on_plane[0])
 
 
 def _check_addresses(
@@ -233,11 +303,9 @@ def _check_addresses(
     order = sorted(range(spec.num_planes), key=lambda j: bases[j])
     for left, right in pairwise(order):
         if bases[left] + spec.plane_span_bytes > bases[right]:
-            on_plane = [layer for layer in spec.layers if layer.plane == right]
-            owner = next((la for la in on_plane if la.kind == "attention"), on_plane[0])
             raise _refuse(
                 "aliasing",
-                owner,
+                _plane_owner(spec, right),
                 f"plane {right} starts {bases[right] - bases[left]} B after plane {left}, inside "
                 f"its {spec.plane_span_bytes} B",
                 "give every plane its own num_blocks x page bytes",
@@ -297,15 +365,14 @@ def validate(
     >>> live.spec.num_blocks, live.published[:2], len(live.published)
     (1, ('model.layers.3.self_attn.attn', 'model.layers.7.self_attn.attn'), 29)
     """
+    _check_keys(registered)
     names = names or engine_layer_names(plan.model)
     probe = cache_spec(plan, 1, stage=stage, names=names)
     _check_names(probe, registered)
     if groups is not None:
         _check_groups(plan, stage, names, groups)
     parts = {layer.name: _parts(layer, registered[layer.name]) for layer in probe.layers}
-    first = probe.layers[0]
-    num_blocks = _num_blocks(plan, first, parts[first.name][0])
-    spec = cache_spec(plan, num_blocks, stage=stage, names=names)
+    spec = cache_spec(plan, _common_num_blocks(plan, probe, parts), stage=stage, names=names)
     for layer in spec.layers:
         for part, tensor in zip(layer.parts, parts[layer.name], strict=True):
             _check_part(layer, part, tensor)

@@ -3,12 +3,18 @@
 A :class:`~k3layout.transfer.TransferPlan` addresses abstract regions per rank (latent rows per
 MLA layer, conv and recurrent state per KDA layer). Here they meet bytes:
 
-- :func:`tier_regions` reads a producer rank's regions out of its :class:`~.tier.Tier`: latent
-  row ``i`` of an MLA layer from the KV pages (the row's latent bytes, then its DSA index bytes),
-  a KDA layer's conv (q|k|v) and recurrent bytes from its state range in the image;
-- :func:`apply_segments` runs every pair's strided copies into fresh consumer regions;
-- :func:`write_regions` puts a consumer's regions into its blocks: latent rows through the
-  attention table, state into row ``(n - 1) // block`` of each KDA group.
+- :func:`restore_across_tp` copies every segment straight from the producers' tiers into the
+  consumers' blocks: a region is a run of contiguous *chunks* on both sides (an attention
+  part's rows in each of its blocks, a state part in one page), and a segment's strided
+  copies are cut where a chunk ends. Nothing is staged and nothing zero-filled, so it moves
+  each byte once, as a plain copy does.
+- The steps, for an engine that wants the regions as buffers: :func:`tier_regions` reads a
+  producer rank's regions out of its :class:`~.tier.Tier` (latent row ``i`` of an MLA layer
+  from the KV pages, the row's latent bytes then its DSA index bytes; a KDA layer's conv
+  (q|k|v) and recurrent bytes from its state range in the image); :func:`apply_segments`
+  runs every pair's strided copies into new consumer regions; :func:`write_regions` puts a
+  consumer's regions into its blocks (latent rows through the attention table, state into
+  row ``(n - 1) // block`` of each KDA group).
 
 Every byte range comes from the layers' cache specs: a region is one part of one layer, and
 :meth:`~k3layout.layouts.LayoutBase.part_range` says where that part sits in the layer's page.
@@ -17,13 +23,16 @@ Every byte range comes from the layers' cache specs: a region is one part of one
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from ..cache import PartRange
 from ..errors import Refusal
+from ..layouts import Group
 from ..transfer import Region, RegionKey, TransferPlan
 from .allocation import Registered, parts_of
+from .copies import Chunks, Run, execute, merged, runs
 from .images import plane_view
 from .live import LiveLayout
 from .tables import BlockTables, boundary_row
@@ -42,11 +51,11 @@ def _check_conv_layout(transfer: TransferPlan, layout: LiveLayout, side: str) ->
         )
 
 
-def _unsupported(region: Region) -> Refusal:
+def _unsupported(field: str, layer: int | None) -> Refusal:
     return Refusal(
         "tensor_mismatch",
-        f"region {region.field} of layer {region.layer}: vLLM's layout holds no such bytes",
-        facts={"field": region.field, "layer": region.layer},
+        f"region {field} of layer {layer}: vLLM's layout holds no such bytes",
+        facts={"field": field, "layer": layer},
         hint="plan the transfer without ReplaySSM records for a vllm layout",
     )
 
@@ -65,40 +74,48 @@ def _rows(kv: torch.Tensor, layout: LiveLayout, region: Region, num_rows: int) -
     return part.reshape(-1, inner.size_bytes // tokens)[:num_rows]
 
 
+def _held(tier: Tier, region: Region) -> tuple[Group, int, PartRange]:
+    """Where a producer's ``region`` sits in its tier's layout (its group, position in the
+    group and part range); refuses a region the tier does not hold at the plan's size."""
+    layout = tier.layout
+    plan = layout.plan
+    if region.layer is None:
+        raise _unsupported(region.field, region.layer)
+    # the position in the stage's group: the tier's image holds this stage's layers only
+    group, position = plan.group_of(region.layer, layout.spec.stage)
+    if region.field not in plan.group_spec(group).part_names:
+        raise _unsupported(region.field, region.layer)
+    inner = plan.part_range(region.layer, region.field)
+    held = (
+        tier.computed_tokens * inner.size_bytes // plan.tokens_per_page(group)
+        if region.kind == "page"
+        else inner.size_bytes
+    )
+    if region.size_bytes != held:
+        raise Refusal(
+            "tensor_mismatch",
+            f"region {region.field} of layer {region.layer} is {region.size_bytes} B in the "
+            f"transfer plan, {held} B on the tier",
+            facts={
+                "field": region.field,
+                "layer": region.layer,
+                "size_bytes": region.size_bytes,
+                "tier_bytes": held,
+            },
+            hint="plan the transfer for the tier's prefix length and deployment",
+        )
+    return group, position, inner
+
+
 def tier_regions(tier: Tier, regions: Sequence[Region]) -> dict[RegionKey, torch.Tensor]:
     """A producer rank's ``regions`` (``transfer.producer_regions(rank)``) read from its tier,
     each a contiguous ``uint8`` buffer of the region's size."""
-    layout = tier.layout
-    plan = layout.plan
     out: dict[RegionKey, torch.Tensor] = {}
     for region in regions:
-        if region.layer is None:
-            raise _unsupported(region)
-        # the position in the stage's group: the tier's image holds this stage's layers only
-        group, position = plan.group_of(region.layer, layout.spec.stage)
-        if region.field not in plan.group_spec(group).part_names:
-            raise _unsupported(region)
-        inner = plan.part_range(region.layer, region.field)
-        held = (
-            tier.computed_tokens * inner.size_bytes // plan.tokens_per_page(group)
-            if region.kind == "page"
-            else inner.size_bytes
-        )
-        if region.size_bytes != held:
-            raise Refusal(
-                "tensor_mismatch",
-                f"region {region.field} of layer {region.layer} is {region.size_bytes} B in the "
-                f"transfer plan, {held} B on the tier",
-                facts={
-                    "field": region.field,
-                    "layer": region.layer,
-                    "size_bytes": region.size_bytes,
-                    "tier_bytes": held,
-                },
-                hint="plan the transfer for the tier's prefix length and deployment",
-            )
+        group, position, inner = _held(tier, region)
         if region.kind == "page":
-            out[region.key] = _rows(tier.kv, layout, region, tier.computed_tokens).reshape(-1)
+            rows = _rows(tier.kv, tier.layout, region, tier.computed_tokens)
+            out[region.key] = rows.reshape(-1)
             continue
         start = tier.geometry.range_of(group.name, position).offset_bytes + inner.offset_bytes
         out[region.key] = tier.image[start : start + region.size_bytes]
@@ -133,8 +150,9 @@ def apply_segments(
             facts={"num_producers": transfer.num_producers, "num_sources": len(sources)},
             hint="pass one region mapping per producer rank",
         )
+    # a transfer plan tiles every consumer region exactly (transfer_violations): no zero-fill
     targets = [
-        {r.key: torch.zeros(r.size_bytes, dtype=torch.uint8) for r in transfer.consumer_regions(c)}
+        {r.key: torch.empty(r.size_bytes, dtype=torch.uint8) for r in transfer.consumer_regions(c)}
         for c in range(transfer.num_consumers)
     ]
     for pair in transfer.pairs:
@@ -167,10 +185,10 @@ def write_regions(
     spec = layout.spec
     for (field, layer), data in regions.items():
         if layer is None:
-            raise _unsupported(Region(field=field, layer=layer, kind="slot", size_bytes=0))
+            raise _unsupported(field, layer)
         group, _ = plan.group_of(layer)
         if field not in plan.group_spec(group).part_names:
-            raise _unsupported(Region(field=field, layer=layer, kind="slot", size_bytes=0))
+            raise _unsupported(field, layer)
         name = layout.names.name(layer)
         owner = spec.layer(name)
         plane = plane_view(parts_of(registered[name])[0], spec.num_blocks, spec.page_bytes)
@@ -217,10 +235,13 @@ def restore_across_tp(
 
     ``tiers`` and ``consumers`` are in the transfer plan's rank order (pipeline stage outer, TP
     rank inner). The transfer must be planned for the tiers' prefix
-    (``prompt_tokens == computed_tokens``) and the layouts' conv layout.
+    (``prompt_tokens == computed_tokens``) and the layouts' deployments. Every copy is planned
+    (and every refusal raised) before the first byte moves; each then goes straight from a
+    tier to a consumer's pages.
     """
+    _check_ranks(transfer, tiers, consumers)
     for tier in tiers:
-        _check_conv_layout(transfer, tier.layout, "producer")
+        _check_side(transfer, tier.layout, "producer")
         if tier.computed_tokens != transfer.prompt_tokens:
             raise Refusal(
                 "invalid_argument",
@@ -232,18 +253,196 @@ def restore_across_tp(
                 },
                 hint="plan the transfer with prompt_tokens = the stored prefix",
             )
-    sources = [
-        tier_regions(tier, transfer.producer_regions(rank)) for rank, tier in enumerate(tiers)
-    ]
-    targets = apply_segments(transfer, sources)
-    if len(consumers) != len(targets):
+    for layout, _, _ in consumers:
+        _check_side(transfer, layout, "consumer")
+    memo: Parts = {}
+    sources = [_Producer(tier, memo) for tier in tiers]
+    targets = [_Consumer(*consumer, transfer.prompt_tokens, memo) for consumer in consumers]
+    planned: list[Run] = []
+    for pair in transfer.pairs:
+        source, target = sources[pair.producer], targets[pair.consumer]
+        for segment in pair.segments:
+            pieces = [
+                run
+                for key in segment.regions  # the same copies in each of the segment's layers
+                for run in runs(segment, source.chunks(key), target.chunks(key))
+            ]
+            # one field read from one tier buffer: in source order, the same part of a group's
+            # consecutive layers comes at a fixed step on both sides, and folds into one run
+            planned.extend(merged(sorted(pieces, key=lambda run: run.src)))
+    execute(planned)
+
+
+def _check_side(transfer: TransferPlan, layout: LiveLayout, side: str) -> None:
+    """A producer's or consumer's layout is planned as the transfer's side: its conv layout,
+    its attention TP and DCP (they size every share)."""
+    _check_conv_layout(transfer, layout, side)
+    planned = transfer.prefill if side == "producer" else transfer.decode
+    ours = layout.plan.deployment
+    for field in ("attn_tp", "dcp"):
+        theirs, mine = getattr(planned, field), getattr(ours, field)
+        if theirs != mine:
+            raise Refusal(
+                "tensor_mismatch",
+                f"the transfer plan's {side} has {field}={theirs}, the {side}'s layout {mine}",
+                facts={"side": side, field: mine, f"transfer_{field}": theirs},
+                hint=f"plan the transfer for the deployments the {side}s were validated under",
+            )
+
+
+def _check_ranks(
+    transfer: TransferPlan, tiers: Sequence[Tier], consumers: Sequence[object]
+) -> None:
+    """One tier per producer rank and one layout per consumer rank of the transfer."""
+    if len(tiers) != transfer.num_producers:
         raise Refusal(
             "invalid_argument",
-            f"the transfer has {len(targets)} consumer ranks, got {len(consumers)} layouts",
-            facts={"num_consumers": len(targets), "num_layouts": len(consumers)},
+            f"the transfer has {transfer.num_producers} producer ranks, got {len(tiers)} tiers",
+            facts={"num_producers": transfer.num_producers, "num_sources": len(tiers)},
+            hint="pass one tier per producer rank",
+        )
+    if len(consumers) != transfer.num_consumers:
+        raise Refusal(
+            "invalid_argument",
+            f"the transfer has {transfer.num_consumers} consumer ranks, got {len(consumers)} "
+            "layouts",
+            facts={"num_consumers": transfer.num_consumers, "num_layouts": len(consumers)},
             hint="pass one (layout, registered, tables) per consumer rank",
         )
-    for (layout, registered, tables), regions in zip(consumers, targets, strict=True):
-        write_regions(
-            layout, registered, tables, transfer.prompt_tokens, regions, transfer=transfer
-        )
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Where a region's part sits in a plan's stage: the layer's registered ``name``, its
+    ``group`` (name) and ``position`` there, its paging, the rows a page holds (token paging)
+    and the part's byte range in the page."""
+
+    name: str
+    group: str
+    position: int
+    paging: str
+    tokens: int
+    inner: PartRange
+
+
+Parts = dict[tuple[int, int, RegionKey], _Part]
+"""Located parts by ``(id(plan), stage, region key)``: every rank of one plan shares them."""
+
+
+def _locate(layout: LiveLayout, key: RegionKey, memo: Parts) -> _Part:
+    """Where region ``key`` sits in ``layout``'s stage; refuses a region vLLM's layout holds
+    no bytes for (the slot's cursor, ReplaySSM's records)."""
+    plan, stage = layout.plan, layout.spec.stage
+    found = memo.get((id(plan), stage, key))
+    if found is not None:
+        return found
+    field, layer = key
+    if layer is None:
+        raise _unsupported(field, layer)
+    group, position = plan.group_of(layer, stage)
+    spec = plan.group_spec(group)
+    if field not in spec.part_names:
+        raise _unsupported(field, layer)
+    found = _Part(
+        name=layout.names.name(layer),
+        group=group.name,
+        position=position,
+        paging=spec.paging,
+        tokens=plan.tokens_per_page(group),
+        inner=plan.part_range(layer, field),
+    )
+    memo[id(plan), stage, key] = found
+    return found
+
+
+class _Producer:
+    """A producer's regions on its tier, as chunks (made once per region): a page part's
+    rows in each stored block of the KV, a state part's bytes in the image."""
+
+    def __init__(self, tier: Tier, memo: Parts) -> None:
+        layout = tier.layout
+        self.tier, self.memo = tier, memo
+        self.states = {(r.group, r.layer): r.offset_bytes for r in tier.geometry.ranges}
+        self.planes = {name: j for j, name in enumerate(layout.published)}
+        self.made: dict[RegionKey, Chunks] = {}
+
+    def chunks(self, key: RegionKey) -> Chunks:
+        found = self.made.get(key)
+        if found is None:
+            found = self.made[key] = self._chunks(key)
+        return found
+
+    def _chunks(self, key: RegionKey) -> Chunks:
+        tier = self.tier
+        part = _locate(tier.layout, key, self.memo)
+        inner = part.inner
+        if part.paging == "token":  # block r's page of the layer's plane, unit by unit
+            page = tier.layout.spec.page_bytes
+            unit = len(self.planes) * page
+            start = self.planes[part.name] * page + inner.offset_bytes
+            start += int(tier.kv.storage_offset())
+            offsets = tuple(start + r * unit for r in range(tier.kv.numel() // unit))
+            held = tier.computed_tokens * inner.size_bytes // part.tokens
+            return Chunks(tier.kv, offsets, inner.size_bytes, held)
+        start = int(tier.image.storage_offset()) + self.states[part.group, part.position]
+        offsets = (start + inner.offset_bytes,)
+        return Chunks(tier.image, offsets, inner.size_bytes, inner.size_bytes)
+
+
+class _Consumer:
+    """A consumer's regions in its cache, as chunks (made once per region): an attention
+    part's rows in the blocks of its group's table, a state part in the page of its group's
+    boundary row. Offsets are read on one ``uint8`` view of each storage (the backing)."""
+
+    def __init__(
+        self,
+        layout: LiveLayout,
+        registered: Registered,
+        tables: BlockTables,
+        computed_tokens: int,
+        memo: Parts,
+    ) -> None:
+        self.layout, self.registered, self.tables, self.memo = layout, registered, tables, memo
+        self.row = boundary_row(layout.plan, computed_tokens)
+        self.planes: dict[str, tuple[torch.Tensor, int]] = {}
+        self.backings: dict[tuple[str, int], torch.Tensor] = {}
+        self.made: dict[RegionKey, Chunks] = {}
+
+    def chunks(self, key: RegionKey) -> Chunks:
+        found = self.made.get(key)
+        if found is None:
+            found = self.made[key] = self._chunks(key)
+        return found
+
+    def _plane(self, name: str) -> tuple[torch.Tensor, int]:
+        """A ``uint8`` view of the storage layer ``name``'s plane is on (one per storage: the
+        backing), and the byte the plane starts at; refuses a plane that runs past it."""
+        found = self.planes.get(name)
+        if found is None:
+            tensor = parts_of(self.registered[name])[0]
+            storage = tensor.untyped_storage()
+            # meta storages all start at 0: one view per layer there (nothing is copied)
+            meta = tensor.device.type == "meta"
+            where = (str(tensor.device), id(tensor) if meta else storage.data_ptr())
+            backing = self.backings.get(where)
+            if backing is None:
+                backing = self.backings[where] = torch.empty(
+                    0, dtype=torch.uint8, device=tensor.device
+                ).set_(storage)
+            spec = self.layout.spec
+            start = tensor.data_ptr() - storage.data_ptr()
+            if start + spec.num_blocks * spec.page_bytes > storage.nbytes():
+                plane_view(tensor, spec.num_blocks, spec.page_bytes)  # refuses, with the facts
+            found = self.planes[name] = (backing, start)
+        return found
+
+    def _chunks(self, key: RegionKey) -> Chunks:
+        part = _locate(self.layout, key, self.memo)
+        (backing, plane), inner = self._plane(part.name), part.inner
+        start, page = plane + inner.offset_bytes, self.layout.spec.page_bytes
+        if part.paging == "token":  # the rows, block by block through the table
+            table = self.tables.table(part.group)
+            offsets = tuple(start + block * page for block in table)
+            return Chunks(backing, offsets, inner.size_bytes, len(table) * inner.size_bytes)
+        start += self.tables.block(part.group, self.row) * page
+        return Chunks(backing, (start,), inner.size_bytes, inner.size_bytes)

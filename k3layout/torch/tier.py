@@ -10,6 +10,7 @@ request resumes at token ``n``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -33,9 +34,10 @@ class Tier:
     kv: torch.Tensor
     image: torch.Tensor
 
-    @property
+    @cached_property
     def geometry(self) -> CheckpointImage:
-        """The image's geometry: units, planes and every KDA layer's state range."""
+        """The image's geometry: units, planes and every KDA layer's state range (worked out
+        once: a transfer reads it for every state region)."""
         return checkpoint_image(
             self.layout.plan, stage=self.layout.spec.stage, names=self.layout.names
         )
