@@ -19,6 +19,7 @@ from k3layout import (
     MLALayer,
     Refusal,
     VllmPlan,
+    engine_layer_names,
     plan_transfer,
     plan_vllm,
 )
@@ -72,10 +73,13 @@ class Case:
         tp_p: int,
         tp_d: int,
         conv_layout: ConvLayout,
+        *,
         index_bytes: int = 0,
         pp: int = 1,
+        form: str = "registered",
         **common: object,
     ) -> None:
+        self.form = form  # "registered": the adapter's parts; "bound": what vLLM binds
         self.model = small_model(index_bytes)
         both = {"conv_layout": conv_layout, **common}
         self.prefill = Deployment.model_validate({"attn_tp": tp_p, "pp": pp, **both})
@@ -97,8 +101,8 @@ class Case:
         self.d_tables = block_tables(self.d_plan, self.tokens, range(NUM_BLOCKS - 1, -1, -1))
         self.tiers = [
             store_prefix(
-                validate(self.p_plan, c.registered, stage=rank // tp_p),
-                c.registered,
+                validate(self.p_plan, getattr(c, form), stage=rank // tp_p),
+                getattr(c, form),
                 self.p_tables[rank // tp_p],
                 self.tokens,
             )
@@ -119,7 +123,7 @@ class Case:
 
     def targets(self) -> list[tuple[LiveLayout, Registered, BlockTables]]:
         return [
-            (validate(self.d_plan, c.registered), c.registered, self.d_tables)
+            (validate(self.d_plan, getattr(c, self.form)), getattr(c, self.form), self.d_tables)
             for c in self.consumers
         ]
 
@@ -179,6 +183,27 @@ def test_each_consumer_gets_its_heads_of_the_state_and_every_latent_row(
                     dim=axis,
                 )
                 assert torch.equal(as_bytes(got), as_bytes(want))
+
+
+@pytest.mark.parametrize(
+    ("pp", "tp_p", "tp_d", "conv_layout"),
+    [(1, 1, 2, "SD"), (1, 2, 4, "DS"), (2, 1, 2, "SD")],
+)
+def test_vllms_binding_restores_the_same_bytes(
+    pp: int, tp_p: int, tp_d: int, conv_layout: ConvLayout
+) -> None:
+    """Tiers stored from, and a transfer restored into, the views vLLM binds (its names, raw
+    KDA pages, MLA kernel blocks) move the same bytes as through the adapter's parts."""
+    parts, bound = (Case(tp_p, tp_d, conv_layout, pp=pp, form=f) for f in ("registered", "bound"))
+    assert bound.tiers[0].layout.names == engine_layer_names(bound.model, "vllm")
+    before = [plane.clone() for c in bound.consumers for plane in c.planes]
+    parts.transfer()
+    bound.transfer()
+    after = [plane for c in bound.consumers for plane in c.planes]
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    for ours, theirs in zip(parts.consumers, bound.consumers, strict=True):
+        for a, b in zip(ours.planes, theirs.planes, strict=True):
+            assert torch.equal(a, b)
 
 
 def test_dsa_index_rows_travel_with_their_latent_rows() -> None:

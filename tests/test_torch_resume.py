@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 import torch
 
 from k3layout import ConvLayout, Deployment, Refusal, VllmPlan, plan_transfer, plan_vllm
-from k3layout.offload import name_order
+from k3layout.offload import NamingEngine, name_order
 from k3layout.torch import (
     BlockTables,
     PageUnits,
@@ -61,17 +61,21 @@ class Setting:
         self.tokens = prompt(self.config, self.plan.block_tokens)
         self.boundary = 2 * self.plan.block_tokens
 
-    def ranks(self, plan: VllmPlan | None = None, fill: int = 0) -> tuple[Rank, ...]:
-        return tp_ranks(plan or self.plan, NUM_BLOCKS, fill=fill)
+    def ranks(
+        self, plan: VllmPlan | None = None, fill: int = 0, naming: NamingEngine = "vllm"
+    ) -> tuple[Rank, ...]:
+        return tp_ranks(plan or self.plan, NUM_BLOCKS, fill=fill, naming=naming)
 
     def cold(self, plan: VllmPlan | None = None) -> torch.Tensor:
         plan = plan or self.plan
         tables = block_tables(plan, len(self.tokens), range(NUM_BLOCKS))
         return run(self.model, self.ranks(plan), tables, self.tokens)
 
-    def prefix(self) -> tuple[tuple[Rank, ...], torch.Tensor, BlockTables]:
+    def prefix(
+        self, naming: NamingEngine = "vllm"
+    ) -> tuple[tuple[Rank, ...], torch.Tensor, BlockTables]:
         """A first request over the prefix only: its ranks, logits and tables."""
-        ranks = self.ranks()
+        ranks = self.ranks(naming=naming)
         tables = block_tables(self.plan, self.boundary, range(NUM_BLOCKS))
         logits = run(self.model, ranks, tables, self.tokens[: self.boundary])
         return ranks, logits, tables
@@ -159,7 +163,7 @@ def test_planes_published_in_name_order_resume_wrong_and_validation_refuses_them
     # one speculative token: vLLM builds the draft (and its planes) only with one
     setting = Setting(torch.float64, Deployment(spec_tokens=1), TinyK3Config(num_draft_layers=2))
     cold = setting.cold()[setting.boundary :]
-    (rank,), _, tables = setting.prefix()
+    (rank,), _, tables = setting.prefix(naming="atom")  # the seed's engine: ATOM's names
     order = name_order(rank.layout.published)
     assert order[:3] == (
         "draft.layers.0.self_attn.attn",
@@ -188,7 +192,7 @@ def test_planes_published_in_name_order_resume_wrong_and_validation_refuses_them
     n = setting.boundary
     image = pack_units(PageUnits(planes(rank)[:3], boundary_blocks(rank.layout, tables, n)))
     kv = pack_units(PageUnits(planes(rank), tables.table("full_attention")[:2]))
-    (target,) = resumed_ranks = setting.ranks()
+    (target,) = resumed_ranks = setting.ranks(naming="atom")
     other = block_tables(setting.plan, len(setting.tokens), range(NUM_BLOCKS - 1, -1, -1))
     restore_units(image, PageUnits(planes(target)[:3], boundary_blocks(target.layout, other, n)))
     restore_units(kv, PageUnits(planes(target), other.table("full_attention")[:2]))
@@ -197,7 +201,7 @@ def test_planes_published_in_name_order_resume_wrong_and_validation_refuses_them
     assert (wrong - cold).abs().max() > 0.1
     # published as the ride does (aliased first), the same prefix resumes exactly
     tier = store_prefix(rank.layout, rank.registered, tables, n)
-    (fixed,) = fixed_ranks = setting.ranks(fill=NAN_BYTES)
+    (fixed,) = fixed_ranks = setting.ranks(fill=NAN_BYTES, naming="atom")
     restore_prefix(tier, fixed.layout, fixed.registered, other)
     assert torch.equal(run(setting.model, fixed_ranks, other, setting.tokens, start=n), cold)
 

@@ -32,9 +32,30 @@ def check_bound_caches(
 ) -> VllmPlan:
     """Check the caches vLLM bound on a rank of ``stage`` against ``result`` (the plan
     :func:`~k3layout.engines.vllm.check_kv_cache_config` checked ``kv_cache_config``
-    against): the names, then every layer's dtype, shape, strides, backing and the address
-    of its pages of blocks 0, 1 and N-1, then where the KDA parts sit inside the page.
-    Refuses the first difference, naming the layer."""
+    against): :func:`check_bound_views` for its ``num_blocks``, with the KDA parts its groups'
+    ``MambaSpec`` cut. Refuses the first difference, naming the layer."""
+    num_blocks = int(kv_cache_config.num_blocks)
+    check_bound_views(result, kv_caches, num_blocks, stage, _state_parts(kv_cache_config))
+    return result
+
+
+StateParts = Mapping[str, tuple[tuple[tuple[int, ...], int], ...]]
+"""Each KDA layer's state parts as the engine cuts them: ``(shape, element bytes)`` each."""
+
+
+def check_bound_views(
+    result: VllmPlan,
+    kv_caches: Any,
+    num_blocks: int,
+    stage: int = 0,
+    state_parts: StateParts | None = None,
+) -> tuple[BoundView, ...]:
+    """Check tensors bound as vLLM 0.33 binds them (``kv_caches``: vLLM's layer name ->
+    tensor) against ``result``'s :func:`~k3layout.layouts.vllm_bound_views` for
+    ``num_blocks`` blocks: the names, then every layer's dtype, shape, strides, that it views
+    the one backing, the address of its pages of blocks 0, 1 and N-1 relative to the
+    backing, and (``state_parts``, the engine's own cut) where the KDA parts sit in the page.
+    Returns the views; refuses the first difference, naming the layer."""
     if not isinstance(kv_caches, Mapping):
         raise Refusal(
             "invalid_argument",
@@ -42,12 +63,12 @@ def check_bound_caches(
             facts={"kv_caches": type(kv_caches).__name__},
             hint="pass the dict vLLM binds (GPUModelRunner.kv_caches by layer name)",
         )
-    num_blocks = int(kv_cache_config.num_blocks)
-    views = {view.name: view for view in vllm_bound_views(result, num_blocks, stage)}
+    bound = vllm_bound_views(result, num_blocks, stage)
+    views = {view.name: view for view in bound}
     _check_names(views, kv_caches, stage)
     storages = {name: _storage_of(name, kv_caches[name]) for name in views}
     backing, _ = Counter(storages.values()).most_common(1)[0]
-    parts = _state_parts(kv_cache_config)
+    parts = state_parts or {}
     for name, view in views.items():
         tensor = kv_caches[name]
         where = _where(result, view, stage)
@@ -72,7 +93,7 @@ def check_bound_caches(
             facts={"stage": stage, "backing_bytes": size, "expected_bytes": needed},
             hint="allocate num_blocks x the stage's block bytes",
         )
-    return result
+    return bound
 
 
 def _where(result: VllmPlan, view: BoundView, stage: int) -> dict[str, Fact]:
@@ -213,7 +234,7 @@ def _plane_and_block(result: VllmPlan, offset: int, num_blocks: int, stage: int)
     return offset // layer_stride, (offset % layer_stride) // block_stride
 
 
-def _state_parts(kv_cache_config: Any) -> dict[str, tuple[tuple[tuple[int, ...], int], ...]]:
+def _state_parts(kv_cache_config: Any) -> StateParts:
     """Each KDA layer's parts as its group's spec gives them: ``(shape, element bytes)``."""
     parts: dict[str, tuple[tuple[tuple[int, ...], int], ...]] = {}
     for group in getattr(kv_cache_config, "kv_cache_groups", ()):

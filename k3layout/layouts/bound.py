@@ -136,7 +136,9 @@ def vllm_bound_views(
             shape, strides = (num_blocks * per_block, 1, kernel, row), (stride, row, row, 1)
         else:
             shape = (num_blocks, 1, kernel, row)
-            strides = (block_stride // elem, plan.page_bytes // elem, row, 1)
+            # vLLM's axis of one heads: a row apart layer-outermost, a page block-outermost
+            heads = plan.page_bytes // elem if plan.deployment.kv_cache_layout == "BLHNC" else row
+            strides = (block_stride // elem, heads, row, 1)
         views.append(
             BoundView(
                 name=names.name(layer),

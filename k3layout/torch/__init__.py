@@ -28,7 +28,15 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
 del _torch
 
 from ..transfer import RegionKey  # noqa: E402
-from .allocation import TORCH_DTYPES, Allocation, Registered, allocate, cut, parts_of  # noqa: E402
+from .allocation import (  # noqa: E402
+    TORCH_DTYPES,
+    Allocation,
+    Registered,
+    allocate,
+    cut,
+    cut_bound,
+    parts_of,
+)
 from .images import (  # noqa: E402
     PageUnits,
     boundary_blocks,
@@ -38,7 +46,7 @@ from .images import (  # noqa: E402
     plane_view,
     restore_units,
 )
-from .live import LiveLayout, tensor_view, validate  # noqa: E402
+from .live import LiveLayout, layer_parts, tensor_view, validate  # noqa: E402
 from .regions import (  # noqa: E402
     apply_segments,
     restore_across_tp,
@@ -68,8 +76,10 @@ __all__ = [
     "boundary_row",
     "cache_spec",
     "cut",
+    "cut_bound",
     "image_units",
     "kv_units",
+    "layer_parts",
     "pack_units",
     "parts_of",
     "plane_view",

@@ -15,12 +15,13 @@ says).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, TypeAlias
 
 import torch
 
-from ..layouts import EngineLayout
+from ..layouts import BoundView, EngineLayout, VllmPlan, vllm_bound_views
+from ..layouts.bound import BoundDtype
 from ..offload import LayerNames
 from .specs import CacheSpec, ElementDtype, PartSpec, cache_spec
 
@@ -69,6 +70,11 @@ class Allocation:
     spec: CacheSpec
     planes: tuple[torch.Tensor, ...]
     layers: Mapping[str, tuple[torch.Tensor, ...]]
+    bound: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    """``vllm``: exactly what vLLM 0.33 binds, by vLLM's layer names: a raw int8 page view
+    per KDA layer and the MLA pages in the backend's kernel blocks, views of the one backing
+    (:func:`~k3layout.layouts.vllm_bound_views`); :func:`~k3layout.torch.validate` takes it as
+    it takes an engine's. Empty for ``parent``."""
 
     @property
     def registered(self) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
@@ -109,6 +115,8 @@ def allocate(
     (torch.Size([2, 512, 576]), torch.Size([2, 3, 1536]), torch.Size([2, 4, 128, 128]))
     >>> conv.data_ptr() == latent.data_ptr()  # KDA layer 0 of every group rides plane 0
     True
+    >>> cache.bound["model.layers.0.self_attn"].shape  # what vLLM 0.33 binds: the raw page
+    torch.Size([2, 1, 1, 271360])
     """
     spec = cache_spec(plan, num_blocks, stage=stage, names=names)
     # one backing, planes consecutive (vLLM 0.33's one KV-cache tensor; the parent's arena)
@@ -120,7 +128,31 @@ def allocate(
         layer.name: tuple(cut(planes[layer.plane], part) for part in layer.parts)
         for layer in spec.layers
     }
-    return Allocation(spec=spec, planes=planes, layers=layers)
+    bound = (
+        {view.name: cut_bound(backing, view) for view in vllm_bound_views(plan, num_blocks, stage)}
+        if isinstance(plan, VllmPlan)
+        else {}
+    )
+    return Allocation(spec=spec, planes=planes, layers=layers, bound=bound)
+
+
+BOUND_DTYPES: Final[dict[BoundDtype, torch.dtype]] = {
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+"""The torch dtype of every view vLLM binds."""
+
+
+def cut_bound(backing: torch.Tensor, view: BoundView) -> torch.Tensor:
+    """The view vLLM binds for one layer, over the bytes of ``backing`` (the rank's one
+    allocation, any shape): ``view.offset_bytes`` into it, in ``view.dtype``."""
+    dtype = BOUND_DTYPES[view.dtype]
+    typed = backing.reshape(-1).view(dtype)
+    start = typed.storage_offset() + view.offset_bytes // view.elem_bytes
+    return torch.as_strided(typed, view.shape, view.strides, start)
 
 
 def _buffer(shape: tuple[int, ...], fill: int | None, device: torch.device | str) -> torch.Tensor:

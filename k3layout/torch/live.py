@@ -30,11 +30,12 @@ import torch
 from pydantic import NonNegativeInt
 
 from .._frozen import Frozen
+from ..engines.vllm_caches import check_bound_views
 from ..errors import Fact, Refusal
-from ..layouts import EngineLayout, Plan
+from ..layouts import EngineLayout, Plan, VllmPlan, vllm_bound_views
 from ..offload import LayerNames, TensorView, check_aliasing, engine_layer_names, plane_order
 from ..offload.stage import num_image_planes, ridable
-from .allocation import TORCH_DTYPES, Registered
+from .allocation import TORCH_DTYPES, Registered, cut, parts_of
 from .specs import CacheSpec, LayerSpec, PartSpec, cache_spec
 
 
@@ -99,6 +100,71 @@ def _refuse(
         "plane": layer.plane,
     }
     return Refusal(code, f"{layer.where}: {message}", facts={**where, **facts}, hint=hint)
+
+
+def _binds_as_vllm(plan: VllmPlan, registered: Registered, stage: int) -> bool:
+    """Whether ``registered`` is vLLM's own binding (its names, one view per layer) rather
+    than the adapter's parts under the default names: whichever names it shares more of."""
+    held = plan.stage(stage).layers
+    vllm = engine_layer_names(plan.model, "vllm")
+    default = engine_layer_names(plan.model)
+    shared_vllm = sum(vllm.name(layer) in registered for layer in held)
+    shared_default = sum(default.name(layer) in registered for layer in held)
+    return shared_vllm > shared_default
+
+
+def _from_vllm_binding(
+    plan: VllmPlan, registered: Registered, stage: int
+) -> tuple[LayerNames, dict[str, tuple[torch.Tensor, ...]]]:
+    """vLLM's binding checked as vLLM binds it (:func:`~k3layout.engines.vllm_caches.
+    check_bound_views`, every corruption named), then cut into the plan's parts the way its
+    layers slice their views (conv and recurrent out of the raw KDA page, the latent rows out
+    of the kernel blocks): the rest of validation, the ride and the images take those."""
+    names = engine_layer_names(plan.model, "vllm")
+    probe = {view.name: view for view in vllm_bound_views(plan, 1, stage)}
+    counts = Counter(
+        value.shape[0] // probe[name].entries_per_block
+        for name, value in registered.items()
+        if name in probe and isinstance(value, torch.Tensor) and value.dim() > 0
+    )
+    num_blocks = max(counts.most_common(1)[0][0], 1) if counts else 1
+    check_bound_views(plan, registered, num_blocks, stage)
+    spec = cache_spec(plan, num_blocks, stage=stage, names=names)
+    parts: dict[str, tuple[torch.Tensor, ...]] = {}
+    for layer in spec.layers:
+        view = registered[layer.name]
+        if not isinstance(view, torch.Tensor):  # a stand-in that passed for a tensor
+            raise Refusal(
+                "tensor_mismatch",
+                f"{layer.name}: bound a {type(view).__name__}, not a torch tensor",
+                facts={"layer_name": layer.name, "type": type(view).__name__},
+                hint="bind a view of the KV-cache backing to every layer",
+            )
+        parts[layer.name] = _cut_parts(spec, layer, view)
+    return names, parts
+
+
+def _cut_parts(spec: CacheSpec, layer: LayerSpec, view: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The plan's parts of ``layer`` cut from the one view an engine bound (starting at the
+    layer's page of block 0), as the layer itself slices it."""
+    start = view.storage_offset() * view.element_size()
+    plane = torch.empty(0, dtype=torch.uint8, device=view.device).set_(
+        view.untyped_storage(), start, (spec.num_blocks, spec.page_bytes), (spec.page_bytes, 1)
+    )
+    return tuple(cut(plane, part) for part in layer.parts)
+
+
+def layer_parts(layout: LiveLayout, registered: Registered, name: str) -> tuple[torch.Tensor, ...]:
+    """The parts (``conv``, ``recurrent``; ``latent``) of the layer registered as ``name``,
+    whichever way it was registered: the adapter's parts as they are, or the plan's parts cut
+    from the one view vLLM binds (a raw KDA page, MLA kernel blocks)."""
+    layer = layout.spec.layer(name)
+    value = registered[name]
+    if not isinstance(value, torch.Tensor):
+        return parts_of(value)  # the parts themselves
+    if len(layer.parts) == 1 and tuple(value.shape) == layer.parts[0].shape:
+        return (value,)  # the one part itself
+    return _cut_parts(layout.spec, layer, value)
 
 
 def _check_keys(registered: object) -> None:
@@ -366,6 +432,8 @@ def validate(
     (1, ('model.layers.3.self_attn.attn', 'model.layers.7.self_attn.attn'), 29)
     """
     _check_keys(registered)
+    if names is None and isinstance(plan, VllmPlan) and _binds_as_vllm(plan, registered, stage):
+        names, registered = _from_vllm_binding(plan, registered, stage)
     names = names or engine_layer_names(plan.model)
     probe = cache_spec(plan, 1, stage=stage, names=names)
     _check_names(probe, registered)

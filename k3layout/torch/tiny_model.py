@@ -32,10 +32,11 @@ from ..cache import LayerCacheSpec
 from ..errors import Fact, Refusal
 from ..layouts import EngineLayout, built_model
 from ..model import HybridModel, KDALayer, MLALayer, kimi_layer_pattern
+from ..offload import NamingEngine
 from ..offload.stage import ridable
-from .allocation import Registered, allocate, parts_of
+from .allocation import Registered, allocate
 from .kernels import kda_chunked, mla_decode, short_conv
-from .live import LiveLayout, validate
+from .live import LiveLayout, layer_parts, validate
 from .tables import BlockTables
 
 RMS_EPS = 1e-6
@@ -152,17 +153,18 @@ def tp_ranks(
     num_blocks: int,
     *,
     fill: int | None = 0,
+    naming: NamingEngine = "vllm",
 ) -> tuple[Rank, ...]:
-    """Allocate and validate one cache per attention TP rank of ``plan``."""
+    """Allocate and validate one cache per attention TP rank of ``plan``, registered as
+    ``naming``'s engine does: ``vllm`` (a ``vllm`` plan) as vLLM 0.33 binds it, one view per
+    layer under vLLM's names; ``atom`` (and every ``parent`` plan) the adapter's parts under
+    ATOM's names (:data:`~k3layout.offload.NAMING_RULES`)."""
     ranks = []
     for _ in range(plan.deployment.attn_tp):
         cache = allocate(plan, num_blocks, fill=fill)
-        ranks.append(
-            Rank(
-                layout=validate(plan, cache.registered),
-                registered=cache.registered,
-            )
-        )
+        # the run goes through what the engine binds
+        registered = cache.bound if naming == "vllm" and cache.bound else cache.registered
+        ranks.append(Rank(layout=validate(plan, registered), registered=registered))
     return tuple(ranks)
 
 
@@ -196,7 +198,8 @@ class _Step:
 
     @property
     def parts(self) -> tuple[torch.Tensor, ...]:
-        return parts_of(self.rank.registered[self.rank.layout.names.name(self.layer)])
+        name = self.rank.layout.names.name(self.layer)
+        return layer_parts(self.rank.layout, self.rank.registered, name)
 
     @property
     def table(self) -> tuple[int, ...]:

@@ -18,6 +18,7 @@ from vllm_engine import Case, Engine, bind, start  # noqa: E402
 
 from k3layout import Refusal, engine_layer_names  # noqa: E402
 from k3layout.engines.vllm import check_kv_caches, plan_from_vllm  # noqa: E402
+from k3layout.layouts import vllm_bound_views  # noqa: E402
 
 Caches = dict[str, torch.Tensor]
 
@@ -59,6 +60,13 @@ def test_what_vllm_binds_passes(case: Case, tmp_path: Path) -> None:
         assert result == plan_from_vllm(engine.workers[stage])
         names = engine_layer_names(result.model, "vllm")
         assert set(caches) == {names.name(layer) for layer in result.stage(stage).layers}
+        for view in vllm_bound_views(result, config.num_blocks, stage):  # exactly, axes of one too
+            bound = caches[view.name]
+            assert (tuple(bound.shape), bound.stride(), str(bound.dtype)) == (
+                view.shape,
+                view.strides,
+                f"torch.{view.dtype}",
+            )
 
 
 def test_on_cpu_a_layer_with_its_own_storage_is_refused(tmp_path: Path) -> None:
@@ -193,3 +201,25 @@ def test_a_pipeline_stage_is_checked_against_its_own_layers(tmp_path: Path) -> N
     assert refused.code == "tensor_mismatch" and refused.facts["missing"]
     extra = refused.facts["extra"]
     assert isinstance(extra, tuple) and set(extra) <= set(second) - set(first)
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.kv_cache_layout == "LBNHC" and c.pp == 1], ids=str
+)
+def test_what_vllm_binds_goes_through_the_adapters_validate(case: Case, tmp_path: Path) -> None:
+    """One adapter for both worlds: vLLM's own binding (meta) validates as allocate's does,
+    under vLLM's names, with the ride's publish order taken on those names."""
+    from k3layout.torch import allocate, validate  # noqa: PLC0415
+
+    engine = start(case, tmp_path)
+    result = plan_from_vllm(engine.workers[0])
+    caches = bind(engine)
+    live = validate(result, caches)
+    n = engine.kv_cache_configs[0].num_blocks
+    assert live.spec.num_blocks == n
+    assert set(live.names.names) >= set(caches)
+    own = allocate(result, n, device="meta").bound
+    assert {k: (v.shape, v.stride(), v.dtype) for k, v in own.items()} == {
+        k: (v.shape, v.stride(), v.dtype) for k, v in caches.items()
+    }
+    assert validate(result, own).published == live.published
