@@ -223,3 +223,16 @@ def test_what_vllm_binds_goes_through_the_adapters_validate(case: Case, tmp_path
         k: (v.shape, v.stride(), v.dtype) for k, v in caches.items()
     }
     assert validate(result, own).published == live.published
+
+
+def test_a_repeated_block_id_in_an_image_of_vllms_binding_is_refused(tmp_path: Path) -> None:
+    from k3layout.torch import image_units, validate  # noqa: PLC0415
+
+    engine = start(DSPARK, tmp_path)
+    caches = bind(engine)
+    live = validate(plan_from_vllm(engine.workers[0]), caches)
+    assert image_units(live, caches, [3, 1, 0]).num_bytes > 0  # distinct blocks: a view
+    with pytest.raises(Refusal) as refused:
+        image_units(live, caches, [1, 1, 1])
+    assert refused.value.code == "aliasing"
+    assert refused.value.facts["block_id"] == 1
