@@ -15,6 +15,7 @@ from k3layout.layouts import vllm_bound_views  # noqa: E402
 from k3layout.torch import (  # noqa: E402
     allocate,
     image_units,
+    layer_parts,
     pack_units,
     restore_units,
     validate,
@@ -96,3 +97,51 @@ def test_each_corruption_of_the_binding_names_its_layer() -> None:
 def test_meta_binding_validates() -> None:
     result = dspark()
     assert validate(result, allocate(result, 5, device="meta").bound).spec.num_blocks == 5
+
+
+class _NotATensor:
+    """Has a storage and strides, nothing else a tensor has."""
+
+    def untyped_storage(self) -> object:
+        return type("S", (), {"data_ptr": lambda self: 0, "nbytes": lambda self: 10})()
+
+    def stride(self) -> tuple[int, ...]:
+        return (1,)
+
+
+@pytest.mark.parametrize("junk", [None, 3, "x", _NotATensor()], ids=repr)
+@pytest.mark.parametrize("where", ["every layer", "one layer"])
+def test_junk_in_a_binding_is_refused(junk: object, where: str) -> None:
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from k3layout.engines.vllm_caches import check_bound_caches, check_bound_views  # noqa: PLC0415
+
+    result = dspark()
+    good = dict(allocate(result, 2, device="meta").bound)
+    first = next(iter(good))
+    caches = dict.fromkeys(good, junk) if where == "every layer" else {**good, first: junk}
+    junk_spec = SimpleNamespace(shapes=[(1,)], dtypes=["not a dtype"])
+    config = SimpleNamespace(
+        num_blocks=2,
+        kv_cache_groups=[SimpleNamespace(kv_cache_spec=junk_spec, layer_names=[first])],
+    )
+    for check in (
+        lambda: check_bound_views(result, caches, 2),
+        lambda: check_bound_caches(result, config, good),
+        lambda: check_bound_caches(result, SimpleNamespace(), good),
+        lambda: validate(result, caches),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(Refusal):
+            check()
+
+
+def test_layer_parts_of_a_layer_not_registered_is_refused() -> None:
+    result = dspark()
+    bound = allocate(result, 2).bound
+    live = validate(result, bound)
+    name = next(iter(bound))
+    assert len(layer_parts(live, bound, name)) == 2  # conv, recurrent
+    for registered, asked in (({}, name), (bound, "nope")):
+        with pytest.raises(Refusal) as refused:
+            layer_parts(live, registered, asked)
+        assert refused.value.code == "layer_names"

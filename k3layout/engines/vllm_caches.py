@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from .._args import expect_int
 from ..errors import Fact, Refusal
 from ..layouts import VllmPlan
 from ..layouts.bound import BoundView, vllm_bound_views
@@ -34,7 +35,9 @@ def check_bound_caches(
     :func:`~k3layout.engines.vllm.check_kv_cache_config` checked ``kv_cache_config``
     against): :func:`check_bound_views` for its ``num_blocks``, with the KDA parts its groups'
     ``MambaSpec`` cut. Refuses the first difference, naming the layer."""
-    num_blocks = int(kv_cache_config.num_blocks)
+    num_blocks = expect_int(
+        "kv_cache_config.num_blocks", getattr(kv_cache_config, "num_blocks", None)
+    )
     check_bound_views(result, kv_caches, num_blocks, stage, _state_parts(kv_cache_config))
     return result
 
@@ -146,7 +149,7 @@ def _check_tensor(
     result: VllmPlan, view: BoundView, tensor: Any, stage: int, *, where: dict[str, Fact]
 ) -> None:
     want_dtype = f"torch.{view.dtype}"
-    dtype = str(getattr(tensor, "dtype", type(tensor).__name__))
+    dtype, got_shape, got_strides, _, _ = _read(tensor, where)
     if dtype != want_dtype:
         raise _refuse(
             "tensor_mismatch",
@@ -156,7 +159,6 @@ def _check_tensor(
             dtype=dtype,
             expected_dtype=want_dtype,
         )
-    got_shape = tuple(int(n) for n in tensor.shape)
     if got_shape != view.shape:
         raise _refuse(
             "tensor_mismatch",
@@ -166,7 +168,6 @@ def _check_tensor(
             shape=got_shape,
             expected_shape=view.shape,
         )
-    got_strides = tuple(int(s) for s in tensor.stride())
     for axis, (got, want) in enumerate(zip(got_strides, view.strides, strict=True)):
         if view.shape[axis] > 1 and got != want:  # an axis of one: its stride means nothing
             raise _refuse(
@@ -204,8 +205,9 @@ def _check_pages(
     """Blocks 0, 1 and N-1 start where the plan puts the layer's page (relative to the
     backing): layer ``j`` of every group on plane ``j``."""
     elem = view.elem_bytes
-    start = int(tensor.storage_offset()) * elem
-    step = view.entries_per_block * int(tensor.stride()[0]) * elem
+    _, _, strides, offset, _ = _read(tensor, where)
+    start = offset * elem
+    step = view.entries_per_block * strides[0] * elem
     for block in sorted({0, min(1, num_blocks - 1), num_blocks - 1}):
         want = view.page_offset_bytes(block)
         got = start + block * step
@@ -242,10 +244,22 @@ def _state_parts(kv_cache_config: Any) -> StateParts:
         shapes, dtypes = getattr(spec, "shapes", None), getattr(spec, "dtypes", None)
         if shapes is None or dtypes is None:
             continue
-        described = tuple(
-            (tuple(int(n) for n in shape), int(dtype.itemsize))
-            for shape, dtype in zip(shapes, dtypes, strict=False)
-        )
+        try:
+            described = tuple(
+                (
+                    tuple(expect_int("shape[]", n) for n in shape),
+                    expect_int("itemsize", dtype.itemsize),
+                )
+                for shape, dtype in zip(shapes, dtypes, strict=False)
+            )
+        except (AttributeError, TypeError) as error:
+            raise Refusal(
+                "invalid_argument",
+                f"kv_cache_config: a group's spec has state shapes {shapes!r} and dtypes "
+                f"{dtypes!r}, not shapes of integers and torch dtypes ({error})",
+                facts={"field": "kv_cache_groups[].kv_cache_spec"},
+                hint="pass the KVCacheConfig vLLM planned",
+            ) from None
         parts.update(dict.fromkeys(getattr(group, "layer_names", ()), described))
     return parts
 
@@ -306,9 +320,39 @@ def _storage_of(name: str, tensor: Any) -> int:
             facts={"layer_name": name, "type": type(tensor).__name__},
             hint="bind a tensor view of the KV-cache backing to every layer",
         )
-    return int(storage().data_ptr())
+    try:
+        return int(storage().data_ptr())
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        raise Refusal(
+            "tensor_mismatch",
+            f"kv_caches[{name!r}] has no readable storage",
+            facts={"layer_name": name, "type": type(tensor).__name__},
+            hint="bind a tensor view of the KV-cache backing to every layer",
+        ) from None
 
 
 def _storage_bytes(tensor: Any) -> int | None:
     nbytes = getattr(tensor.untyped_storage(), "nbytes", None)
     return int(nbytes()) if callable(nbytes) else None
+
+
+def _read(
+    tensor: Any, where: dict[str, Fact]
+) -> tuple[str, tuple[int, ...], tuple[int, ...], int, int]:
+    """A bound tensor's dtype, shape, strides, storage offset and element size, read by
+    attribute (a torch tensor on any device); anything else is refused naming the layer."""
+    try:
+        return (
+            str(tensor.dtype),
+            tuple(int(n) for n in tensor.shape),
+            tuple(int(n) for n in tensor.stride()),
+            int(tensor.storage_offset()),
+            int(tensor.element_size()),
+        )
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        raise _refuse(
+            "tensor_mismatch",
+            where,
+            f"is a {type(tensor).__name__} without a tensor's dtype, shape, strides and offset",
+            "bind a tensor view of the KV-cache backing to every layer",
+        ) from None

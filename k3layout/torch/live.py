@@ -159,6 +159,13 @@ def layer_parts(layout: LiveLayout, registered: Registered, name: str) -> tuple[
     whichever way it was registered: the adapter's parts as they are, or the plan's parts cut
     from the one view vLLM binds (a raw KDA page, MLA kernel blocks)."""
     layer = layout.spec.layer(name)
+    if name not in registered:
+        raise Refusal(
+            "layer_names",
+            f"{name!r} is a layer of the layout but not of the registered tensors",
+            facts={"name": name},
+            hint="pass the registration the layout was validated on",
+        )
     value = registered[name]
     if not isinstance(value, torch.Tensor):
         return parts_of(value)  # the parts themselves
