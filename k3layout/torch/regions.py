@@ -22,6 +22,7 @@ Every byte range comes from the layers' cache specs: a region is one part of one
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -355,7 +356,23 @@ def _locate(layout: LiveLayout, key: RegionKey, memo: Parts) -> _Part:
     return found
 
 
-class _Producer:
+class _Side(ABC):
+    """One side of a restore: each region's chunks, made once (:meth:`_chunks`) and kept."""
+
+    made: dict[RegionKey, Chunks]
+
+    def chunks(self, key: RegionKey) -> Chunks:
+        found = self.made.get(key)
+        if found is None:
+            found = self.made[key] = self._chunks(key)
+        return found
+
+    @abstractmethod
+    def _chunks(self, key: RegionKey) -> Chunks:
+        """Where region ``key`` lies on this side."""
+
+
+class _Producer(_Side):
     """A producer's regions on its tier, as chunks (made once per region): a page part's
     rows in each stored block of the KV, a state part's bytes in the image."""
 
@@ -365,12 +382,6 @@ class _Producer:
         self.states = {(r.group, r.layer): r.offset_bytes for r in tier.geometry.ranges}
         self.planes = {name: j for j, name in enumerate(layout.published)}
         self.made: dict[RegionKey, Chunks] = {}
-
-    def chunks(self, key: RegionKey) -> Chunks:
-        found = self.made.get(key)
-        if found is None:
-            found = self.made[key] = self._chunks(key)
-        return found
 
     def _chunks(self, key: RegionKey) -> Chunks:
         tier = self.tier
@@ -389,7 +400,7 @@ class _Producer:
         return Chunks(tier.image, offsets, inner.size_bytes, inner.size_bytes)
 
 
-class _Consumer:
+class _Consumer(_Side):
     """A consumer's regions in its cache, as chunks (made once per region): an attention
     part's rows in the blocks of its group's table, a state part in the page of its group's
     boundary row. Offsets are read on one ``uint8`` view of each storage (the backing)."""
@@ -407,12 +418,6 @@ class _Consumer:
         self.planes: dict[str, tuple[torch.Tensor, int]] = {}
         self.backings: dict[tuple[str, int], torch.Tensor] = {}
         self.made: dict[RegionKey, Chunks] = {}
-
-    def chunks(self, key: RegionKey) -> Chunks:
-        found = self.made.get(key)
-        if found is None:
-            found = self.made[key] = self._chunks(key)
-        return found
 
     def _plane(self, name: str) -> tuple[torch.Tensor, int]:
         """A ``uint8`` view of the storage layer ``name``'s plane is on (one per storage: the
