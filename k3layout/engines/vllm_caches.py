@@ -1,13 +1,8 @@
 """vLLM 0.33: check the KV caches a worker really bound against the plan.
 
-vLLM allocates ONE int8 backing per rank and binds a view of it to every layer
-(``allocate_kv_cache`` then ``map_kv_caches_to_kernel_blocks``):
-
-- a KDA layer: one raw int8 page view ``[num_blocks, 1, 1, state_bytes]`` (the layer slices
-  its conv and recurrent states out of it, by its ``MambaSpec``'s shapes and dtypes);
-- an MLA layer: the page in the backend's kernel blocks, ``[num_blocks * r, 1, kernel,
-  row]`` in the cache dtype (fp8 as ``uint8``), ``r = block / kernel`` (``LBNHC``), or
-  ``[num_blocks, 1, block, row]`` with the whole block as stride (``BLHNC``).
+vLLM binds every layer a view of the rank's one backing (a raw int8 page per KDA layer, MLA
+pages in kernel blocks): :mod:`k3layout.layouts.bound` describes each view; this module
+checks live tensors against those views.
 
 Nothing here imports torch or vLLM: a tensor is read by its attributes (``dtype``,
 ``shape``, ``stride()``, ``storage_offset()``, ``element_size()``, ``untyped_storage()``),
