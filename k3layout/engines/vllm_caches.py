@@ -70,7 +70,8 @@ def check_bound_views(
     for name, view in views.items():
         tensor = kv_caches[name]
         where = _where(result, view, stage)
-        _check_tensor(result, view, tensor, stage, where=where)
+        read = _read(tensor, where)
+        _check_tensor(result, view, read, stage, where=where)
         if storages[name] != backing:
             raise _refuse(
                 "aliasing",
@@ -78,7 +79,7 @@ def check_bound_views(
                 "is not a view of the rank's one backing (another storage)",
                 "bind every layer to a view of the one KV-cache backing",
             )
-        _check_pages(result, view, tensor, num_blocks, stage, where=where)
+        _check_pages(result, view, read, num_blocks, stage, where=where)
         if name in parts:
             _check_state_parts(result, view.module_layer, parts[name], where)
     needed = result.blocks_bytes(num_blocks, stage)
@@ -140,11 +141,16 @@ def _check_names(views: Mapping[str, BoundView], kv_caches: Mapping[Any, Any], s
         )
 
 
+Reading = tuple[str, tuple[int, ...], tuple[int, ...], int, int]
+"""A bound tensor as :func:`_read` reads it: dtype, shape, strides, storage offset, element
+size."""
+
+
 def _check_tensor(
-    result: VllmPlan, view: BoundView, tensor: Any, stage: int, *, where: dict[str, Fact]
+    result: VllmPlan, view: BoundView, read: Reading, stage: int, *, where: dict[str, Fact]
 ) -> None:
     want_dtype = f"torch.{view.dtype}"
-    dtype, got_shape, got_strides, _, _ = _read(tensor, where)
+    dtype, got_shape, got_strides, _, _ = read
     if dtype != want_dtype:
         raise _refuse(
             "tensor_mismatch",
@@ -191,7 +197,7 @@ def _layout_note(result: VllmPlan, axis: int, got_bytes: int, stage: int) -> str
 def _check_pages(
     result: VllmPlan,
     view: BoundView,
-    tensor: Any,
+    read: Reading,
     num_blocks: int,
     stage: int,
     *,
@@ -200,7 +206,7 @@ def _check_pages(
     """Blocks 0, 1 and N-1 start where the plan puts the layer's page (relative to the
     backing): layer ``j`` of every group on plane ``j``."""
     elem = view.elem_bytes
-    _, _, strides, offset, _ = _read(tensor, where)
+    _, _, strides, offset, _ = read
     start = offset * elem
     step = view.entries_per_block * strides[0] * elem
     for block in sorted({0, min(1, num_blocks - 1), num_blocks - 1}):
@@ -331,9 +337,7 @@ def _storage_bytes(tensor: Any) -> int | None:
     return int(nbytes()) if callable(nbytes) else None
 
 
-def _read(
-    tensor: Any, where: dict[str, Fact]
-) -> tuple[str, tuple[int, ...], tuple[int, ...], int, int]:
+def _read(tensor: Any, where: dict[str, Fact]) -> Reading:
     """A bound tensor's dtype, shape, strides, storage offset and element size, read by
     attribute (a torch tensor on any device); anything else is refused naming the layer."""
     try:

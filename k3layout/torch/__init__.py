@@ -36,6 +36,7 @@ from .allocation import (  # noqa: E402
     cut,
     cut_bound,
     parts_of,
+    plane_view,
 )
 from .images import (  # noqa: E402
     PageUnits,
@@ -43,7 +44,6 @@ from .images import (  # noqa: E402
     image_units,
     kv_units,
     pack_units,
-    plane_view,
     restore_units,
 )
 from .live import LiveLayout, layer_parts, tensor_view, validate  # noqa: E402

@@ -20,8 +20,8 @@ from typing import Final, TypeAlias
 
 import torch
 
+from ..errors import Refusal
 from ..layouts import BoundView, EngineLayout, VllmPlan, vllm_bound_views
-from ..layouts.bound import BoundDtype
 from ..offload import LayerNames
 from .specs import CacheSpec, ElementDtype, PartSpec, cache_spec
 
@@ -60,6 +60,33 @@ def cut(plane: torch.Tensor, part: PartSpec) -> torch.Tensor:
     typed = plane.reshape(-1).view(dtype)
     start = typed.storage_offset() + part.offset_bytes // part.elem_bytes
     return torch.as_strided(typed, part.shape, part.strides, start)
+
+
+def plane_view(tensor: torch.Tensor, num_blocks: int, page_bytes: int) -> torch.Tensor:
+    """``uint8 [num_blocks, page]`` over the bytes of the plane ``tensor`` starts; no copy.
+
+    >>> plane = torch.arange(8, dtype=torch.uint8).reshape(2, 4)
+    >>> latent = plane.view(torch.bfloat16)  # a layer's view: 2 blocks x 2 bf16
+    >>> plane_view(latent, 2, 4).data_ptr() == plane.data_ptr()
+    True
+    """
+    storage = tensor.untyped_storage()
+    offset = tensor.data_ptr() - storage.data_ptr()
+    if offset < 0 or offset + num_blocks * page_bytes > storage.nbytes():
+        raise Refusal(
+            "tensor_mismatch",
+            f"a plane of {num_blocks} pages of {page_bytes} B from byte {offset} runs past the "
+            f"tensor's storage ({storage.nbytes()} B)",
+            facts={
+                "offset_bytes": offset,
+                "num_blocks": num_blocks,
+                "page_bytes": page_bytes,
+                "storage_bytes": storage.nbytes(),
+            },
+            hint="validate the registered tensors against the plan first",
+        )
+    view = torch.empty(0, dtype=torch.uint8, device=tensor.device)
+    return view.set_(storage, offset, (num_blocks, page_bytes), (page_bytes, 1))
 
 
 @dataclass(frozen=True, eq=False)
@@ -136,20 +163,10 @@ def allocate(
     return Allocation(spec=spec, planes=planes, layers=layers, bound=bound)
 
 
-BOUND_DTYPES: Final[dict[BoundDtype, torch.dtype]] = {
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-}
-"""The torch dtype of every view vLLM binds."""
-
-
 def cut_bound(backing: torch.Tensor, view: BoundView) -> torch.Tensor:
     """The view vLLM binds for one layer, over the bytes of ``backing`` (the rank's one
     allocation, any shape): ``view.offset_bytes`` into it, in ``view.dtype``."""
-    dtype = BOUND_DTYPES[view.dtype]
+    dtype = getattr(torch, view.dtype)  # a bound dtype is named as torch names it
     typed = backing.reshape(-1).view(dtype)
     start = typed.storage_offset() + view.offset_bytes // view.elem_bytes
     return torch.as_strided(typed, view.shape, view.strides, start)

@@ -33,37 +33,10 @@ import torch
 from ..errors import Refusal
 from ..offload import checkpoint_image
 from ..offload.stage import num_image_planes, ridable
-from .allocation import Registered, parts_of
+from .allocation import Registered, parts_of, plane_view
 from .copies import PageRows, page_rows, stacked_planes
 from .live import LiveLayout
 from .tables import BlockTables, boundary_row
-
-
-def plane_view(tensor: torch.Tensor, num_blocks: int, page_bytes: int) -> torch.Tensor:
-    """``uint8 [num_blocks, page]`` over the bytes of the plane ``tensor`` starts; no copy.
-
-    >>> plane = torch.arange(8, dtype=torch.uint8).reshape(2, 4)
-    >>> latent = plane.view(torch.bfloat16)  # a layer's view: 2 blocks x 2 bf16
-    >>> plane_view(latent, 2, 4).data_ptr() == plane.data_ptr()
-    True
-    """
-    storage = tensor.untyped_storage()
-    offset = tensor.data_ptr() - storage.data_ptr()
-    if offset < 0 or offset + num_blocks * page_bytes > storage.nbytes():
-        raise Refusal(
-            "tensor_mismatch",
-            f"a plane of {num_blocks} pages of {page_bytes} B from byte {offset} runs past the "
-            f"tensor's storage ({storage.nbytes()} B)",
-            facts={
-                "offset_bytes": offset,
-                "num_blocks": num_blocks,
-                "page_bytes": page_bytes,
-                "storage_bytes": storage.nbytes(),
-            },
-            hint="validate the registered tensors against the plan first",
-        )
-    view = torch.empty(0, dtype=torch.uint8, device=tensor.device)
-    return view.set_(storage, offset, (num_blocks, page_bytes), (page_bytes, 1))
 
 
 @dataclass(frozen=True, eq=False)

@@ -35,7 +35,7 @@ from ..errors import Fact, Refusal
 from ..layouts import EngineLayout, Plan, VllmPlan, vllm_bound_views
 from ..offload import LayerNames, TensorView, check_aliasing, engine_layer_names, plane_order
 from ..offload.stage import num_image_planes, ridable
-from .allocation import TORCH_DTYPES, Registered, cut, parts_of
+from .allocation import TORCH_DTYPES, Registered, cut, parts_of, plane_view
 from .specs import CacheSpec, LayerSpec, PartSpec, cache_spec
 
 
@@ -147,10 +147,7 @@ def _from_vllm_binding(
 def _cut_parts(spec: CacheSpec, layer: LayerSpec, view: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The plan's parts of ``layer`` cut from the one view an engine bound (starting at the
     layer's page of block 0), as the layer itself slices it."""
-    start = view.storage_offset() * view.element_size()
-    plane = torch.empty(0, dtype=torch.uint8, device=view.device).set_(
-        view.untyped_storage(), start, (spec.num_blocks, spec.page_bytes), (spec.page_bytes, 1)
-    )
+    plane = plane_view(view, spec.num_blocks, spec.page_bytes)
     return tuple(cut(plane, part) for part in layer.parts)
 
 

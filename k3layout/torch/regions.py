@@ -32,9 +32,8 @@ from ..cache import PartRange
 from ..errors import Refusal
 from ..layouts import Group
 from ..transfer import Region, RegionKey, TransferPlan
-from .allocation import Registered, parts_of
+from .allocation import Registered, parts_of, plane_view
 from .copies import Chunks, Run, execute, merged, runs
-from .images import plane_view
 from .live import LiveLayout
 from .tables import BlockTables, boundary_row
 from .tier import Tier
