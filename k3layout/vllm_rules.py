@@ -32,7 +32,7 @@ AttentionBackend: TypeAlias = Literal["FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA
 """vLLM's dense MLA attention backend (``--attention-backend``)."""
 
 ATTENTION_BACKENDS: Final[tuple[AttentionBackend, ...]] = (
-"FLASHMLA",
+    "FLASHMLA",
     "CUTLASS_MLA",
     "FLASHINFER_MLA",
     "TRITON_MLA",

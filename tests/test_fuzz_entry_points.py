@@ -307,9 +307,7 @@ def test_plan_transfer(
         return
     if p.attn_tp * d.attn_tp * p.pp * d.pp > 4096:
         return  # correct but large answers: outside this test's time budget
-    only_refusals(
-        lambda: plan_transfer(K3, p, d, prompt_tokens=tokens, decode_model=decode_model)
-    )
+    only_refusals(lambda: plan_transfer(K3, p, d, prompt_tokens=tokens, decode_model=decode_model))
 
 
 @FUZZ

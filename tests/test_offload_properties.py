@@ -112,9 +112,7 @@ def test_the_image_covers_every_state_byte_exactly_once_and_nothing_else(
     page = ride.plan.page_stride_bytes(ride.plan.groups[0])  # one page size on every plane
     for r in image.ranges:
         unit_source = views[published[r.plane]].base_address + rows[r.unit] * page
-        state_at = (
-            views[names.name(r.module_layer)].base_address + rows[r.unit] * page
-        )
+        state_at = views[names.name(r.module_layer)].base_address + rows[r.unit] * page
         assert state_at == unit_source
 
 

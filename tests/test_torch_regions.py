@@ -3,9 +3,12 @@ with its head slice of the KDA state and every latent row, byte for byte, in its
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torch")
 
@@ -324,6 +327,63 @@ def test_moving_straight_into_the_blocks_writes_what_the_staged_steps_write(
         for a, fresh in zip(moved, range(transfer.num_consumers), strict=True)
         for x, y in zip(a.planes, random_cache(d_plan, 50 + fresh).planes, strict=True)
     )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    deployments=st.sampled_from(
+        [
+            (Deployment(attn_tp=1), Deployment(attn_tp=2)),
+            (Deployment(attn_tp=2, conv_layout="DS"), Deployment(attn_tp=4, conv_layout="DS")),
+            (Deployment(attn_tp=1), Deployment(attn_tp=2, dcp=2)),
+            (Deployment(pp=2, spec_tokens=1), Deployment(attn_tp=2, spec_tokens=1)),
+        ]
+    ),
+    order=st.randoms(use_true_random=False),
+)
+def test_each_rank_may_have_its_own_block_tables(
+    deployments: tuple[Deployment, Deployment], order: random.Random
+) -> None:
+    """Every producer and consumer rank hands out its blocks in its own order: the copies
+    planned once for a plan's ranks still land in each rank's own blocks (the staged steps,
+    rank by rank, are the reference)."""
+    prefill, decode = deployments
+    model = small_model()
+    p_plan, d_plan = plan_vllm(model, prefill), plan_vllm(model, decode)
+    tokens = 2 * p_plan.block_tokens
+    transfer = plan_transfer(model, prefill, decode, prompt_tokens=tokens)
+
+    def shuffled() -> list[int]:
+        ids = list(range(NUM_BLOCKS))
+        order.shuffle(ids)
+        return ids
+
+    tiers = []
+    for rank in range(transfer.num_producers):
+        stage = rank // prefill.attn_tp
+        cache = random_cache(p_plan, rank, stage=stage)
+        tables = block_tables(p_plan, tokens, shuffled(), stage=stage)
+        live = validate(p_plan, cache.registered, stage=stage)
+        tiers.append(store_prefix(live, cache.registered, tables, tokens))
+    d_tables = [block_tables(d_plan, tokens, shuffled()) for _ in range(transfer.num_consumers)]
+    moved = [random_cache(d_plan, 50 + rank) for rank in range(transfer.num_consumers)]
+    staged = [random_cache(d_plan, 50 + rank) for rank in range(transfer.num_consumers)]
+    restore_across_tp(
+        transfer,
+        tiers,
+        [
+            (validate(d_plan, c.registered), c.registered, t)
+            for c, t in zip(moved, d_tables, strict=True)
+        ],
+    )
+    sources = [tier_regions(t, transfer.producer_regions(r)) for r, t in enumerate(tiers)]
+    for cache, tables, regions in zip(
+        staged, d_tables, apply_segments(transfer, sources), strict=True
+    ):
+        live = validate(d_plan, cache.registered)
+        write_regions(live, cache.registered, tables, tokens, regions, transfer=transfer)
+    for a, b in zip(moved, staged, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a.planes, b.planes, strict=True))
 
 
 def test_a_layout_of_another_deployment_than_the_transfers_is_refused() -> None:

@@ -160,9 +160,7 @@ def _stage_fields(stage: Stage) -> dict[str, object]:
     }
 
 
-def report(
-    plan: EngineLayout, capacity: VllmCapacity | None = None
-) -> VllmReport | ParentReport:
+def report(plan: EngineLayout, capacity: VllmCapacity | None = None) -> VllmReport | ParentReport:
     """Every number of ``plan`` under its documented JSON name (and vLLM's ``capacity`` of a
     budget, when given)."""
     fields, stage_key = plan.report_fields()

@@ -196,9 +196,7 @@ def engine_layer_names(model: HybridModel, engine: NamingEngine = "atom") -> Lay
 
 
 @lru_cache(maxsize=256)
-def _names_of(
-    rule: NamingRule, target: int, total: int, attention: tuple[int, ...]
-) -> LayerNames:
+def _names_of(rule: NamingRule, target: int, total: int, attention: tuple[int, ...]) -> LayerNames:
     is_attention = set(attention)
     names = [rule.target_name(layer, attention=layer in is_attention) for layer in range(target)]
     names.extend(rule.draft_name(target + k, k) for k in range(total - target))

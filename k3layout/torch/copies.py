@@ -3,16 +3,17 @@
 Every ``copy_`` on the CPU forks and joins torch's thread pool and waits for its slowest
 thread: page by page, that costs more than the pages on a busy host. So pages of one backing
 are gathered with one ``index_select`` (:func:`stacked_planes`, :func:`page_rows`), and
-transfer copies are folded into one view per group of layers (:func:`merged`).
+transfer copies are folded into one view per group of layers (:func:`repeated`).
 
 A region (a transfer plan's buffer of one part of one layer) is rarely one run of memory: an
 attention part's rows sit in one block after another, wherever the block table put them.
-:class:`Chunks` says where each chunk of a region starts in a storage. A transfer segment's
-strided copies are cut where a chunk ends (:func:`runs`), as storage offsets, with no tensor
-made; :func:`merged` then folds runs that repeat at a fixed step into one 3-D view (the same
-part of every layer of a group: one plane span apart on one backing, one page apart in a
-tier), so a transfer pays one copy, one fork and join of the thread pool, per group of layers
-rather than per layer and block.
+:class:`Chunks` says where each chunk of a region starts, relative to the region's origin; the
+regions of one part of many layers share their chunks and differ only by origin. A transfer
+segment's strided copies are cut where a chunk ends (:func:`cuts`), once per shared chunking,
+as byte offsets with no tensor made; :func:`repeated` then places those cuts at every layer's
+origin, folding layers at a fixed step on both sides (one plane span apart on one backing, one
+state range apart in a tier) into one 3-D view, so a transfer pays one copy, one fork and join
+of the thread pool, per group of layers rather than per layer and block.
 """
 
 from __future__ import annotations
@@ -112,21 +113,34 @@ def _row_bytes(divides: int) -> int:
 @dataclass(frozen=True, slots=True)
 class Chunks:
     """A region of ``size_bytes``, kept in chunks of ``chunk_bytes``: region bytes ``[r x
-    chunk_bytes, (r + 1) x chunk_bytes)`` are contiguous from byte ``offsets[r]`` of the
-    storage ``base`` views (a state part is one chunk; an attention part one per block)."""
+    chunk_bytes, (r + 1) x chunk_bytes)`` are contiguous from byte ``offsets[r]`` past the
+    region's origin (a state part is one chunk; an attention part one per block). One
+    chunking serves the same part of every layer of a group, on every rank of a plan."""
 
-    base: torch.Tensor
     offsets: tuple[int, ...]
     chunk_bytes: int
     size_bytes: int
 
     def at(self, offset: int) -> int:
-        """The storage byte of region byte ``offset``."""
+        """Region byte ``offset``, in bytes past the region's origin."""
         return self.offsets[offset // self.chunk_bytes] + offset % self.chunk_bytes
 
     def room(self, offset: int) -> int:
         """Bytes from region byte ``offset`` to the end of its chunk."""
         return self.chunk_bytes - offset % self.chunk_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """``shape`` bytes copied from byte ``src`` past a source region's origin to byte ``dst``
+    past a target region's origin, with ``src_strides`` and ``dst_strides`` (the last axis
+    contiguous): a copy planned once, placed at every layer's regions (:func:`repeated`)."""
+
+    dst: int
+    dst_strides: tuple[int, ...]
+    src: int
+    src_strides: tuple[int, ...]
+    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,10 +164,10 @@ class Run:
         )
 
 
-def runs(segment: Segment, source: Chunks, target: Chunks) -> Iterator[Run]:
-    """A segment's copies into one region, as runs inside one chunk on both sides: copies
-    ``i, i + 1, ...`` stay one run while both chunks last; a copy across a chunk's end is cut
-    there. Refuses a segment reading or writing past its region."""
+def cuts(segment: Segment, source: Chunks, target: Chunks) -> Iterator[Cut]:
+    """A segment's copies of one region, cut inside one chunk on both sides: copies ``i, i +
+    1, ...`` stay one cut while both chunks last; a copy across a chunk's end is cut there.
+    Refuses a segment reading or writing past its region."""
     for chunks, end in ((source, segment.src_end_bytes), (target, segment.dst_end_bytes)):
         if end > chunks.size_bytes:
             raise Refusal(
@@ -174,35 +188,19 @@ def runs(segment: Segment, source: Chunks, target: Chunks) -> Iterator[Run]:
                 _fitting(source.room(src), length, src_stride),
                 _fitting(target.room(dst), length, dst_stride),
             )
-            yield Run(
-                target.base,
-                target.at(dst),
-                (dst_stride, 1),
-                source.base,
-                source.at(src),
-                (src_stride, 1),
-                (n, length),
-            )
+            yield Cut(target.at(dst), (dst_stride, 1), source.at(src), (src_stride, 1), (n, length))
             i += n
             continue
-        yield from _cut(source, target, src, dst, length)
+        yield from _split(source, target, src, dst, length)
         i += 1
 
 
-def _cut(source: Chunks, target: Chunks, src: int, dst: int, length: int) -> Iterator[Run]:
+def _split(source: Chunks, target: Chunks, src: int, dst: int, length: int) -> Iterator[Cut]:
     """One copy across a chunk's end, cut wherever either side's chunk ends."""
     done = 0
     while done < length:
         size = min(length - done, source.room(src + done), target.room(dst + done))
-        yield Run(
-            target.base,
-            target.at(dst + done),
-            (size, 1),
-            source.base,
-            source.at(src + done),
-            (size, 1),
-            (1, size),
-        )
+        yield Cut(target.at(dst + done), (size, 1), source.at(src + done), (size, 1), (1, size))
         done += size
 
 
@@ -212,64 +210,50 @@ def _fitting(room: int, length: int, stride: int) -> int:
     return 1 + (room - length) // stride if stride else 1
 
 
-def merged(planned: Iterable[Run]) -> list[Run]:
-    """``planned`` with each stretch of runs alike (shape, strides, storages) at a fixed
-    positive step on both sides folded into one run with a leading axis of that step."""
-    out: list[Run] = []
-    count = 0  # runs folded into out[-1]
-    step = (0, 0)
-    for run in planned:
-        last = out[-1] if out else None
-        if last is not None and _alike(last, run, count):
-            gap = (run.dst - last.dst, run.src - last.src)
-            if count == 1 and min(gap) > 0:
-                step, count = gap, 2
-                continue
-            if count > 1 and gap == (count * step[0], count * step[1]):
-                count += 1
-                continue
-        if last is not None:
-            out[-1] = _fold(last, count, step)
-        out.append(run)
-        count, step = 1, (0, 0)
-    if out:
-        out[-1] = _fold(out[-1], count, step)
-    return out
+def repeated(
+    planned: Sequence[Cut],
+    target: torch.Tensor,
+    source: torch.Tensor,
+    origins: Sequence[tuple[int, int]],
+) -> Iterator[Run]:
+    """Each cut placed at every ``(dst, src)`` pair of region origins (storage bytes of
+    ``target`` and ``source``) in turn; origins that follow at one fixed positive step on both
+    sides fold into one run with a leading axis of that step (the regions of different layers
+    never share a byte, so the view copies disjoint bytes)."""
+    for cut in planned:
+        start = 0
+        while start < len(origins):
+            stop, step = _stretch(origins, start)
+            dst, src = origins[start]
+            folded = stop - start > 1
+            yield Run(
+                target,
+                dst + cut.dst,
+                (step[0], *cut.dst_strides) if folded else cut.dst_strides,
+                source,
+                src + cut.src,
+                (step[1], *cut.src_strides) if folded else cut.src_strides,
+                (stop - start, *cut.shape) if folded else cut.shape,
+            )
+            start = stop
 
 
-def _alike(first: Run, run: Run, count: int) -> bool:
-    return (
-        count > 0
-        and run.shape == first.shape
-        and run.dst_strides == first.dst_strides
-        and run.src_strides == first.src_strides
-        and _same_storage(run.target, first.target)
-        and _same_storage(run.source, first.source)
-    )
-
-
-def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors view one storage (never assumed on ``meta``, where every storage
-    starts at address 0)."""
-    if a is b:
-        return True
-    if a.device != b.device or a.device.type == "meta":
-        return False
-    return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
-
-
-def _fold(first: Run, count: int, step: tuple[int, int]) -> Run:
-    if count == 1:
-        return first
-    return Run(
-        first.target,
-        first.dst,
-        (step[0], *first.dst_strides),
-        first.source,
-        first.src,
-        (step[1], *first.src_strides),
-        (count, *first.shape),
-    )
+def _stretch(origins: Sequence[tuple[int, int]], start: int) -> tuple[int, tuple[int, int]]:
+    """The end of the stretch of ``origins`` from ``start`` at one fixed positive step on both
+    sides, and that step (``(0, 0)`` for a stretch of one)."""
+    if start + 1 == len(origins):
+        return start + 1, (0, 0)
+    (dst, src), (next_dst, next_src) = origins[start], origins[start + 1]
+    step = (next_dst - dst, next_src - src)
+    if min(step) <= 0:
+        return start + 1, (0, 0)
+    stop = start + 2
+    while stop < len(origins) and origins[stop] == (
+        dst + (stop - start) * step[0],
+        src + (stop - start) * step[1],
+    ):
+        stop += 1
+    return stop, step
 
 
 def execute(planned: Iterable[Run]) -> None:

@@ -23,17 +23,18 @@ Every byte range comes from the layers' cache specs: a region is one part of one
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from ..cache import PartRange
 from ..errors import Refusal
 from ..layouts import Group
-from ..transfer import Region, RegionKey, TransferPlan
+from ..transfer import Region, RegionKey, Segment, TransferPlan
 from .allocation import Registered, parts_of, plane_view
-from .copies import Chunks, Run, execute, merged, runs
+from .copies import Chunks, Cut, Run, cuts, execute, repeated
 from .live import LiveLayout
 from .tables import BlockTables, boundary_row
 from .tier import Tier
@@ -255,22 +256,37 @@ def restore_across_tp(
             )
     for layout, _, _ in consumers:
         _check_side(transfer, layout, "consumer")
-    memo: Parts = {}
-    sources = [_Producer(tier, memo) for tier in tiers]
-    targets = [_Consumer(*consumer, transfer.prompt_tokens, memo) for consumer in consumers]
-    planned: list[Run] = []
-    for pair in transfer.pairs:
-        source, target = sources[pair.producer], targets[pair.consumer]
-        for segment in pair.segments:
-            pieces = [
-                run
-                for key in segment.regions  # the same copies in each of the segment's layers
-                for run in runs(segment, source.chunks(key), target.chunks(key))
-            ]
-            # one field read from one tier buffer: in source order, the same part of a group's
-            # consecutive layers comes at a fixed step on both sides, and folds into one run
-            planned.extend(merged(sorted(pieces, key=lambda run: run.src)))
-    execute(planned)
+    shared = _Shared()
+    sources = [_Producer(tier, shared) for tier in tiers]
+    targets = [_Consumer(*consumer, transfer.prompt_tokens, shared) for consumer in consumers]
+    execute(
+        [
+            run
+            for pair in transfer.pairs
+            for segment in pair.segments
+            for run in _segment_runs(segment, sources[pair.producer], targets[pair.consumer])
+        ]
+    )
+
+
+def _segment_runs(segment: Segment, source: _Side, target: _Side) -> Iterator[Run]:
+    """A segment's copies in every one of its layers: cut once per chunking the layers share
+    (the same part of one group), then placed at each layer's regions."""
+    together: dict[tuple[int, ...], tuple[list[Cut], torch.Tensor, torch.Tensor, list[Origin]]]
+    together = {}
+    for (src_chunks, src_base, src), (dst_chunks, dst_base, dst) in zip(
+        source.place(segment), target.place(segment), strict=True
+    ):
+        key = (id(src_chunks), id(dst_chunks), id(src_base), id(dst_base))
+        found = together.get(key)
+        if found is None:
+            planned = list(cuts(segment, src_chunks, dst_chunks))
+            found = together[key] = (planned, dst_base, src_base, [])
+        found[3].append((dst, src))
+    for planned, dst_base, src_base, origins in together.values():
+        # in source order, a group's consecutive layers come at a fixed step on both sides
+        origins.sort(key=lambda origin: origin[1])
+        yield from repeated(planned, dst_base, src_base, origins)
 
 
 def _check_side(transfer: TransferPlan, layout: LiveLayout, side: str) -> None:
@@ -325,84 +341,164 @@ class _Part:
     inner: PartRange
 
 
-Parts = dict[tuple[int, int, RegionKey], _Part]
-"""Located parts by ``(id(plan), stage, region key)``: every rank of one plan shares them."""
+@dataclass(frozen=True)
+class _Located:
+    """A segment's regions on one side, one per layer, as every rank of a plan has them: the
+    layer whose plane holds it (consumer), its byte offset (from the plane's start on a
+    consumer, from the tier buffer's on a producer) and its chunks."""
+
+    names: tuple[str, ...]
+    offsets: tuple[int, ...]
+    chunks: tuple[Chunks, ...]
 
 
-def _locate(layout: LiveLayout, key: RegionKey, memo: Parts) -> _Part:
-    """Where region ``key`` sits in ``layout``'s stage; refuses a region vLLM's layout holds
-    no bytes for (the slot's cursor, ReplaySSM's records)."""
-    plan, stage = layout.plan, layout.spec.stage
-    found = memo.get((id(plan), stage, key))
-    if found is not None:
+Origin = tuple[int, int]
+"""A pair of region origins: ``(target byte, source byte)`` in their storages."""
+
+Placed = tuple[Chunks, torch.Tensor, int]
+"""A region on one rank: its chunks, the ``uint8`` tensor whose storage holds it and the
+storage byte its chunk offsets count from."""
+
+
+class _Shared:
+    """What every rank of a plan shares in one restore: each part located (:meth:`part`),
+    each segment's regions (by the key its side gives) and each chunking, made once."""
+
+    def __init__(self) -> None:
+        self.parts: dict[tuple[object, ...], _Part] = {}
+        self.located: dict[tuple[object, ...], _Located] = {}
+        self.chunkings: dict[tuple[object, ...], Chunks] = {}
+
+    def part(self, layout: LiveLayout, key: RegionKey) -> _Part:
+        """Where region ``key`` sits in ``layout``'s stage; refuses a region vLLM's layout
+        holds no bytes for (the slot's cursor, ReplaySSM's records)."""
+        plan, stage = layout.plan, layout.spec.stage
+        memo = (id(plan), stage, layout.names.names, key)
+        found = self.parts.get(memo)
+        if found is not None:
+            return found
+        field, layer = key
+        if layer is None:
+            raise _unsupported(field, layer)
+        group, position = plan.group_of(layer, stage)
+        spec = plan.group_spec(group)
+        if field not in spec.part_names:
+            raise _unsupported(field, layer)
+        found = self.parts[memo] = _Part(
+            name=layout.names.name(layer),
+            group=group.name,
+            position=position,
+            paging=spec.paging,
+            tokens=plan.tokens_per_page(group),
+            inner=plan.part_range(layer, field),
+        )
         return found
-    field, layer = key
-    if layer is None:
-        raise _unsupported(field, layer)
-    group, position = plan.group_of(layer, stage)
-    spec = plan.group_spec(group)
-    if field not in spec.part_names:
-        raise _unsupported(field, layer)
-    found = _Part(
-        name=layout.names.name(layer),
-        group=group.name,
-        position=position,
-        paging=spec.paging,
-        tokens=plan.tokens_per_page(group),
-        inner=plan.part_range(layer, field),
-    )
-    memo[id(plan), stage, key] = found
-    return found
+
+    def chunking(
+        self,
+        offsets: Callable[[], tuple[int, ...]],
+        chunk_bytes: int,
+        size_bytes: int,
+        *kind: object,
+    ) -> Chunks:
+        """The chunks of a region of ``kind``, made once (``offsets`` is called only then)."""
+        key = (chunk_bytes, size_bytes, *kind)
+        found = self.chunkings.get(key)
+        if found is None:
+            found = self.chunkings[key] = Chunks(offsets(), chunk_bytes, size_bytes)
+        return found
 
 
 class _Side(ABC):
-    """One side of a restore: each region's chunks, made once (:meth:`_chunks`) and kept."""
+    """One side of a restore: one rank's regions of a segment, from what the plan's ranks
+    share (:meth:`_locate`, once per plan) and the rank's own storage."""
 
-    made: dict[RegionKey, Chunks]
+    shared: _Shared
 
-    def chunks(self, key: RegionKey) -> Chunks:
-        found = self.made.get(key)
+    def located(self, key: tuple[object, ...], segment: Segment) -> _Located:
+        """The segment's regions as every rank of a plan has them (``key`` names the plan)."""
+        found = self.shared.located.get(key)
         if found is None:
-            found = self.made[key] = self._chunks(key)
+            found = self.shared.located[key] = self._locate(segment)
         return found
 
     @abstractmethod
-    def _chunks(self, key: RegionKey) -> Chunks:
-        """Where region ``key`` lies on this side."""
+    def place(self, segment: Segment) -> list[Placed]:
+        """The segment's regions on this rank, layer by layer."""
+
+    @abstractmethod
+    def _locate(self, segment: Segment) -> _Located:
+        """The segment's regions as every rank of this one's plan has them."""
 
 
 class _Producer(_Side):
-    """A producer's regions on its tier, as chunks (made once per region): a page part's
-    rows in each stored block of the KV, a state part's bytes in the image."""
+    """A producer's regions on its tier: a page part's rows in each stored block of the KV
+    (the layer's plane of every unit), a state part's bytes in the image."""
 
-    def __init__(self, tier: Tier, memo: Parts) -> None:
+    def __init__(self, tier: Tier, shared: _Shared) -> None:
+        self.tier, self.shared = tier, shared
         layout = tier.layout
-        self.tier, self.memo = tier, memo
-        self.states = {(r.group, r.layer): r.offset_bytes for r in tier.geometry.ranges}
-        self.planes = {name: j for j, name in enumerate(layout.published)}
-        self.made: dict[RegionKey, Chunks] = {}
+        self.plan_key = (
+            "producer",
+            id(layout.plan),
+            layout.spec.stage,
+            layout.names.names,
+            layout.published,
+            tier.computed_tokens,
+            tier.kv.numel(),
+        )
 
-    def _chunks(self, key: RegionKey) -> Chunks:
+    def place(self, segment: Segment) -> list[Placed]:
+        located = self.located((*self.plan_key, segment.field, segment.layers), segment)
         tier = self.tier
-        part = _locate(tier.layout, key, self.memo)
-        inner = part.inner
-        if part.paging == "token":  # block r's page of the layer's plane, unit by unit
-            page = tier.layout.spec.page_bytes
-            unit = len(self.planes) * page
-            start = self.planes[part.name] * page + inner.offset_bytes
-            start += int(tier.kv.storage_offset())
-            offsets = tuple(start + r * unit for r in range(tier.kv.numel() // unit))
-            held = tier.computed_tokens * inner.size_bytes // part.tokens
-            return Chunks(tier.kv, offsets, inner.size_bytes, held)
-        start = int(tier.image.storage_offset()) + self.states[part.group, part.position]
-        offsets = (start + inner.offset_bytes,)
-        return Chunks(tier.image, offsets, inner.size_bytes, inner.size_bytes)
+        base = tier.kv if segment.kind == "page" else tier.image
+        start = int(base.storage_offset())
+        return [
+            (chunks, base, start + offset)
+            for chunks, offset in zip(located.chunks, located.offsets, strict=True)
+        ]
+
+    def _locate(self, segment: Segment) -> _Located:
+        tier = self.tier
+        layout = tier.layout
+        page = layout.spec.page_bytes
+        parts = [self.shared.part(layout, key) for key in segment.regions]
+        if segment.kind == "page":  # block r's page of the layer's plane, unit by unit
+            planes = {name: j for j, name in enumerate(layout.published)}
+            unit = len(planes) * page
+            units = tier.kv.numel() // unit
+            offsets = [planes[part.name] * page for part in parts]
+            chunks = [
+                self.shared.chunking(
+                    lambda: tuple(r * unit for r in range(units)),
+                    part.inner.size_bytes,
+                    tier.computed_tokens * part.inner.size_bytes // part.tokens,
+                    "tier kv",
+                    unit,
+                    units,
+                )
+                for part in parts
+            ]
+        else:
+            states = {(r.group, r.layer): r.offset_bytes for r in tier.geometry.ranges}
+            offsets = [states[part.group, part.position] for part in parts]
+            chunks = [
+                self.shared.chunking(lambda: (0,), part.inner.size_bytes, part.inner.size_bytes)
+                for part in parts
+            ]
+        return _Located(
+            names=tuple(part.name for part in parts),
+            offsets=tuple(
+                o + part.inner.offset_bytes for o, part in zip(offsets, parts, strict=True)
+            ),
+            chunks=tuple(chunks),
+        )
 
 
 class _Consumer(_Side):
-    """A consumer's regions in its cache, as chunks (made once per region): an attention
-    part's rows in the blocks of its group's table, a state part in the page of its group's
-    boundary row. Offsets are read on one ``uint8`` view of each storage (the backing)."""
+    """A consumer's regions in its cache: an attention part's rows in the blocks of its
+    group's table, a state part in the page of its group's boundary row. Offsets are read on
+    one ``uint8`` view of each storage (the backing)."""
 
     def __init__(
         self,
@@ -410,43 +506,85 @@ class _Consumer(_Side):
         registered: Registered,
         tables: BlockTables,
         computed_tokens: int,
-        memo: Parts,
+        shared: _Shared,
     ) -> None:
-        self.layout, self.registered, self.tables, self.memo = layout, registered, tables, memo
+        self.layout, self.registered, self.tables, self.shared = layout, registered, tables, shared
         self.row = boundary_row(layout.plan, computed_tokens)
-        self.planes: dict[str, tuple[torch.Tensor, int]] = {}
+        self.plan_key = (
+            "consumer",
+            id(layout.plan),
+            layout.spec.stage,
+            layout.spec.num_blocks,
+            layout.names.names,
+            id(tables),
+            self.row,
+        )
         self.backings: dict[tuple[str, int], torch.Tensor] = {}
-        self.made: dict[RegionKey, Chunks] = {}
+        self.planes: dict[str, tuple[torch.Tensor, int]] = {}
+
+    def place(self, segment: Segment) -> list[Placed]:
+        located = self.located((*self.plan_key, segment.field, segment.layers), segment)
+        placed: list[Placed] = []
+        for name, offset, chunks in zip(
+            located.names, located.offsets, located.chunks, strict=True
+        ):
+            backing, start = self._plane(name)
+            placed.append((chunks, backing, start + offset))
+        return placed
 
     def _plane(self, name: str) -> tuple[torch.Tensor, int]:
         """A ``uint8`` view of the storage layer ``name``'s plane is on (one per storage: the
         backing), and the byte the plane starts at; refuses a plane that runs past it."""
         found = self.planes.get(name)
-        if found is None:
-            tensor = parts_of(self.registered[name])[0]
-            storage = tensor.untyped_storage()
-            # meta storages all start at 0: one view per layer there (nothing is copied)
-            meta = tensor.device.type == "meta"
-            where = (str(tensor.device), id(tensor) if meta else storage.data_ptr())
-            backing = self.backings.get(where)
-            if backing is None:
-                backing = self.backings[where] = torch.empty(
-                    0, dtype=torch.uint8, device=tensor.device
-                ).set_(storage)
-            spec = self.layout.spec
-            start = tensor.data_ptr() - storage.data_ptr()
-            if start + spec.num_blocks * spec.page_bytes > storage.nbytes():
-                plane_view(tensor, spec.num_blocks, spec.page_bytes)  # refuses, with the facts
-            found = self.planes[name] = (backing, start)
+        if found is not None:
+            return found
+        tensor = parts_of(self.registered[name])[0]
+        storage = tensor.untyped_storage()
+        # meta storages all start at 0: one view per layer there (nothing is copied)
+        meta = tensor.device.type == "meta"
+        where = (str(tensor.device), id(tensor) if meta else storage.data_ptr())
+        backing = self.backings.get(where)
+        if backing is None:
+            backing = self.backings[where] = torch.empty(
+                0, dtype=torch.uint8, device=tensor.device
+            ).set_(storage)
+        spec = self.layout.spec
+        start = tensor.data_ptr() - storage.data_ptr()
+        if start + spec.num_blocks * spec.page_bytes > storage.nbytes():
+            plane_view(tensor, spec.num_blocks, spec.page_bytes)  # refuses, with the facts
+        found = self.planes[name] = (backing, start)
         return found
 
-    def _chunks(self, key: RegionKey) -> Chunks:
-        part = _locate(self.layout, key, self.memo)
-        (backing, plane), inner = self._plane(part.name), part.inner
-        start, page = plane + inner.offset_bytes, self.layout.spec.page_bytes
-        if part.paging == "token":  # the rows, block by block through the table
-            table = self.tables.table(part.group)
-            offsets = tuple(start + block * page for block in table)
-            return Chunks(backing, offsets, inner.size_bytes, len(table) * inner.size_bytes)
-        start += self.tables.block(part.group, self.row) * page
-        return Chunks(backing, (start,), inner.size_bytes, inner.size_bytes)
+    def _locate(self, segment: Segment) -> _Located:
+        layout, tables = self.layout, self.tables
+        page = layout.spec.page_bytes
+        parts = [self.shared.part(layout, key) for key in segment.regions]
+        offsets: list[int] = []
+        chunks: list[Chunks] = []
+        for part in parts:
+            inner = part.inner
+            if part.paging == "token":  # the rows, block by block through the table
+                table = tables.table(part.group)
+                offsets.append(inner.offset_bytes)
+                chunks.append(
+                    self.shared.chunking(
+                        partial(_block_starts, table, page),
+                        inner.size_bytes,
+                        len(table) * inner.size_bytes,
+                        "table",
+                        id(tables),
+                        part.group,
+                        page,
+                    )
+                )
+                continue
+            offsets.append(inner.offset_bytes + tables.block(part.group, self.row) * page)
+            chunks.append(self.shared.chunking(lambda: (0,), inner.size_bytes, inner.size_bytes))
+        return _Located(
+            names=tuple(part.name for part in parts), offsets=tuple(offsets), chunks=tuple(chunks)
+        )
+
+
+def _block_starts(table: Sequence[int], page: int) -> tuple[int, ...]:
+    """Where each block of ``table`` starts on a plane of ``page``-byte pages."""
+    return tuple(block * page for block in table)
