@@ -236,3 +236,57 @@ def test_a_repeated_block_id_in_an_image_of_vllms_binding_is_refused(tmp_path: P
         image_units(live, caches, [1, 1, 1])
     assert refused.value.code == "aliasing"
     assert refused.value.facts["block_id"] == 1
+
+
+class OnDevice:
+    """A bound tensor as another device would show it, with only the attributes
+    ``check_kv_caches`` documents reading: its ``device`` is ``cuda:0`` and its storage sits
+    at a GPU-like address. Any other attribute (a copy to the host, ``data_ptr``, ``numel``)
+    raises ``AttributeError``, so a check that needed the tensor on this host would fail."""
+
+    BASE = 0x7F3A_0000_0000  # where CUDA's allocator puts large blocks, far from host memory
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self._tensor = tensor
+        self.device = torch.device("cuda", 0)
+        self.dtype = tensor.dtype
+        self.shape = tensor.shape
+
+    def stride(self) -> tuple[int, ...]:
+        return self._tensor.stride()
+
+    def storage_offset(self) -> int:
+        return int(self._tensor.storage_offset())
+
+    def element_size(self) -> int:
+        return self._tensor.element_size()
+
+    def untyped_storage(self) -> OnDevice.Storage:
+        return OnDevice.Storage(self._tensor.untyped_storage())
+
+    class Storage:
+        def __init__(self, storage: torch.UntypedStorage) -> None:
+            self._storage = storage
+
+        def data_ptr(self) -> int:
+            return OnDevice.BASE + self._storage.data_ptr()
+
+        def nbytes(self) -> int:
+            return self._storage.nbytes()
+
+
+@pytest.mark.parametrize("case", [DSPARK, BLOCK_OUTERMOST], ids=str)
+def test_a_binding_on_another_device_is_read_by_attribute(case: Case, tmp_path: Path) -> None:
+    """The check reads tensors by their attributes and addresses relative to the backing, so
+    a binding on CUDA checks as it does here: it passes, and a corruption is still blamed on
+    its layer (no GPU is lent to these tests; this pins the attributes the check may use)."""
+    engine = start(case, tmp_path)
+    caches = bind(engine)
+    check_kv_caches(
+        engine.workers[0],
+        engine.kv_cache_configs[0],
+        {name: OnDevice(view) for name, view in caches.items()},
+    )
+    swapped, blamed = swap_kda(engine, caches)
+    refused = refusal(engine, {name: OnDevice(view) for name, view in swapped.items()})
+    assert (refused.code, refused.facts["layer_name"]) == ("aliasing", blamed)
