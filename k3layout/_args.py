@@ -8,7 +8,7 @@ somewhere inside with a ``TypeError`` or ``AttributeError``. ``bool`` is not an 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeAlias, cast
 
 from ._validation import describe
@@ -75,3 +75,29 @@ def expect_bounded_int(name: str, value: object, bound: int) -> int:
             hint=f"pass {name} between {-bound:,} and {bound:,}",
         )
     return number
+
+
+def expect_sequence(
+    name: str, value: object, item_types: Types, *, optional: bool = False
+) -> Sequence[object]:
+    """``value`` if it is a sequence (a list, tuple, range, ...; not a ``str`` or ``bytes``) of
+    ``item_types`` (or ``None`` when ``optional``, returned as ``()``); else refuse, naming the
+    first wrong item ``name[i]``."""
+    if optional and value is None:
+        return ()
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes, bytearray)):
+        expect(name, value, (list, tuple))  # refuses, naming what it takes
+    items = cast(Sequence[object], value)
+    for i, item in enumerate(items):
+        expect(f"{name}[{i}]", item, item_types)
+    return items
+
+
+def expect_mapping(name: str, value: object, key_types: Types, value_types: Types) -> None:
+    """Refuse ``value`` unless it is a mapping of ``key_types`` to ``value_types``; the first
+    wrong entry is named ``name[key]``."""
+    if not isinstance(value, Mapping):
+        expect(name, value, dict)  # refuses, naming what it takes
+    for key, item in cast(Mapping[object, object], value).items():
+        expect(f"{name} key", key, key_types)
+        expect(f"{name}[{describe(key)}]", item, value_types)

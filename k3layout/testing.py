@@ -22,6 +22,7 @@ from functools import reduce
 
 from hypothesis import strategies as st
 
+from ._args import expect_args
 from .deployment import CONV_LAYOUTS, ENGINES, Deployment, EngineFlavour
 from .dtypes import KV_CACHE_DTYPES, KvCacheDtype
 from .errors import RefusalCode
@@ -140,7 +141,9 @@ def _kv_dtypes(model: HybridModel, engine: EngineFlavour) -> tuple[KvCacheDtype,
 def vllm_pipeline_depths(model: HybridModel, up_to: int) -> tuple[int, ...]:
     """The pipeline depths up to ``up_to`` (vLLM's even split) at which every stage holding a
     state layer holds an attention layer too, as vLLM plans need (``stage_without_attention``);
-    draft layers are not counted, since vLLM builds a draft only with speculative tokens."""
+    draft layers are not counted, since vLLM builds a draft only with speculative tokens.
+    Refuses (``invalid_argument``) arguments of the wrong type."""
+    expect_args(("model", model, HybridModel), ("up_to", up_to, int))
     target = built_model(model, Deployment())
     return tuple(
         pp

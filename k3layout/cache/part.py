@@ -20,11 +20,13 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, PositiveInt, model_validator
 
-from .._args import expect_items
+from .._args import expect, expect_int, expect_items
 from .._frozen import Frozen
+from .._validation import describe
 from ..constants import MAX_MODEL_DIM
 from ..dtypes import DTYPE_BYTES, DTypeName
 from ..errors import Refusal
+from ..limits import check_bound
 from ..placements import ReplicaShard, Replicate, Shard
 
 Dim: TypeAlias = Annotated[int, Field(gt=0, le=MAX_MODEL_DIM)]
@@ -39,9 +41,36 @@ PartName: TypeAlias = Annotated[str, Field(min_length=1, max_length=64)]
 ``v``, ``replay_k`` ... (one word, the engines' own)."""
 
 
+_ELEMENT_BYTES: dict[str, int] = {name: size for name, size in (*DTYPE_BYTES.items(), ("uint8", 1))}
+"""Bytes per element of every :data:`ElementDtype`."""
+
+
 def element_bytes(dtype: ElementDtype) -> int:
-    """Bytes of one element of ``dtype``."""
-    return 1 if dtype == "uint8" else DTYPE_BYTES[dtype]
+    """Bytes of one element of ``dtype``; refuses (``invalid_argument``) another value."""
+    size = _ELEMENT_BYTES.get(dtype) if type(dtype) is str else None
+    if size is None:
+        expect("dtype", dtype, str)
+        raise Refusal(
+            "invalid_argument",
+            f"dtype={describe(dtype)} is not an element dtype ({', '.join(_ELEMENT_BYTES)})",
+            facts={"field": "dtype", "dtype": describe(dtype)},
+            hint=f"use dtype in {list(_ELEMENT_BYTES)}",
+        )
+    return size
+
+
+def check_dim(name: str, value: object) -> int:
+    """``value`` if it is a :data:`Dim` (an ``int`` in ``1..MAX_MODEL_DIM``); else refuse
+    (``invalid_argument``, or ``size_limit`` above the bound) naming ``name``."""
+    number = expect_int(name, value)
+    if number < 1:
+        raise Refusal(
+            "invalid_argument",
+            f"{name}={describe(number)} must be >= 1",
+            facts={"field": name},
+            hint=f"pass {name} >= 1",
+        )
+    return check_bound(name, number, MAX_MODEL_DIM, why="a head count or dimension")
 
 
 class CachePart(Frozen):

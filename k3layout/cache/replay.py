@@ -7,10 +7,11 @@ K3 at TP 8, L 16: ``16*12*128*(2+2+4) = 196,608`` B per layer per slot.
 
 from __future__ import annotations
 
+from .._args import expect
 from ..deployment import Deployment
 from ..dtypes import DTypeName
 from ..placements import Replicate, Shard
-from .part import CachePart
+from .part import CachePart, check_dim
 from .spec import LayerCacheSpec
 
 RECORDS: tuple[tuple[str, DTypeName], ...] = (
@@ -22,12 +23,21 @@ RECORDS: tuple[tuple[str, DTypeName], ...] = (
 
 def record_len(deployment: Deployment) -> int:
     """``L``: records kept per slot."""
+    expect("deployment", deployment, Deployment)
+    return _record_len(deployment)
+
+
+def _record_len(deployment: Deployment) -> int:
     return max(deployment.replayssm_cache_len, 2 * (deployment.spec_tokens + 1))
 
 
 def replay_spec(num_heads: int, head_dim: int, deployment: Deployment) -> LayerCacheSpec:
-    """The k, u and g records of one KDA layer's slot."""
-    shape = (record_len(deployment), num_heads, head_dim)
+    """The k, u and g records of one KDA layer's slot; refuses (``invalid_argument``) a
+    ``num_heads`` or ``head_dim`` below 1, (``size_limit``) one above ``MAX_MODEL_DIM``."""
+    expect("deployment", deployment, Deployment)
+    for name, value in (("num_heads", num_heads), ("head_dim", head_dim)):
+        check_dim(name, value)
+    shape = (_record_len(deployment), num_heads, head_dim)
     return LayerCacheSpec(
         kind="replay",
         paging="slot",

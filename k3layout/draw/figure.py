@@ -8,6 +8,8 @@ reader (or a test) needs to find carries a *gid*, ``<what>.<key>...`` (``plane.3
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
@@ -18,8 +20,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from .._args import expect
+from .._validation import describe
+from ..constants import INT64_MAX
 from ..deployment import Deployment
-from ..errors import Refusal
+from ..errors import Fact, Refusal
 from ..layouts import Group
 
 PNG_DPI: Final = 150
@@ -27,6 +32,12 @@ PNG_DPI: Final = 150
 
 FORMATS: Final = (".png", ".svg")
 """The suffixes :func:`save` writes."""
+
+MAX_NAME_BYTES: Final = 255
+"""The longest file or folder name a picture path may hold (the common file systems' limit)."""
+
+MAX_PATH_BYTES: Final = 4096
+"""The longest picture path (Linux's ``PATH_MAX``)."""
 
 ATTENTION_COLOUR: Final = "#4C72B0"
 KDA_COLOURS: Final = ("#55A868", "#DD8452", "#8172B3", "#C44E52", "#937860", "#DA8BC3")
@@ -67,6 +78,21 @@ def human_bytes(num_bytes: float) -> str:
     >>> human_bytes(884_736), human_bytes(69 * 814_080 + 24 * 512 * 576)
     ('884,736 B', '60.3 MiB')
     """
+    expect("num_bytes", num_bytes, (int, float))
+    if isinstance(num_bytes, float) and not math.isfinite(num_bytes):
+        raise Refusal(
+            "invalid_argument",
+            f"num_bytes={num_bytes} is not a byte count",
+            facts={"field": "num_bytes"},
+            hint="pass a finite number of bytes",
+        )
+    if abs(num_bytes) > INT64_MAX:
+        raise Refusal(
+            "size_limit",
+            f"num_bytes={describe(num_bytes)} is beyond the bound {INT64_MAX:,}",
+            facts={"field": "num_bytes", "bound": INT64_MAX},
+            hint="pass a byte count that fits int64",
+        )
     if abs(num_bytes) < 1 << 20:
         return f"{num_bytes:,.0f} B"
     if abs(num_bytes) < 1 << 30:
@@ -81,6 +107,7 @@ def topology(deployment: Deployment) -> str:
     >>> topology(Deployment(pp=8)), topology(Deployment(attn_tp=8, dcp=8))
     ('pp8xtp1', 'tp8xdcp8')
     """
+    expect("deployment", deployment, Deployment)
     axes = (
         ("pp", deployment.pp),
         ("tp", deployment.attn_tp),
@@ -151,46 +178,67 @@ def padding_legend_patch() -> Rectangle:
 
 
 def picture_path(path: str | Path) -> Path:
-    """``path`` if :func:`save` can write it: a ``.png`` or ``.svg`` suffix, in an existing
-    folder; refuses (``invalid_argument``) anything else, before any drawing is done."""
+    """``path`` if :func:`save` can write it: a ``str`` or ``Path`` with a ``.png`` or ``.svg``
+    suffix, in an existing, writable folder; refuses (``invalid_argument``) anything else (a
+    NUL, a name or path too long, a folder), before any drawing is done."""
+    expect("path", path, (str, Path))
     target = Path(path)
-    suffix = target.suffix.lower()
+    suffix, stem = target.suffix.lower(), target.stem
     if suffix not in FORMATS:
         raise Refusal(
             "invalid_argument",
-            f"picture {target.name}: suffix {suffix or '(none)'!r} is not one of "
+            f"picture {_short(target.name)}: suffix {suffix or '(none)'!r} is not one of "
             f"{', '.join(FORMATS)}",
-            facts={"path": str(target), "suffix": suffix, "formats": FORMATS},
-            hint=f"name the file {target.stem}.png or {target.stem}.svg",
+            facts={"field": "path", "path": _short(target), "suffix": suffix, "formats": FORMATS},
+            hint=f"name the file {_short(stem)}.png or {_short(stem)}.svg",
         )
-    try:
-        folder_missing = not target.parent.is_dir()
-        is_folder = target.is_dir()
-    except (OSError, ValueError) as error:  # a name too long for the OS, a NUL
-        raise Refusal(
-            "invalid_argument",
-            f"picture {_short(target)}: not a usable path ({error})",
-            facts={"path": _short(target)},
-            hint="write the picture to a shorter path",
-        ) from None
-    if is_folder:
-        raise Refusal(
-            "invalid_argument",
-            f"picture {_short(target)}: is a folder",
-            facts={"path": _short(target)},
-            hint=f"name a file inside it, e.g. {_short(target / ('picture' + suffix))}",
-        )
-    if folder_missing:
-        raise Refusal(
-            "invalid_argument",
-            f"picture {target}: folder {target.parent} does not exist",
-            facts={"path": str(target), "folder": str(target.parent)},
-            hint="create the folder first, or write the picture elsewhere",
-        )
+    problem = _unusable(target)
+    facts: dict[str, Fact] = {}
+    if problem is None:
+        try:
+            folder_missing = not target.parent.is_dir()
+            is_folder = target.is_dir()
+        except OSError as error:  # what the OS refuses to look up (a name too long for it)
+            problem = f"not a usable path ({error.strerror or error})"
+        else:
+            if is_folder:
+                problem = "is a folder"
+            elif folder_missing or not os.access(target.parent, os.W_OK):
+                folder = str(target.parent)
+                state = "does not exist" if folder_missing else "is not writable"
+                problem = f"folder {folder} {state}"
+                facts["folder"] = folder
+    if problem is not None:
+        raise _path_refusal(target, problem, **facts)
     return target
 
 
-def _short(path: Path, most: int = 120) -> str:
+def _unusable(target: Path) -> str | None:
+    """Why no OS can open ``target`` whatever its folders hold, or ``None``."""
+    text = str(target)
+    if "\0" in text:
+        return "holds a NUL character"
+    try:
+        encoded = os.fsencode(text)
+    except UnicodeEncodeError:
+        return "holds characters the file system cannot encode"
+    if len(encoded) > MAX_PATH_BYTES:
+        return f"is longer than {MAX_PATH_BYTES:,} bytes"
+    if any(len(os.fsencode(part)) > MAX_NAME_BYTES for part in target.parts):
+        return f"has a name longer than {MAX_NAME_BYTES} bytes"
+    return None
+
+
+def _path_refusal(target: Path, problem: str, **facts: Fact) -> Refusal:
+    return Refusal(
+        "invalid_argument",
+        f"picture path={_short(target)!r}: {problem}",
+        facts={"field": "path", "path": _short(target), **facts},
+        hint="write the picture to a .png or .svg file in an existing, writable folder",
+    )
+
+
+def _short(path: str | Path, most: int = 120) -> str:
     text = str(path)
     return text if len(text) <= most else f"{text[: most - 3]}..."
 
@@ -199,14 +247,18 @@ def save(figure: Figure, path: str | Path) -> Path:
     """Write ``figure`` as PNG or SVG, chosen by the suffix of ``path``; returns the path.
 
     SVG keeps text as text and every gid as an element id; neither format records a date, so
-    the same picture gives the same bytes. Refuses (``invalid_argument``) another suffix or a
-    folder that does not exist (:func:`picture_path`).
+    the same picture gives the same bytes. Refuses (``invalid_argument``) a ``figure`` that is
+    not a ``Figure``, a path :func:`picture_path` refuses and one the OS cannot write.
     """
+    expect("figure", figure, Figure)
     target = picture_path(path)
     suffix = target.suffix.lower()
     metadata: dict[str, str | None] = (
         {"Software": None} if suffix == ".png" else {"Date": None, "Creator": None}
     )
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "k3layout"}):
-        figure.savefig(target, format=suffix[1:], dpi=PNG_DPI, metadata=metadata)
+        try:
+            figure.savefig(target, format=suffix[1:], dpi=PNG_DPI, metadata=metadata)
+        except OSError as error:  # the write itself failed: permissions, a full disk
+            raise _path_refusal(target, f"cannot be written ({error.strerror or error})") from None
     return target

@@ -18,12 +18,16 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from numpy import ma
 
+from .._args import expect, expect_sequence
+from .._validation import describe
 from ..errors import Refusal
 from ..sweep import SweepCell
 from .figure import new_figure
 
 SweepQuantity: TypeAlias = Literal["padding", "bytes_per_token"]
 """What a sweep heatmap shows."""
+
+QUANTITIES: tuple[SweepQuantity, ...] = ("padding", "bytes_per_token")
 
 _REFUSED = "#d0d0d0"
 
@@ -33,19 +37,21 @@ def sweep_grid(
 ) -> tuple[tuple[tuple[str, str], ...], tuple[int, ...], tuple[tuple[float, ...], ...]]:
     """``(rows, attn_tps, values)``: rows are the (engine, dtype) pairs in order of first
     appearance, columns the attention TPs in increasing order, ``values[r][c]`` the quantity
-    (NaN where refused or not swept)."""
-    if quantity not in ("padding", "bytes_per_token"):
+    (NaN where refused or not swept). Refuses (``invalid_argument``) another ``quantity``, and
+    ``cells`` that are not a non-empty sequence of :class:`~k3layout.sweep.SweepCell`."""
+    expect("quantity", quantity, str)
+    if quantity not in QUANTITIES:
         raise Refusal(
             "invalid_argument",
-            f"quantity={quantity!r} is not one of padding, bytes_per_token",
-            facts={"quantity": str(quantity)},
+            f"quantity={describe(quantity)} is not one of {', '.join(QUANTITIES)}",
+            facts={"quantity": quantity},
             hint="use quantity='padding' or 'bytes_per_token'",
         )
-    if not cells or not all(isinstance(cell, SweepCell) for cell in cells):
+    if not expect_sequence("cells", cells, SweepCell):
         raise Refusal(
             "invalid_argument",
-            "draw_sweep takes the non-empty result of k3layout.sweep.sweep(...)",
-            facts={"num_cells": len(cells)},
+            "cells is empty: draw_sweep takes the non-empty result of k3layout.sweep.sweep(...)",
+            facts={"num_cells": 0},
             hint="sweep at least one attention TP, dtype and engine",
         )
     rows: tuple[tuple[str, str], ...] = tuple(
@@ -81,6 +87,7 @@ def draw_sweep(
 ) -> Figure:
     """A heatmap of ``quantity`` over (engine, dtype) rows and attention TP columns, refused
     points grey with their code."""
+    expect("title", title, (str, type(None)))
     rows, tps, values = sweep_grid(cells, quantity)
     by_key = _by_key(cells)
     figure = new_figure(max(6.0, 2.4 + 0.62 * len(tps)), 1.6 + 0.5 * len(rows))

@@ -10,11 +10,12 @@ projected onto it (same names and order on every stage, possibly empty).
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Annotated, Literal, TypeAlias
+from collections.abc import Sequence
+from typing import Annotated, Literal, TypeAlias, cast
 
 from pydantic import Field, NonNegativeInt
 
-from .._args import expect, expect_int
+from .._args import expect, expect_int, expect_sequence
 from .._frozen import Frozen, trusted, trusted_maker, trusted_record
 from ..cache import LayerCacheSpec
 from ..deployment import Deployment
@@ -146,7 +147,30 @@ def project_stages(
     model: HybridModel, deployment: Deployment, groups: tuple[Group, ...]
 ) -> tuple[Stage, ...]:
     """Split the model's module layers over ``deployment.pp`` stages (vLLM's split; draft
-    layers on the last stage) and project ``groups`` onto each."""
+    layers on the last stage) and project ``groups`` onto each.
+
+    Refuses (``invalid_argument``) arguments of the wrong type and a group holding a layer the
+    model does not have; ``pp_too_deep`` and the split's other refusals."""
+    expect("model", model, HybridModel)
+    expect("deployment", deployment, Deployment)
+    checked = tuple(cast(Sequence[Group], expect_sequence("groups", groups, Group)))
+    num_layers = len(model.module_layers)
+    for index, group in enumerate(checked):
+        if group.layers and max(group.layers) >= num_layers:
+            raise Refusal(
+                "invalid_argument",
+                f"groups[{index}] ({group.name}) holds layer {max(group.layers)}, not a module "
+                f"layer of {model.name} ({num_layers} module layers)",
+                facts={"field": f"groups[{index}]", "num_module_layers": num_layers},
+                hint="project the groups of a plan of this model",
+            )
+    return projected_stages(model, deployment, checked)
+
+
+def projected_stages(
+    model: HybridModel, deployment: Deployment, groups: tuple[Group, ...]
+) -> tuple[Stage, ...]:
+    """:func:`project_stages` of arguments known good (the planner's own)."""
     bounds = pp_stage_bounds(model.num_layers, deployment.pp, deployment.pp_partition)
     if len(bounds) == 1:
         # One stage holds every module layer: each group is its own projection.

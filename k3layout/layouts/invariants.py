@@ -9,6 +9,7 @@ holds these; they state *why* it is right, and :mod:`k3layout.testing` sweeps th
 
 from __future__ import annotations
 
+from .._args import expect
 from ..constants import MLA_KERNEL_BLOCK_TOKENS, PARENT_ALIGNMENT_BYTES
 from ..placements import pp_stage_bounds
 from ..vllm_rules import smallest_kernel_block
@@ -119,7 +120,9 @@ def _parent_violations(result: ParentPlan) -> list[str]:
 def plan_invariant_violations(result: VllmPlan | ParentPlan) -> list[str]:
     """Every invariant of ``result`` that does not hold, described (``[]`` when all hold):
     groups partition the layers by kind, planes match groups, stages partition the layers and
-    project the groups, sizes positive; per engine, the block raise or the packing rules."""
+    project the groups, sizes positive; per engine, the block raise or the packing rules.
+    Refuses (``invalid_argument``) a ``result`` that is not a plan."""
+    expect("result", result, (VllmPlan, ParentPlan))
     problems = _common_violations(result)
     if isinstance(result, VllmPlan):
         return problems + _vllm_violations(result)

@@ -21,7 +21,7 @@ from ..errors import Refusal
 from ..limits import checked_bytes
 from ..model import HybridModel
 from ..sizes import RankSizes, rank_sizes
-from .groups import Group, Stage, project_stages
+from .groups import Group, Stage, projected_stages
 from .parent import ParentPlan, check_parent, group_parent, pack_parent
 from .vllm import VllmPlan, check_vllm, group_vllm, pack_vllm
 
@@ -87,7 +87,7 @@ def _run(model: HybridModel, deployment: Deployment, seams: EngineSeams[PlanT]) 
     model = seams.check(model, deployment)
     sizes = rank_sizes(model, deployment)
     groups = seams.group(model, sizes)
-    stages = project_stages(model, deployment, groups)
+    stages = projected_stages(model, deployment, groups)
     with deriving():  # the plan is its own derivation: its validator need not re-plan
         result = seams.pack(model, deployment, sizes, groups, stages)
     # plan.sizes derives exactly these from (model, deployment): keep the ones just derived

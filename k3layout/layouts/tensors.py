@@ -33,13 +33,16 @@ from typing import Literal, TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
+from .._args import expect_args
 from .._frozen import Frozen
+from .._validation import describe
 from ..cache import ElementDtype, LayerCacheSpec, element_bytes
+from ..constants import INT64_MAX
 from ..deployment import ConvLayout, EngineFlavour
 from ..errors import Refusal
 from ..offload.image import part_region_name
 from ..offload.names import LayerNames, engine_layer_names
-from .protocol import EngineLayout
+from .protocol import EngineLayout, LayoutBase
 
 PartName: TypeAlias = str
 """One tensor a layer registers: a part of its cache spec (``latent``, ``index``, ``conv``,
@@ -194,10 +197,29 @@ def _check_count(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise Refusal(
             "invalid_argument",
-            f"{name}={value!r} must be an integer >= 1",
-            facts={name: repr(value)},
+            f"{name}={describe(value)} must be an integer >= 1",
+            facts={name: describe(value)},
             hint=f"allocate at least one {name.removeprefix('num_').rstrip('s')}",
         )
+
+
+def _check_allocation_bytes(plan: EngineLayout, num_blocks: int, num_planes: int) -> None:
+    """Refuse (``size_limit``) a block count whose planes would not fit an int64 byte count
+    (what torch and the engines size a tensor with)."""
+    span = plan.plane_span_bytes(num_blocks)
+    if num_planes * span <= INT64_MAX:
+        return
+    # a plane spans fixed + num_blocks x per_block bytes in both engines
+    per_block = plan.plane_span_bytes(2) - plan.plane_span_bytes(1)
+    fixed = plan.plane_span_bytes(1) - per_block
+    bound = max((INT64_MAX // num_planes - fixed) // per_block, 0)
+    raise Refusal(
+        "size_limit",
+        f"num_blocks={describe(num_blocks)}: {num_planes} planes of that many blocks are more "
+        f"bytes than an int64 counts (at most {bound:,} blocks)",
+        facts={"field": "num_blocks", "bound": bound, "num_planes": num_planes},
+        hint=f"use num_blocks <= {bound:,}",
+    )
 
 
 def cache_spec(
@@ -216,6 +238,11 @@ def cache_spec(
     >>> [(p.part, p.shape, p.offset_bytes) for p in spec.layer("model.layers.0.self_attn").parts]
     [('conv', (4, 5, 4608), 0), ('recurrent', (4, 12, 128, 128), 46080)]
     """
+    expect_args(
+        ("plan", plan, LayoutBase),
+        ("stage", stage, int),
+        ("names", names, (LayerNames, type(None))),
+    )
     _check_count("num_blocks", num_blocks)
     if plan.deployment.kv_cache_layout != "LBNHC":
         # One tensor per plane is layer-outermost by construction.
@@ -229,6 +256,7 @@ def cache_spec(
     names = names or engine_layer_names(plan.model)
     names.check_covers(plan.model)
     held = plan.stage(stage)
+    _check_allocation_bytes(plan, num_blocks, held.num_planes)
     layers: list[LayerSpec] = []
     for group in held.groups:
         spec = plan.group_spec(group)

@@ -24,14 +24,16 @@ from pydantic import PositiveInt, model_validator
 from .._args import expect_args, expect_int
 from .._derivation import SelfChecked, is_deriving
 from .._frozen import trusted
-from ..constants import VLLM_GROUP_SIZE_RATIO
+from .._validation import describe
+from ..constants import MAX_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
 from ..deployment import Deployment
 from ..errors import Refusal
-from ..limits import checked_bytes
+from ..limits import check_bound, checked_bytes
 from ..model import HybridModel
 from ..placements import Interleave, pp_stage_bounds
 from ..sizes import RankSizes
 from ..vllm_rules import (
+    ATTENTION_BACKENDS,
     AttentionBackend,
     aligned_block_tokens,
     check_block_supported,
@@ -309,7 +311,24 @@ def block_tokens_for(
 
     >>> 128 * math.ceil(832_512 / (128 * 576))  # K3 tp 8, fp8, 2 spec tokens
     1536
+
+    Refuses (``invalid_argument``) arguments of the wrong type, a ``requested`` block below 1
+    or a ``backend`` vLLM does not have; (``size_limit``) a block above ``MAX_BLOCK_TOKENS``.
     """
+    expect_args(
+        ("sizes", sizes, RankSizes),
+        ("requested", requested, (int, type(None))),
+        ("backend", backend, str),
+    )
+    if requested is not None:
+        check_bound("requested", requested, MAX_BLOCK_TOKENS, why="a block in tokens")
+    if backend not in ATTENTION_BACKENDS:
+        raise Refusal(
+            "invalid_argument",
+            f"backend={describe(backend)} is not one of vLLM's MLA backends",
+            facts={"field": "backend", "allowed": ATTENTION_BACKENDS},
+            hint=f"use one of {', '.join(ATTENTION_BACKENDS)}",
+        )
     state = 0 if sizes.state is None else sizes.state_bytes
     return aligned_block_tokens(backend, requested, state, sizes.attention_bytes_per_token)
 

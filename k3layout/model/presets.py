@@ -10,7 +10,10 @@ from collections.abc import Callable
 from typing import Final
 
 from .._args import expect_args
+from .._validation import describe
+from ..constants import MAX_MODULE_LAYERS
 from ..errors import Refusal
+from ..limits import check_bound
 from .layers import KDALayer, Layer, MLALayer
 from .spec import HybridModel
 
@@ -24,7 +27,19 @@ def is_kimi_mla_layer(layer: int, num_layers: int) -> bool:
 
 
 def kimi_layer_pattern(num_layers: int, mla: MLALayer, kda: KDALayer) -> tuple[Layer, ...]:
-    """Kimi's 3:1 hybrid pattern: MLA at every 4th layer (0-based 3, 7, ...) and at the last."""
+    """Kimi's 3:1 hybrid pattern: MLA at every 4th layer (0-based 3, 7, ...) and at the last.
+
+    Refuses (``invalid_argument``) arguments of the wrong type or ``num_layers`` below 1,
+    (``size_limit``) more than ``MAX_MODULE_LAYERS`` layers."""
+    expect_args(("num_layers", num_layers, int), ("mla", mla, MLALayer), ("kda", kda, KDALayer))
+    if num_layers < 1:
+        raise Refusal(
+            "invalid_argument",
+            f"num_layers={describe(num_layers)} must be >= 1",
+            facts={"field": "num_layers"},
+            hint="pass num_layers >= 1",
+        )
+    check_bound("num_layers", num_layers, MAX_MODULE_LAYERS, why="a model's layers")
     return tuple(mla if is_kimi_mla_layer(i, num_layers) else kda for i in range(num_layers))
 
 

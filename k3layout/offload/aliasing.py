@@ -24,7 +24,7 @@ from typing import Literal, TypeAlias
 
 from pydantic import NonNegativeInt
 
-from .._args import expect_args, expect_bounded_int, expect_items
+from .._args import expect_args, expect_bounded_int, expect_items, expect_mapping
 from .._frozen import Frozen
 from ..constants import MAX_RANKS
 from ..errors import Refusal
@@ -93,8 +93,29 @@ def aliasing_problems(
 
     ``published`` is the engine's order of attention layer names (PAGE plane ``p`` is
     ``published[p]``). Refuses ``layer_names`` for names that do not match the stage and
-    ``aliasing`` for an attention plane whose block stride is not the page.
+    ``aliasing`` for an attention plane whose block stride is not the page, and
+    (``invalid_argument``) arguments of the wrong type.
     """
+    _check_arguments(plan, views, published, stage, names)
+    return _problems(plan, views, published, stage, names)
+
+
+def _check_arguments(
+    plan: object, views: object, published: object, stage: object, names: object
+) -> None:
+    expect_args(("plan", plan, (LayoutBase,)), ("names", names, (LayerNames, type(None))))
+    expect_mapping("views", views, str, TensorView)
+    expect_bounded_int("stage", stage, MAX_RANKS)
+    expect_items("published", published, str)
+
+
+def _problems(
+    plan: EngineLayout,
+    views: Mapping[str, TensorView],
+    published: Sequence[str],
+    stage: int,
+    names: LayerNames | None,
+) -> tuple[Misplaced, ...]:
     plan = ridable(plan)
     names = names or engine_layer_names(plan.model)
     names.check_covers(plan.model)
@@ -181,14 +202,8 @@ def check_aliasing(
     """Refuse (``aliasing``) a layout in which some KDA layer ``j`` does not start at published
     plane ``j`` with the page as stride; the message names the first such layer (group, layer,
     plane found, plane expected) and the layers that start outside the image."""
-    expect_args(
-        ("plan", plan, (LayoutBase,)),
-        ("views", views, Mapping),
-        ("names", names, (LayerNames, type(None))),
-    )
-    expect_bounded_int("stage", stage, MAX_RANKS)
-    expect_items("published", published, str)
-    problems = aliasing_problems(plan, views, published, stage=stage, names=names)
+    _check_arguments(plan, views, published, stage, names)
+    problems = _problems(plan, views, published, stage, names)
     if not problems:
         return
     plan = ridable(plan)

@@ -245,7 +245,9 @@ def part_region_name(attention_layer: str, part: str, first: bool) -> str:
 
 def page_regions(plan: EngineLayout, order: PlaneOrder) -> tuple[PageRegion, ...]:
     """The PAGE object's regions in publish order: every part of each attention layer's page
-    (K3: its latent, one region per layer; a DSA model: the latent, then the index rows)."""
+    (K3: its latent, one region per layer; a DSA model: the latent, then the index rows).
+    Refuses (``invalid_argument``) a ``plan`` or ``order`` of the wrong type."""
+    expect_args(("plan", plan, (LayoutBase,)), ("order", order, PlaneOrder))
     return _regions(plan, order.planes)
 
 

@@ -28,11 +28,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal, TypeAlias, cast
 
 from pydantic import model_validator
 
-from .._args import expect, expect_args
+from .._args import expect, expect_args, expect_sequence
 from .._frozen import Frozen, trusted
 from ..errors import Refusal
 from ..model import HybridModel
@@ -207,10 +207,26 @@ def _names_of(rule: NamingRule, target: int, total: int, attention: tuple[int, .
 
 
 def index_region_name(attention_name: str) -> str:
-    """The name of an attention layer's DSA index region."""
+    """The name of an attention layer's DSA index region; refuses (``invalid_argument``) an
+    ``attention_name`` that is not a non-empty ``str``."""
+    if type(attention_name) is not str or not attention_name:
+        expect("attention_name", attention_name, str)
+        if not attention_name:
+            raise Refusal(
+                "invalid_argument",
+                "attention_name is empty: an attention layer's name is not",
+                facts={"field": "attention_name"},
+                hint="pass the name the engine registered the attention layer under",
+            )
     return attention_name + INDEX_REGION_SUFFIX
 
 
 def name_order(names: Sequence[str]) -> tuple[str, ...]:
-    """``names`` in name order, as an engine publishing by name would list them."""
+    """``names`` in name order, as an engine publishing by name would list them; refuses
+    (``invalid_argument``) ``names`` that are not a sequence of ``str``."""
+    return sorted_names(cast(Sequence[str], expect_sequence("names", names, str)))
+
+
+def sorted_names(names: Sequence[str]) -> tuple[str, ...]:
+    """:func:`name_order` of names known to be strings."""
     return tuple(sorted(names))

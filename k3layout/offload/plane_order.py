@@ -26,13 +26,13 @@ from functools import lru_cache
 
 from pydantic import NonNegativeInt, model_validator
 
-from .._args import expect_args, expect_bounded_int, expect_items
+from .._args import expect_args, expect_bounded_int, expect_items, expect_mapping
 from .._derivation import SelfChecked, is_deriving, mismatch
 from .._frozen import Frozen, trusted
 from ..constants import MAX_RANKS
 from ..errors import Refusal
 from ..layouts import EngineLayout, GroupKind, LayoutBase, PlaneMember, Stage
-from .names import LayerNames, engine_layer_names, name_order
+from .names import LayerNames, engine_layer_names, sorted_names
 from .stage import image_attention_layers, ridable
 from .views import TensorView, views_of
 
@@ -301,8 +301,9 @@ def plane_order(
     expect_args(
         ("plan", plan, (LayoutBase,)),
         ("names", names, (LayerNames, type(None))),
-        ("views", views, (Mapping, type(None))),
     )
+    if views is not None:
+        expect_mapping("views", views, str, TensorView)
     expect_bounded_int("stage", stage, MAX_RANKS)
     expect_items("published", published, str, optional=True)
     plan = ridable(plan)
@@ -310,7 +311,7 @@ def plane_order(
     names.check_covers(plan.model)
     on_stage = plan.stage(stage)
     registered = stage_attention_names(on_stage, names)
-    given = name_order(registered) if published is None else tuple(published)
+    given = sorted_names(registered) if published is None else tuple(published)
     check_permutation(given, registered, stage)
     every_name = names.names  # covers every module layer (checked above)
     aliased = tuple(every_name[layer] for layer in image_attention_layers(on_stage))

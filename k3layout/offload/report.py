@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from .._args import expect_args
 from .._frozen import Frozen
 from .image import StateRange
 from .plane_order import PlaneShare
@@ -52,6 +53,7 @@ class RideReport(Frozen):
 
 def ride_report(ride: RidePlan, hit_tokens: int | None = None) -> RideReport:
     """Every number of ``ride`` under its JSON name; with ``hit_tokens``, that hit capped."""
+    expect_args(("ride", ride, RidePlan), ("hit_tokens", hit_tokens, (int, type(None))))
     image = ride.image
     hit = None
     if hit_tokens is not None:

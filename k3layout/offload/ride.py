@@ -25,12 +25,14 @@ from typing import Final, Literal, TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt, model_validator
 
-from .._args import expect_args, expect_bounded_int, expect_items
+from .._args import expect, expect_args, expect_bounded_int, expect_int, expect_items
 from .._derivation import SelfChecked, check_derivation, deriving, is_deriving
 from .._frozen import Frozen, trusted
+from .._validation import describe
 from ..constants import MAX_RANKS
 from ..errors import Refusal
 from ..layouts import EngineLayout, GroupKind, LayoutBase, Plan
+from ..limits import check_int64
 from ..model import HybridModel
 from .image import CheckpointImage, image_of_order
 from .names import LayerNames, engine_layer_names
@@ -179,17 +181,19 @@ class RidePlan(SelfChecked):
 
 
 def _check_tokens(name: str, tokens: int) -> None:
-    if tokens < 0:
+    if expect_int(name, tokens) < 0:
         raise Refusal(
             "invalid_argument",
-            f"{name}={tokens} must be >= 0",
+            f"{name}={describe(tokens)} must be >= 0",
             facts={name: tokens},
             hint=f"pass a token count for {name}",
         )
+    check_int64(name, tokens)
 
 
 def check_ridable(model: HybridModel) -> None:
     """Refuse (``model_not_ridable``) a model without KDA state or other than Kimi-K3."""
+    expect("model", model, HybridModel)
     if not model.kda_layer_ids:
         raise Refusal(
             "model_not_ridable",
@@ -214,6 +218,7 @@ def check_ridable(model: HybridModel) -> None:
 
 def check_options(options: RideOptions) -> None:
     """Refuse engine settings the ride cannot run under (mode, prefix caching, policy)."""
+    expect("options", options, RideOptions)
     if options.mamba_cache_mode != "align":
         raise Refusal(
             "mamba_cache_mode",

@@ -27,13 +27,16 @@ import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import cast
 
 import torch
 
+from .._args import expect, expect_args, expect_sequence
 from ..errors import Refusal
 from ..offload import checkpoint_image
 from ..offload.stage import num_image_planes, ridable
-from .allocation import Registered, parts_of, plane_view
+from ._checks import expect_registered, registered_parts
+from .allocation import Registered, _plane_view
 from .copies import PageRows, page_rows, stacked_planes
 from .live import LiveLayout
 from .tables import BlockTables, boundary_row
@@ -48,6 +51,16 @@ class PageUnits:
     blocks: tuple[int, ...]
 
     def __post_init__(self) -> None:
+        expect_sequence("planes", self.planes, torch.Tensor)
+        expect_sequence("blocks", self.blocks, object)
+        sparse = next((p for p in self.planes if p.layout != torch.strided), None)
+        if sparse is not None:
+            raise Refusal(
+                "tensor_mismatch",
+                f"page units need strided planes, got a {sparse.layout} one",
+                facts={"field": "planes", "layout": str(sparse.layout)},
+                hint="take the planes with plane_view",
+            )
         shapes = {tuple(plane.shape) for plane in self.planes}
         if len(shapes) != 1 or any(p.dtype != torch.uint8 or p.dim() != 2 for p in self.planes):
             raise Refusal(
@@ -78,6 +91,8 @@ class PageUnits:
                     },
                     hint=f"use block ids in [0, {num_blocks})",
                 )
+        for j, plane in enumerate(self.planes):
+            _check_writable(f"planes[{j}]", plane)
         _check_distinct(self.blocks)
 
     @property
@@ -184,9 +199,17 @@ def _publish_order(layout: LiveLayout) -> tuple[str, ...]:
 def _published_planes(layout: LiveLayout, registered: Registered) -> tuple[torch.Tensor, ...]:
     spec = layout.spec
     return tuple(
-        plane_view(parts_of(registered[name])[0], spec.num_blocks, spec.page_bytes)
+        _plane_view(registered_parts(registered, name)[0], spec.num_blocks, spec.page_bytes)
         for name in _publish_order(layout)
     )
+
+
+def _check_units_args(layout: object, registered: object, blocks: object) -> Sequence[int]:
+    """The arguments :func:`image_units` and :func:`kv_units` take, checked; ``blocks``
+    returned (its items are checked as the units' blocks)."""
+    expect("layout", layout, LiveLayout)
+    expect_registered("registered", registered)
+    return cast(Sequence[int], expect_sequence("blocks", blocks, object))
 
 
 def image_units(layout: LiveLayout, registered: Registered, blocks: Sequence[int]) -> PageUnits:
@@ -201,6 +224,7 @@ def image_units(layout: LiveLayout, registered: Registered, blocks: Sequence[int
     >>> units.num_bytes, units.page(1, 0).data_ptr() == cache.planes[0][1].data_ptr()
     (61046784, True)
     """
+    blocks = _check_units_args(layout, registered, blocks)
     _publish_order(layout)  # the same refusal as the KV's on a stage that cannot ride
     image = checkpoint_image(layout.plan, stage=layout.spec.stage, names=layout.names)
     if len(blocks) != image.num_units:
@@ -219,6 +243,7 @@ def boundary_blocks(
 ) -> tuple[int, ...]:
     """Each KDA group's block holding the state after ``computed_tokens`` (a block multiple):
     row ``(n - 1) // block`` of its table, in the image's unit order."""
+    expect_args(("layout", layout, LiveLayout), ("tables", tables, BlockTables))
     row = boundary_row(layout.plan, computed_tokens)
     groups = ridable(layout.plan).groups_of("kda", layout.spec.stage)
     return tuple(tables.block(group.name, row) for group in groups)
@@ -226,16 +251,19 @@ def boundary_blocks(
 
 def kv_units(layout: LiveLayout, registered: Registered, blocks: Sequence[int]) -> PageUnits:
     """The KV pages of attention ``blocks`` on every published plane (a view per page)."""
+    blocks = _check_units_args(layout, registered, blocks)
     return PageUnits(planes=_published_planes(layout, registered), blocks=tuple(blocks))
 
 
 def pack_units(units: PageUnits, out: torch.Tensor | None = None) -> torch.Tensor:
     """Copy ``units`` into one contiguous ``uint8`` buffer (``out`` or a new one, on the CPU;
     ``meta`` for ``meta`` units), unit by unit, plane by plane: the tier's bytes."""
+    expect_args(("units", units, PageUnits), ("out", out, (torch.Tensor, type(None))))
     if out is None:
         device = "meta" if units.is_meta else "cpu"
         out = torch.empty(units.num_bytes, dtype=torch.uint8, device=device)
     _check_tier(out, units)
+    _check_writable("out", out)
     if _dry_run(source_meta=units.is_meta, target_meta=out.device.type == "meta", what="pack"):
         return out
     rows = units.rows
@@ -252,6 +280,7 @@ def pack_units(units: PageUnits, out: torch.Tensor | None = None) -> torch.Tenso
 def restore_units(tier: torch.Tensor, units: PageUnits) -> None:
     """Write a packed ``tier`` back into ``units`` (other blocks, another cache): byte-exact.
     Into ``meta`` units it is a dry run: the sizes are checked, nothing is copied."""
+    expect_args(("tier", tier, torch.Tensor), ("units", units, PageUnits))
     _check_tier(tier, units)
     if _dry_run(source_meta=tier.device.type == "meta", target_meta=units.is_meta, what="restore"):
         return
@@ -290,15 +319,13 @@ def _dry_run(*, source_meta: bool, target_meta: bool, what: str) -> bool:
     return target_meta
 
 
-def _check_tier(tier: object, units: PageUnits) -> None:
-    if not isinstance(tier, torch.Tensor):
-        raise Refusal(
-            "tensor_mismatch",
-            f"a tier is a uint8 tensor, got {type(tier).__name__}",
-            facts={"type": type(tier).__name__, "expected_bytes": units.num_bytes},
-            hint="pack into torch.empty(units.num_bytes, dtype=torch.uint8)",
-        )
-    if tier.dtype != torch.uint8 or tier.dim() != 1 or tier.numel() != units.num_bytes:
+def _check_tier(tier: torch.Tensor, units: PageUnits) -> None:
+    if (
+        tier.dtype != torch.uint8
+        or tier.layout != torch.strided
+        or tier.dim() != 1
+        or tier.numel() != units.num_bytes
+    ):
         raise Refusal(
             "tensor_mismatch",
             f"a tier for {units.num_units} units x {units.num_planes} planes x "
@@ -310,4 +337,19 @@ def _check_tier(tier: object, units: PageUnits) -> None:
                 "expected_bytes": units.num_bytes,
             },
             hint="pack into torch.empty(units.num_bytes, dtype=torch.uint8)",
+        )
+
+
+def _check_writable(name: str, tensor: torch.Tensor) -> None:
+    """Refuse (``tensor_mismatch``) a target whose elements share bytes (a zero stride, as
+    ``expand`` makes): a copy into it would write one byte many times."""
+    if any(
+        size > 1 and stride == 0 for size, stride in zip(tensor.shape, tensor.stride(), strict=True)
+    ):
+        raise Refusal(
+            "tensor_mismatch",
+            f"{name} has a zero stride (strides {list(tensor.stride())}): its elements share "
+            "bytes, so it cannot be written",
+            facts={"field": name, "strides": tuple(tensor.stride())},
+            hint=f"pass {name} with bytes of its own (clone an expanded tensor)",
         )

@@ -29,13 +29,15 @@ from typing import Literal
 import torch
 from pydantic import NonNegativeInt
 
+from .._args import expect_args, expect_sequence
 from .._frozen import Frozen
 from ..engines.vllm_caches import check_bound_views
 from ..errors import Fact, Refusal
-from ..layouts import EngineLayout, Plan, VllmPlan, vllm_bound_views
+from ..layouts import EngineLayout, LayoutBase, Plan, VllmPlan, vllm_bound_views
 from ..offload import LayerNames, TensorView, check_aliasing, engine_layer_names, plane_order
 from ..offload.stage import num_image_planes, ridable
-from .allocation import TORCH_DTYPES, Registered, cut, parts_of, plane_view
+from ._checks import expect_registered, tensor_parts
+from .allocation import TORCH_DTYPES, Registered, _cut, _plane_view
 from .specs import CacheSpec, LayerSpec, PartSpec, cache_spec
 
 
@@ -71,13 +73,25 @@ def tensor_view(value: torch.Tensor | Sequence[torch.Tensor]) -> TensorView:
     >>> tensor_view(torch.zeros(3, 4, dtype=torch.float32)).block_stride_bytes
     16
     """
-    first = value if isinstance(value, torch.Tensor) else value[0]
+    return _tensor_view(tensor_parts("value", value))
+
+
+def _tensor_view(parts: tuple[torch.Tensor, ...]) -> TensorView:
+    """:func:`tensor_view` of a registered value's parts (at least one)."""
+    first = parts[0]
     if first.dim() == 0:
         raise Refusal(
             "tensor_mismatch",
             "a registered cache tensor has no block axis (a 0-d tensor)",
             facts={"shape": ()},
             hint="register num_blocks x ... views",
+        )
+    if first.layout != torch.strided:
+        raise Refusal(
+            "tensor_mismatch",
+            f"a registered cache tensor is {first.layout}, not a strided view of cache memory",
+            facts={"layout": str(first.layout)},
+            hint="register num_blocks x ... strided views of the cache",
         )
     stride = first.stride(0) * first.element_size()
     return TensorView(
@@ -147,25 +161,27 @@ def _from_vllm_binding(
 def _cut_parts(spec: CacheSpec, layer: LayerSpec, view: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The plan's parts of ``layer`` cut from the one view an engine bound (starting at the
     layer's page of block 0), as the layer itself slices it."""
-    plane = plane_view(view, spec.num_blocks, spec.page_bytes)
-    return tuple(cut(plane, part) for part in layer.parts)
+    plane = _plane_view(view, spec.num_blocks, spec.page_bytes)
+    return tuple(_cut(plane, part) for part in layer.parts)
 
 
 def layer_parts(layout: LiveLayout, registered: Registered, name: str) -> tuple[torch.Tensor, ...]:
     """The parts (``conv``, ``recurrent``; ``latent``) of the layer registered as ``name``,
     whichever way it was registered: the adapter's parts as they are, or the plan's parts cut
     from the one view vLLM binds (a raw KDA page, MLA kernel blocks)."""
+    expect_args(("layout", layout, LiveLayout), ("name", name, str))
+    held = expect_registered("registered", registered)
     layer = layout.spec.layer(name)
-    if name not in registered:
+    if name not in held:
         raise Refusal(
             "layer_names",
             f"{name!r} is a layer of the layout but not of the registered tensors",
             facts={"name": name},
             hint="pass the registration the layout was validated on",
         )
-    value = registered[name]
+    value = held[name]
     if not isinstance(value, torch.Tensor):
-        return parts_of(value)  # the parts themselves
+        return tensor_parts(f"registered[{name!r}]", value)  # the parts themselves
     if len(layer.parts) == 1 and tuple(value.shape) == layer.parts[0].shape:
         return (value,)  # the one part itself
     return _cut_parts(layout.spec, layer, value)
@@ -273,6 +289,15 @@ def _parts(layer: LayerSpec, value: object) -> tuple[torch.Tensor, ...]:
             f"registered a {type(value).__name__}, not tensors",
             "register a tensor, or a KDA layer's (conv_q, conv_k, conv_v, recurrent)",
             type=type(value).__name__,
+        )
+    dense = next((p for p in parts if p.layout != torch.strided), None)
+    if dense is not None:
+        raise _refuse(
+            "tensor_mismatch",
+            layer,
+            f"registered a {dense.layout} tensor, not a strided view of cache memory",
+            "register strided views cut from the cache's planes",
+            layout=str(dense.layout),
         )
     if len(parts) != len(layer.parts):
         raise _refuse(
@@ -435,6 +460,14 @@ def validate(
     >>> live.spec.num_blocks, live.published[:2], len(live.published)
     (1, ('model.layers.3.self_attn.attn', 'model.layers.7.self_attn.attn'), 29)
     """
+    expect_args(
+        ("plan", plan, LayoutBase),
+        ("stage", stage, int),
+        ("names", names, (LayerNames, type(None))),
+    )
+    expect_sequence("published", published, str, optional=True)
+    for i, group in enumerate(expect_sequence("groups", groups, Sequence, optional=True)):
+        expect_sequence(f"groups[{i}]", group, str)
     _check_keys(registered)
     if names is None and isinstance(plan, VllmPlan) and _binds_as_vllm(plan, registered, stage):
         names, registered = _from_vllm_binding(plan, registered, stage)
@@ -451,7 +484,9 @@ def validate(
     bases = _plane_bases(spec, parts)
     _check_addresses(spec, parts, bases)
     views = {
-        layer.name: tensor_view(parts[layer.name]) for layer in spec.layers if layer.kind != "index"
+        layer.name: _tensor_view(parts[layer.name])
+        for layer in spec.layers
+        if layer.kind != "index"
     }
     order: tuple[str, ...] = ()
     if published is not None or (plan.state_rides_pages and _publishes(plan, stage)):

@@ -26,14 +26,24 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 import torch
 
+from .._args import expect, expect_args, expect_sequence
 from ..cache import PartRange
 from ..errors import Refusal
 from ..layouts import Group
 from ..transfer import Region, RegionKey, Segment, TransferPlan
-from .allocation import Registered, parts_of, plane_view
+from ._checks import (
+    expect_bytes,
+    expect_region_key,
+    expect_region_map,
+    expect_registered,
+    refuse_meta_source,
+    registered_parts,
+)
+from .allocation import Registered, _plane_view
 from .copies import Chunks, Cut, Run, cuts, execute, repeated
 from .live import LiveLayout
 from .tables import BlockTables, boundary_row
@@ -84,8 +94,18 @@ def _held(tier: Tier, region: Region) -> tuple[Group, int, PartRange]:
         raise _unsupported(region.field, region.layer)
     # the position in the stage's group: the tier's image holds this stage's layers only
     group, position = plan.group_of(region.layer, layout.spec.stage)
-    if region.field not in plan.group_spec(group).part_names:
+    spec = plan.group_spec(group)
+    if region.field not in spec.part_names:
         raise _unsupported(region.field, region.layer)
+    kind = "page" if spec.paging == "token" else "slot"
+    if region.kind != kind:
+        raise Refusal(
+            "tensor_mismatch",
+            f"region {region.field} of layer {region.layer} is a {region.kind} region; the "
+            f"layer's cache holds it as a {kind}",
+            facts={"field": region.field, "layer": region.layer, "kind": region.kind},
+            hint="read the regions the transfer plan gives the producer (producer_regions)",
+        )
     inner = plan.part_range(region.layer, region.field)
     held = (
         tier.computed_tokens * inner.size_bytes // plan.tokens_per_page(group)
@@ -111,8 +131,9 @@ def _held(tier: Tier, region: Region) -> tuple[Group, int, PartRange]:
 def tier_regions(tier: Tier, regions: Sequence[Region]) -> dict[RegionKey, torch.Tensor]:
     """A producer rank's ``regions`` (``transfer.producer_regions(rank)``) read from its tier,
     each a contiguous ``uint8`` buffer of the region's size."""
+    expect("tier", tier, Tier)
     out: dict[RegionKey, torch.Tensor] = {}
-    for region in regions:
+    for region in cast(Sequence[Region], expect_sequence("regions", regions, Region)):
         group, position, inner = _held(tier, region)
         if region.kind == "page":
             rows = _rows(tier.kv, tier.layout, region, tier.computed_tokens)
@@ -144,11 +165,15 @@ def apply_segments(
 ) -> list[dict[RegionKey, torch.Tensor]]:
     """Every consumer rank's regions, filled by the plan's copies from ``sources`` (one
     mapping per producer rank, from :func:`tier_regions`)."""
-    if len(sources) != transfer.num_producers:
+    expect("transfer", transfer, TransferPlan)
+    given = [
+        expect_region_map(f"sources[{i}]", s) for i, s in enumerate(_items("sources", sources))
+    ]
+    if len(given) != transfer.num_producers:
         raise Refusal(
             "invalid_argument",
-            f"the transfer has {transfer.num_producers} producer ranks, got {len(sources)} sources",
-            facts={"num_producers": transfer.num_producers, "num_sources": len(sources)},
+            f"the transfer has {transfer.num_producers} producer ranks, got {len(given)} sources",
+            facts={"num_producers": transfer.num_producers, "num_sources": len(given)},
             hint="pass one region mapping per producer rank",
         )
     # a transfer plan tiles every consumer region exactly (transfer_violations): no zero-fill
@@ -160,12 +185,42 @@ def apply_segments(
         for segment in pair.segments:
             shape = (segment.num_copies, segment.length_bytes)
             for region in segment.regions:  # the same copies in each of the segment's layers
-                source = sources[pair.producer][region]
+                source = _source(given, pair.producer, region)
                 target = targets[pair.consumer][region]
                 _strided(target, segment.dst_offset_bytes, segment.dst_stride_bytes, shape).copy_(
                     _strided(source, segment.src_offset_bytes, segment.src_stride_bytes, shape)
                 )
     return targets
+
+
+def _items(name: str, value: object) -> Sequence[object]:
+    """``value`` if it is a sequence (not a ``str``); else refused, naming ``name``."""
+    return expect_sequence(name, value, object)
+
+
+def _source(
+    sources: Sequence[Mapping[RegionKey, object]], producer: int, key: RegionKey
+) -> torch.Tensor:
+    """Producer ``producer``'s buffer of region ``key``: refused where it is missing
+    (``tensor_mismatch``) or not a contiguous ``uint8`` CPU buffer."""
+    found = sources[producer].get(key)
+    name = f"sources[{producer}][{key!r}]"
+    if found is None:
+        raise Refusal(
+            "tensor_mismatch",
+            f"sources[{producer}] has no region {key!r}, which the transfer copies from",
+            facts={"field": "sources", "producer": producer, "region": repr(key)},
+            hint="pass every region of the producer, as tier_regions reads them",
+        )
+    data = expect_bytes(name, found)
+    if data.device.type != "cpu":
+        raise Refusal(
+            "tensor_mismatch",
+            f"{name} is on {data.device}; the consumer regions are built on the CPU",
+            facts={"field": "sources", "device": str(data.device)},
+            hint="pass the producers' regions on the CPU, as tier_regions reads a CPU tier",
+        )
+    return data
 
 
 def write_regions(
@@ -179,12 +234,20 @@ def write_regions(
 ) -> None:
     """Put a consumer rank's ``regions`` into its blocks: attention rows through the attention
     table, state parts into the boundary row of each KDA group."""
+    expect_args(
+        ("layout", layout, LiveLayout),
+        ("tables", tables, BlockTables),
+        ("transfer", transfer, (TransferPlan, type(None))),
+    )
+    held = expect_registered("registered", registered)
+    given = expect_region_map("regions", regions)
     plan = layout.plan
     if transfer is not None:
         _check_conv_layout(transfer, layout, "consumer")
     row = boundary_row(plan, computed_tokens)
     spec = layout.spec
-    for (field, layer), data in regions.items():
+    for key, value in given.items():
+        field, layer = expect_region_key("regions", key)
         if layer is None:
             raise _unsupported(field, layer)
         group, _ = plan.group_of(layer)
@@ -192,13 +255,37 @@ def write_regions(
             raise _unsupported(field, layer)
         name = layout.names.name(layer)
         owner = spec.layer(name)
-        plane = plane_view(parts_of(registered[name])[0], spec.num_blocks, spec.page_bytes)
+        tensor = registered_parts(held, name)[0]
+        plane = _plane_view(tensor, spec.num_blocks, spec.page_bytes)
         inner = plan.part_range(layer, field)
-        if plan.group_spec(group).paging == "token":
-            _write_rows(plane, data, tables.table(owner.group), inner, plan.tokens_per_page(group))
+        token = plan.group_spec(group).paging == "token"
+        data = expect_bytes(f"regions[{key!r}]", value, size=None if token else inner.size_bytes)
+        refuse_meta_source(f"regions[{key!r}]", data, plane)
+        if token:
+            table = _in_cache(owner.group, tables.table(owner.group), spec.num_blocks)
+            _write_rows(plane, data, table, inner, plan.tokens_per_page(group))
             continue
-        page = plane[tables.block(owner.group, row)]
-        page[inner.offset_bytes : inner.offset_bytes + data.numel()].copy_(data)
+        (block,) = _in_cache(owner.group, (tables.block(owner.group, row),), spec.num_blocks)
+        plane[block, inner.offset_bytes : inner.end_bytes].copy_(data)
+
+
+def _in_cache(group: str, blocks: tuple[int, ...], num_blocks: int) -> tuple[int, ...]:
+    """``blocks`` of ``group``'s table, refused (``invalid_argument``) where one is not a
+    block of the cache (``num_blocks`` blocks)."""
+    outside = next((block for block in blocks if block >= num_blocks), None)
+    if outside is not None:
+        raise Refusal(
+            "invalid_argument",
+            f"tables: group {group} names block {outside}, beyond the cache's {num_blocks} blocks",
+            facts={
+                "field": "tables",
+                "group": group,
+                "block_id": outside,
+                "num_blocks": num_blocks,
+            },
+            hint=f"give the request blocks of its cache (ids below {num_blocks})",
+        )
+    return blocks
 
 
 def _write_rows(
@@ -211,6 +298,13 @@ def _write_rows(
     """One part's rows into their blocks' pages: local row ``i`` in table row
     ``i // tokens`` at slot ``i % tokens`` of the part's range."""
     row_bytes = inner.size_bytes // tokens
+    if data.numel() % row_bytes:
+        raise Refusal(
+            "tensor_mismatch",
+            f"a region of {data.numel()} B is not a whole number of {row_bytes} B rows",
+            facts={"region_bytes": data.numel(), "row_bytes": row_bytes},
+            hint="pass a consumer region of whole rows, as apply_segments fills them",
+        )
     rows = data.view(-1, row_bytes)
     for table_row, start in enumerate(range(0, rows.shape[0], tokens)):
         chunk = rows[start : start + tokens]
@@ -240,6 +334,9 @@ def restore_across_tp(
     (and every refusal raised) before the first byte moves; each then goes straight from a
     tier to a consumer's pages.
     """
+    expect("transfer", transfer, TransferPlan)
+    tiers = cast(Sequence[Tier], expect_sequence("tiers", tiers, Tier))
+    consumers = [_consumer(i, c) for i, c in enumerate(_items("consumers", consumers))]
     _check_ranks(transfer, tiers, consumers)
     for tier in tiers:
         _check_side(transfer, tier.layout, "producer")
@@ -256,6 +353,13 @@ def restore_across_tp(
             )
     for layout, _, _ in consumers:
         _check_side(transfer, layout, "consumer")
+    if any(t.kv.device.type == "meta" or t.image.device.type == "meta" for t in tiers):
+        raise Refusal(
+            "tensor_mismatch",
+            "tiers: a meta tier holds no bytes to restore",
+            facts={"field": "tiers", "device": "meta"},
+            hint="restore from tiers stored from real memory (meta only checks sizes)",
+        )
     shared = _Shared()
     sources = [_Producer(tier, shared) for tier in tiers]
     targets = [_Consumer(*consumer, transfer.prompt_tokens, shared) for consumer in consumers]
@@ -267,6 +371,22 @@ def restore_across_tp(
             for run in _segment_runs(segment, sources[pair.producer], targets[pair.consumer])
         ]
     )
+
+
+def _consumer(index: int, value: object) -> tuple[LiveLayout, Registered, BlockTables]:
+    """``consumers[index]``: a ``(layout, registered, tables)`` triple, else refused."""
+    name = f"consumers[{index}]"
+    if not isinstance(value, (tuple, list)) or len(value) != 3:
+        raise Refusal(
+            "invalid_argument",
+            f"{name} must be a (layout, registered, tables) triple, got {type(value).__name__}",
+            facts={"field": name, "got": type(value).__name__},
+            hint="pass (LiveLayout, registered tensors, BlockTables) per consumer rank",
+        )
+    layout, registered, tables = value
+    expect_args((f"{name}[0]", layout, LiveLayout), (f"{name}[2]", tables, BlockTables))
+    expect_registered(f"{name}[1]", registered)
+    return layout, registered, tables
 
 
 def _segment_runs(segment: Segment, source: _Side, target: _Side) -> Iterator[Run]:
@@ -538,7 +658,9 @@ class _Consumer(_Side):
         found = self.planes.get(name)
         if found is not None:
             return found
-        tensor = parts_of(self.registered[name])[0]
+        tensor = registered_parts(self.registered, name)[0]
+        if tensor.layout != torch.strided:
+            _plane_view(tensor, 1, 1)  # refuses, naming the layout
         storage = tensor.untyped_storage()
         # meta storages all start at 0: one view per layer there (nothing is copied)
         meta = tensor.device.type == "meta"
@@ -551,7 +673,7 @@ class _Consumer(_Side):
         spec = self.layout.spec
         start = tensor.data_ptr() - storage.data_ptr()
         if start + spec.num_blocks * spec.page_bytes > storage.nbytes():
-            plane_view(tensor, spec.num_blocks, spec.page_bytes)  # refuses, with the facts
+            _plane_view(tensor, spec.num_blocks, spec.page_bytes)  # refuses, with the facts
         found = self.planes[name] = (backing, start)
         return found
 
@@ -564,7 +686,7 @@ class _Consumer(_Side):
         for part in parts:
             inner = part.inner
             if part.paging == "token":  # the rows, block by block through the table
-                table = tables.table(part.group)
+                table = _in_cache(part.group, tables.table(part.group), layout.spec.num_blocks)
                 offsets.append(inner.offset_bytes)
                 chunks.append(
                     self.shared.chunking(
@@ -578,7 +700,10 @@ class _Consumer(_Side):
                     )
                 )
                 continue
-            offsets.append(inner.offset_bytes + tables.block(part.group, self.row) * page)
+            (block,) = _in_cache(
+                part.group, (tables.block(part.group, self.row),), layout.spec.num_blocks
+            )
+            offsets.append(inner.offset_bytes + block * page)
             chunks.append(self.shared.chunking(lambda: (0,), inner.size_bytes, inner.size_bytes))
         return _Located(
             names=tuple(part.name for part in parts), offsets=tuple(offsets), chunks=tuple(chunks)

@@ -10,13 +10,18 @@ same block. In ``align`` mode a KDA group's row ``p`` holds the state after exac
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping, Sequence
+from typing import SupportsIndex, cast
 
 from pydantic import NonNegativeInt, model_validator
 
+from .._args import expect, expect_args, expect_bounded_int
 from .._frozen import Frozen
+from .._validation import describe
+from ..constants import MAX_PROMPT_TOKENS
 from ..errors import Refusal
-from ..layouts import EngineLayout, Group
+from ..layouts import EngineLayout, Group, LayoutBase
 
 
 class BlockTables(Frozen):
@@ -49,6 +54,7 @@ class BlockTables(Frozen):
 
     def table(self, group: str) -> tuple[int, ...]:
         """The block ids of ``group``."""
+        expect("group", group, str)
         for name, ids in self.tables:
             if name == group:
                 return ids
@@ -61,6 +67,7 @@ class BlockTables(Frozen):
 
     def block(self, group: str, row: int) -> int:
         """Row ``row`` of ``group``'s table."""
+        expect("row", row, int)
         ids = self.table(group)
         if not 0 <= row < len(ids):
             raise Refusal(
@@ -75,6 +82,7 @@ class BlockTables(Frozen):
 def boundary_row(plan: EngineLayout, computed_tokens: int) -> int:
     """The KDA row that holds the state after ``computed_tokens``: ``(n - 1) // block``, refused
     (``invalid_argument``) off the block grid, where ``align`` mode keeps no state."""
+    expect_args(("plan", plan, LayoutBase), ("computed_tokens", computed_tokens, int))
     block = plan.state_span_tokens
     if computed_tokens < 1 or computed_tokens % block:
         raise Refusal(
@@ -104,13 +112,24 @@ def block_tables(
     (('linear_attention_0', (9, 8)), ('linear_attention_1', (7, 6)),
      ('linear_attention_2', (5, 4)), ('full_attention', (3, 2)))
     """
+    expect("plan", plan, LayoutBase)
+    if expect_bounded_int("num_tokens", num_tokens, MAX_PROMPT_TOKENS) < 1:
+        raise Refusal(
+            "invalid_argument",
+            f"num_tokens={num_tokens} must be at least 1",
+            facts={"field": "num_tokens", "num_tokens": num_tokens},
+            hint="pass the request's token count (>= 1)",
+        )
+    held = plan.stage(stage)
+    if isinstance(block_ids, (str, bytes, bytearray)) or not isinstance(block_ids, Iterable):
+        expect("block_ids", block_ids, (list, tuple, range))  # refuses, naming what it takes
     ids = iter(block_ids)
     tables: dict[str, list[int]] = {}
-    for group in plan.stage(stage).groups:
+    for group in held.groups:
         if not group.layers:
             continue
         need = rows_for(plan, group, num_tokens)
-        taken = [block for _, block in zip(range(need), ids, strict=False)]
+        taken = [_block_id(block) for _, block in zip(range(need), ids, strict=False)]
         if len(taken) < need:
             raise Refusal(
                 "budget_too_small",
@@ -120,3 +139,20 @@ def block_tables(
             )
         tables[group.name] = taken
     return BlockTables.of_groups(tables)
+
+
+def _block_id(block: object) -> int:
+    """One of ``block_ids``: a block id (an ``int`` >= 0), else refused."""
+    if not isinstance(block, bool):
+        try:
+            index = operator.index(cast(SupportsIndex, block))  # an int, numpy's, ...
+        except TypeError:
+            index = -1
+        if index >= 0:
+            return index
+    raise Refusal(
+        "invalid_argument",
+        f"block_ids holds {describe(block)} ({type(block).__name__}), not a block id",
+        facts={"field": "block_ids", "block_id": describe(block), "type": type(block).__name__},
+        hint="pass block ids as ints >= 0",
+    )

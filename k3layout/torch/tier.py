@@ -14,11 +14,20 @@ from functools import cached_property
 
 import torch
 
+from .._args import expect, expect_args
 from ..errors import Refusal
 from ..offload import CheckpointImage, checkpoint_image
 from ..offload.stage import ridable
+from ._checks import expect_bytes, expect_registered
 from .allocation import Registered
-from .images import boundary_blocks, image_units, kv_units, pack_units, restore_units
+from .images import (
+    _publish_order,
+    boundary_blocks,
+    image_units,
+    kv_units,
+    pack_units,
+    restore_units,
+)
 from .live import LiveLayout
 from .tables import BlockTables, boundary_row
 
@@ -33,6 +42,15 @@ class Tier:
     computed_tokens: int
     kv: torch.Tensor
     image: torch.Tensor
+
+    def __post_init__(self) -> None:
+        expect_args(
+            ("layout", self.layout, LiveLayout), ("computed_tokens", self.computed_tokens, int)
+        )
+        rows = _kv_rows(self.layout, self.computed_tokens)
+        spec = self.layout.spec
+        expect_bytes("kv", self.kv, size=rows * len(self.layout.published) * spec.page_bytes)
+        expect_bytes("image", self.image, size=self.geometry.image_bytes)
 
     @cached_property
     def geometry(self) -> CheckpointImage:
@@ -50,6 +68,14 @@ class Tier:
 
 def _kv_blocks(layout: LiveLayout, tables: BlockTables, computed_tokens: int) -> tuple[int, ...]:
     """The attention blocks that hold the prefix's tokens, in table order."""
+    rows = _kv_rows(layout, computed_tokens)
+    group = layout.plan.groups_of("attention", layout.spec.stage)[0].name
+    return tuple(tables.block(group, row) for row in range(rows))
+
+
+def _kv_rows(layout: LiveLayout, computed_tokens: int) -> int:
+    """How many attention blocks hold the prefix's tokens: refuses a prefix off the block
+    grid, a layout whose state cannot ride and a stage of other than one attention group."""
     plan = ridable(layout.plan)
     boundary_row(plan, computed_tokens)  # refuses a prefix off the block grid
     attention = plan.groups_of("attention", layout.spec.stage)
@@ -61,14 +87,16 @@ def _kv_blocks(layout: LiveLayout, tables: BlockTables, computed_tokens: int) ->
             facts={"stage": layout.spec.stage, "num_attention_groups": len(attention)},
             hint="store prefixes of stages with one attention group",
         )
-    rows = -(-computed_tokens // plan.span_tokens(attention[0]))
-    return tuple(tables.block(attention[0].name, row) for row in range(rows))
+    _publish_order(layout)  # refuses a stage whose state cannot ride: no KV order
+    return -(-computed_tokens // plan.span_tokens(attention[0]))
 
 
 def store_prefix(
     layout: LiveLayout, registered: Registered, tables: BlockTables, computed_tokens: int
 ) -> Tier:
     """Pack the KV and the boundary image of a request's first ``computed_tokens`` tokens."""
+    _check_args(layout, registered, tables)
+    expect("computed_tokens", computed_tokens, int)
     kv = pack_units(kv_units(layout, registered, _kv_blocks(layout, tables, computed_tokens)))
     image = pack_units(
         image_units(layout, registered, boundary_blocks(layout, tables, computed_tokens))
@@ -81,6 +109,8 @@ def restore_prefix(
 ) -> None:
     """Write ``tier`` into the blocks ``tables`` gives a request on a validated layout of the
     same plan: KV into its attention blocks, the image into each KDA group's boundary row."""
+    expect("tier", tier, Tier)
+    _check_args(layout, registered, tables)
     if layout.plan != tier.layout.plan or layout.published != tier.layout.published:
         raise Refusal(
             "tensor_mismatch",
@@ -95,3 +125,10 @@ def restore_prefix(
     n = tier.computed_tokens
     restore_units(tier.kv, kv_units(layout, registered, _kv_blocks(layout, tables, n)))
     restore_units(tier.image, image_units(layout, registered, boundary_blocks(layout, tables, n)))
+
+
+def _check_args(layout: object, registered: object, tables: object) -> None:
+    """A validated layout, a registration and block tables: refused (``invalid_argument``)
+    as anything else."""
+    expect_args(("layout", layout, LiveLayout), ("tables", tables, BlockTables))
+    expect_registered("registered", registered)

@@ -45,7 +45,7 @@ from .pairing import (
     rank_of,
     tp_multiple_refusal,
 )
-from .regions import Region, rank_regions, slot_parts
+from .regions import Region, layer_slot_parts, rank_regions
 from .segments import (
     RegionKind,
     Segment,
@@ -240,6 +240,9 @@ class TransferPlan(SelfChecked):
 def check_same_model(prefill_model: HybridModel, decode_model: HybridModel) -> None:
     """Refuse (``model_mismatch``) two models whose caches differ: layer kinds or geometries
     in module order, or draft layers. Names alone may differ (a preset and its config.json)."""
+    expect_args(
+        ("prefill_model", prefill_model, HybridModel), ("decode_model", decode_model, HybridModel)
+    )
     ours, theirs = prefill_model.module_layers, decode_model.module_layers
     if ours == theirs:
         return
@@ -263,6 +266,7 @@ def check_same_model(prefill_model: HybridModel, decode_model: HybridModel) -> N
 def check_matching_deployments(prefill: Deployment, decode: Deployment) -> None:
     """Refuse (``model_mismatch``) deployments whose cache rows differ in a
     :data:`MATCHED_FIELDS` field, naming both values."""
+    expect_args(("prefill", prefill, Deployment), ("decode", decode, Deployment))
     for field in MATCHED_FIELDS:
         ours, theirs = getattr(prefill, field), getattr(decode, field)
         if ours != theirs:
@@ -460,7 +464,7 @@ def _spec_segments(
     if spec.paging == "slot":
         return tuple(
             derive_part_segment(part, layer, src, dst, segment_fields)
-            for part in slot_parts(sizes, layer)
+            for part in layer_slot_parts(sizes, layer)
         )
     rows = part_rows.get(index)
     if rows is None:

@@ -21,11 +21,19 @@ Per rank, for ``tp`` attention TP ranks and ``s`` speculative tokens (K3: H 96, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 from pydantic import NonNegativeInt
 
+from .._args import expect, expect_args, expect_int, expect_sequence
 from .._frozen import Frozen
+from .._validation import describe
 from ..cache import CachePart
+from ..constants import MAX_PROMPT_TOKENS
 from ..deployment import Deployment
+from ..errors import Refusal
+from ..limits import check_bound
 from ..sizes import RankSizes
 from .pairing import dcp_rank_of
 from .segments import RegionField, RegionKey, RegionKind
@@ -47,7 +55,23 @@ class Region(Frozen):
 
 
 def slot_parts(sizes: RankSizes, layer: int) -> tuple[CachePart, ...]:
-    """The parts of a state layer's slot: its spec's, then ReplaySSM's records when kept."""
+    """The parts of a state layer's slot: its spec's, then ReplaySSM's records when kept.
+    Refuses (``invalid_argument``) a ``sizes`` that is not a :class:`~k3layout.RankSizes`, a
+    ``layer`` that is not one of its module layers or not a state layer."""
+    expect("sizes", sizes, RankSizes)
+    spec = sizes.spec_of(layer)  # refuses a layer that is not a module layer
+    if spec.paging != "slot":
+        raise Refusal(
+            "invalid_argument",
+            f"layer={layer} is a {spec.kind} layer, which keeps no state slot",
+            facts={"field": "layer", "layer": layer, "kind": spec.kind},
+            hint="pass a state (KDA) layer",
+        )
+    return layer_slot_parts(sizes, layer)
+
+
+def layer_slot_parts(sizes: RankSizes, layer: int) -> tuple[CachePart, ...]:
+    """:func:`slot_parts` of a state layer known to be one (the planner's own)."""
     parts = sizes.spec_of(layer).parts
     return parts if sizes.replay is None else (*parts, *sizes.replay.parts)
 
@@ -66,7 +90,27 @@ def rank_regions(
     prompt_tokens: int,
 ) -> tuple[Region, ...]:
     """The regions of TP rank ``tp_rank`` of a stage holding module ``layers``, in module
-    order, then the slot's cursor (ReplaySSM, when the stage holds a state layer)."""
+    order, then the slot's cursor (ReplaySSM, when the stage holds a state layer). Refuses
+    (``invalid_argument``) arguments of the wrong type, a ``tp_rank`` outside ``attn_tp``, a
+    layer ``sizes`` does not have and a negative ``prompt_tokens``; (``size_limit``) more than
+    ``MAX_PROMPT_TOKENS``."""
+    expect_args(("deployment", deployment, Deployment), ("sizes", sizes, RankSizes))
+    layers = tuple(cast(Sequence[int], expect_sequence("layers", layers, int)))
+    if not 0 <= expect_int("tp_rank", tp_rank) < deployment.attn_tp:
+        raise Refusal(
+            "invalid_argument",
+            f"tp_rank={describe(tp_rank)} is not a rank of attn_tp={deployment.attn_tp}",
+            facts={"field": "tp_rank", "attn_tp": deployment.attn_tp},
+            hint=f"use 0 <= tp_rank < {deployment.attn_tp}",
+        )
+    if expect_int("prompt_tokens", prompt_tokens) < 0:
+        raise Refusal(
+            "invalid_argument",
+            f"prompt_tokens={describe(prompt_tokens)} must be >= 0",
+            facts={"field": "prompt_tokens"},
+            hint="pass the request's number of prompt tokens",
+        )
+    check_bound("prompt_tokens", prompt_tokens, MAX_PROMPT_TOKENS, why="a request's tokens")
     tp = deployment.attn_tp
     rows = latent_rows(deployment, tp_rank, prompt_tokens)
     regions: list[Region] = []
@@ -82,7 +126,7 @@ def rank_regions(
         holds_state = True
         regions.extend(
             Region(field=p.name, layer=layer, kind="slot", size_bytes=p.local_bytes(tp))
-            for p in slot_parts(sizes, layer)
+            for p in layer_slot_parts(sizes, layer)
         )
     cursor = sizes.cursor
     if cursor is not None and holds_state:

@@ -6,6 +6,7 @@ the counts and byte totals an operator reads (``pairs``, ``segments``, ``bytes_p
 
 from __future__ import annotations
 
+from .._args import expect
 from .._frozen import Frozen
 from .plan import TransferPlan
 
@@ -46,6 +47,7 @@ class TransferReport(Frozen):
 
 def transfer_report(result: TransferPlan) -> TransferReport:
     """Spell out ``result``'s totals."""
+    expect("result", result, TransferPlan)
     page = [0] * result.num_consumers
     slot = [0] * result.num_consumers
     rows: list[RankPairReport] = []

@@ -20,14 +20,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from itertools import pairwise
-from typing import Annotated, Any, Literal, TypeAlias, TypeVar
+from typing import Annotated, Any, Literal, TypeAlias, TypeVar, cast
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
+from .._args import expect, expect_args, expect_int, expect_items
 from .._frozen import Frozen, trusted_record
+from .._validation import describe
 from ..cache import CachePart, Paging
-from ..constants import MAX_MODULE_LAYERS
+from ..constants import INT64_MAX, MAX_MODULE_LAYERS, MAX_PROMPT_TOKENS, MAX_RANKS
 from ..errors import Refusal
+from ..limits import check_bound
 from ..placements import Interleave, Replicate
 
 RegionField: TypeAlias = Annotated[str, Field(min_length=1, max_length=64)]
@@ -267,8 +270,52 @@ def part_segment(
 
     The SD conv state of K3, ``(K-1+s, 3, 96, 128)`` with ``Shard(2)``, gives ``3*(K-1+s)``
     copies, one per row and channel group (q, k, v).
+
+    Refuses (``invalid_argument``) arguments of the wrong type, a ``layer`` that is not a
+    module layer id and a ``src`` or ``dst`` that is not a ``(tp, rank)`` pair of ints with
+    ``1 <= tp`` and ``0 <= rank < tp``; (``size_limit``) a ``tp`` beyond ``MAX_RANKS``.
     """
+    expect("part", part, CachePart)
+    if layer is not None:
+        _check_count("layer", layer, 0, MAX_MODULE_LAYERS - 1)
+    _check_ranks("src", src)
+    _check_ranks("dst", dst)
     return derive_part_segment(part, layer, src, dst, Segment.strided)
+
+
+def _check_count(name: str, value: object, low: int, high: int) -> None:
+    """Refuse ``value`` unless it is an ``int`` in ``low..high`` (``size_limit`` above)."""
+    number = expect_int(name, value)
+    if number < low:
+        raise Refusal(
+            "invalid_argument",
+            f"{name}={describe(number)} must be >= {low}",
+            facts={"field": name},
+            hint=f"use {low} <= {name} <= {high:,}",
+        )
+    check_bound(name, number, high)
+
+
+def _check_ranks(name: str, value: object) -> None:
+    """Refuse ``value`` unless it is a ``(tp, rank)`` pair: a TP size and a rank of it."""
+    expect_items(name, value, int)
+    pair = cast(tuple[int, ...], value)
+    if len(pair) != 2:
+        raise Refusal(
+            "invalid_argument",
+            f"{name} has {len(pair)} items: it is a (tp, rank) pair",
+            facts={"field": name},
+            hint=f"pass {name} as (tp, rank)",
+        )
+    tp, rank = pair
+    _check_count(f"{name}[0]", tp, 1, MAX_RANKS)
+    if not 0 <= rank < tp:
+        raise Refusal(
+            "invalid_argument",
+            f"{name}[1]={describe(rank)} is not a rank of tp={tp}",
+            facts={"field": f"{name}[1]", "tp": tp},
+            hint=f"use 0 <= {name}[1] < {tp}",
+        )
 
 
 def derive_part_segment(
@@ -346,7 +393,30 @@ def token_segments(
         1       10-11      2-3
 
     Without DCP (one rank) the runs touch end to end and become one whole copy.
+
+    Refuses (``invalid_argument``) arguments of the wrong type, a negative ``layer`` or
+    ``prompt_tokens``, a ``row_bytes`` below 1 and a ``rank`` outside the placement;
+    (``size_limit``) values beyond their bounds (``MAX_MODULE_LAYERS``, ``MAX_PROMPT_TOKENS``,
+    int64 bytes).
     """
+    expect_args(("field", field, str), ("placement", placement, Interleave))
+    _check_count("layer", layer, 0, MAX_MODULE_LAYERS - 1)
+    _check_count("row_bytes", row_bytes, 1, INT64_MAX)
+    _check_count("prompt_tokens", prompt_tokens, 0, MAX_PROMPT_TOKENS)
+    if not 0 <= expect_int("rank", rank) < placement.num_ranks:
+        raise Refusal(
+            "invalid_argument",
+            f"rank={describe(rank)} is not a rank of the placement's {placement.num_ranks}",
+            facts={"field": "rank", "num_ranks": placement.num_ranks},
+            hint=f"use 0 <= rank < {placement.num_ranks}",
+        )
+    if prompt_tokens * row_bytes > INT64_MAX:
+        raise Refusal(
+            "size_limit",
+            f"row_bytes={row_bytes:,} x prompt_tokens={prompt_tokens:,} is beyond int64",
+            facts={"field": "row_bytes", "bound": INT64_MAX},
+            hint="byte counts must fit int64: pass fewer tokens or shorter rows",
+        )
     return derive_token_segments(
         layer, field, row_bytes, prompt_tokens, placement, rank=rank, make=Segment.strided
     )
