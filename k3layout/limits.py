@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from ._args import expect_int
+from ._validation import describe
 from .constants import INT64_MAX
 from .errors import Refusal
 
@@ -22,6 +24,20 @@ def check_bound(name: str, value: int, bound: int, *, why: str = "") -> int:
             hint=f"use {name} <= {bound:,}",
         )
     return value
+
+
+def check_range(name: str, value: object, low: int, high: int, *, why: str = "") -> int:
+    """``value`` when it is an ``int`` in ``low..high``; else refuse: a wrong type or a value
+    below ``low`` (``invalid_argument``), one above ``high`` (``size_limit``)."""
+    number = expect_int(name, value)
+    if number < low:
+        raise Refusal(
+            "invalid_argument",
+            f"{name}={describe(number)} must be >= {low}",
+            facts={"field": name},
+            hint=f"use {low} <= {name} <= {high:,}",
+        )
+    return check_bound(name, number, high, why=why)
 
 
 def check_int64(name: str, value: int) -> int:

@@ -28,15 +28,24 @@ def expect_tensor(name: str, value: object) -> torch.Tensor:
 def expect_registered(name: str, value: object) -> Mapping[str, object]:
     """``value`` if it is a mapping (of layer names to what they registered); else refuse.
     Its entries are checked when read (:func:`registered_parts`)."""
+    _expect_mapping(
+        name,
+        value,
+        "layer names to tensors",
+        f"pass {name} as {{layer name: tensor or (conv, recurrent)}}, as registered",
+    )
+    return cast(Mapping[str, object], value)
+
+
+def _expect_mapping(name: str, value: object, of: str, hint: str) -> None:
+    """Refuse (``invalid_argument``) ``value`` unless it is a mapping (of ``of``)."""
     if not isinstance(value, Mapping):
         raise Refusal(
             "invalid_argument",
-            f"{name}={describe(value)} must be a mapping of layer names to tensors, got "
-            f"{type(value).__name__}",
+            f"{name}={describe(value)} must be a mapping of {of}, got {type(value).__name__}",
             facts={"field": name, "expected": "Mapping", "got": type(value).__name__},
-            hint=f"pass {name} as {{layer name: tensor or (conv, recurrent)}}, as registered",
+            hint=hint,
         )
-    return cast(Mapping[str, object], value)
 
 
 def tensor_parts(name: str, value: object) -> tuple[torch.Tensor, ...]:
@@ -83,14 +92,12 @@ _MISSING = object()
 
 def expect_region_map(name: str, value: object) -> Mapping[RegionKey, object]:
     """``value`` if it is a mapping (of region keys to buffers); else refuse."""
-    if not isinstance(value, Mapping):
-        raise Refusal(
-            "invalid_argument",
-            f"{name}={describe(value)} must be a mapping of region keys (field, layer) to uint8 "
-            f"tensors, got {type(value).__name__}",
-            facts={"field": name, "expected": "Mapping", "got": type(value).__name__},
-            hint="pass the regions tier_regions or apply_segments returned",
-        )
+    _expect_mapping(
+        name,
+        value,
+        "region keys (field, layer) to uint8 tensors",
+        "pass the regions tier_regions or apply_segments returned",
+    )
     return cast(Mapping[RegionKey, object], value)
 
 

@@ -23,7 +23,7 @@ from .._args import expect_args, expect_int
 from .._validation import describe
 from ..constants import MAX_RANKS
 from ..errors import Refusal
-from ..limits import check_bound
+from ..limits import check_range
 from ..placements import Shard
 
 MAX_LISTED_GROUP = 64
@@ -43,27 +43,18 @@ def coords_of(rank: int, attn_tp: int) -> tuple[int, int]:
     return divmod(rank, attn_tp)
 
 
+RANKS_WHY = "torch.distributed numbers ranks in int32"
+
+
 def dcp_rank_of(tp_rank: int, dcp: int) -> int:
     """The DCP rank of a TP rank: DCP groups are runs of ``dcp`` consecutive TP ranks.
     Refuses (``invalid_argument``) a ``tp_rank`` below 0 or a ``dcp`` below 1, (``size_limit``)
     either beyond ``MAX_RANKS``."""
     common = type(tp_rank) is int and type(dcp) is int  # the planner's own call: cheap checks
     if not (common and 0 <= tp_rank < MAX_RANKS and 0 < dcp <= MAX_RANKS):
-        _check_rank_count("tp_rank", tp_rank, 0, MAX_RANKS - 1)
-        _check_rank_count("dcp", dcp, 1, MAX_RANKS)
+        check_range("tp_rank", tp_rank, 0, MAX_RANKS - 1, why=RANKS_WHY)
+        check_range("dcp", dcp, 1, MAX_RANKS, why=RANKS_WHY)
     return tp_rank % dcp
-
-
-def _check_rank_count(name: str, value: object, low: int, high: int) -> None:
-    number = expect_int(name, value)
-    if number < low:
-        raise Refusal(
-            "invalid_argument",
-            f"{name}={describe(number)} must be >= {low}",
-            facts={"field": name},
-            hint=f"use {low} <= {name} <= {high:,}",
-        )
-    check_bound(name, number, high, why="torch.distributed numbers ranks in int32")
 
 
 def tp_multiple_refusal(prefill_tp: int, decode_tp: int) -> Refusal | None:

@@ -30,7 +30,7 @@ from .._validation import describe
 from ..cache import CachePart, Paging
 from ..constants import INT64_MAX, MAX_MODULE_LAYERS, MAX_PROMPT_TOKENS, MAX_RANKS
 from ..errors import Refusal
-from ..limits import check_bound
+from ..limits import check_range
 from ..placements import Interleave, Replicate
 
 RegionField: TypeAlias = Annotated[str, Field(min_length=1, max_length=64)]
@@ -277,23 +277,10 @@ def part_segment(
     """
     expect("part", part, CachePart)
     if layer is not None:
-        _check_count("layer", layer, 0, MAX_MODULE_LAYERS - 1)
+        check_range("layer", layer, 0, MAX_MODULE_LAYERS - 1)
     _check_ranks("src", src)
     _check_ranks("dst", dst)
     return derive_part_segment(part, layer, src, dst, Segment.strided)
-
-
-def _check_count(name: str, value: object, low: int, high: int) -> None:
-    """Refuse ``value`` unless it is an ``int`` in ``low..high`` (``size_limit`` above)."""
-    number = expect_int(name, value)
-    if number < low:
-        raise Refusal(
-            "invalid_argument",
-            f"{name}={describe(number)} must be >= {low}",
-            facts={"field": name},
-            hint=f"use {low} <= {name} <= {high:,}",
-        )
-    check_bound(name, number, high)
 
 
 def _check_ranks(name: str, value: object) -> None:
@@ -308,7 +295,7 @@ def _check_ranks(name: str, value: object) -> None:
             hint=f"pass {name} as (tp, rank)",
         )
     tp, rank = pair
-    _check_count(f"{name}[0]", tp, 1, MAX_RANKS)
+    check_range(f"{name}[0]", tp, 1, MAX_RANKS)
     if not 0 <= rank < tp:
         raise Refusal(
             "invalid_argument",
@@ -400,9 +387,9 @@ def token_segments(
     int64 bytes).
     """
     expect_args(("field", field, str), ("placement", placement, Interleave))
-    _check_count("layer", layer, 0, MAX_MODULE_LAYERS - 1)
-    _check_count("row_bytes", row_bytes, 1, INT64_MAX)
-    _check_count("prompt_tokens", prompt_tokens, 0, MAX_PROMPT_TOKENS)
+    check_range("layer", layer, 0, MAX_MODULE_LAYERS - 1)
+    check_range("row_bytes", row_bytes, 1, INT64_MAX)
+    check_range("prompt_tokens", prompt_tokens, 0, MAX_PROMPT_TOKENS)
     if not 0 <= expect_int("rank", rank) < placement.num_ranks:
         raise Refusal(
             "invalid_argument",
