@@ -141,7 +141,8 @@ def sweep_configs(model: HybridModel) -> list[Deployment]:
 def plan_or_refuse(model: HybridModel, deployment: Deployment) -> str:
     """Plan, or the refusal's code: a sweep counts both."""
     try:
-        return plan(model, deployment).engine
+        engine: str = plan(model, deployment).engine
+        return engine
     except Refusal as refusal:
         return refusal.code
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Union
 
-from pydantic import TypeAdapter
+from pydantic import Field, TypeAdapter
 
-from k3layout.layouts.pipeline import Plan
-from k3layout.layouts.report import Report
+from k3layout.layouts.seams import rules_for
+from k3layout.registry import engine_names
 from k3layout.offload import RideReport
 from k3layout.sweep import SweepCell
 from k3layout.transfer import TransferPlan, TransferReport
@@ -24,6 +24,15 @@ from k3layout.transfer import TransferPlan, TransferReport
 SCHEMA = Path(__file__).parent / "schema"
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+PLAN_TYPES = tuple(rules_for(name).plan_type for name in engine_names())
+"""Every registered engine's plan type: a plan is one of them, tagged by ``engine``."""
+
+Plan: Any = Annotated[Union[PLAN_TYPES], Field(discriminator="engine")]  # noqa: UP007
+Report: Any = Annotated[
+    Union[tuple(t.report_type for t in PLAN_TYPES)],  # noqa: UP007
+    Field(discriminator="engine"),
+]
 
 SOURCES: dict[str, tuple[str, Any]] = {
     "plan.schema.json": ("A k3layout plan: plan(model, deployment).model_dump_json()", Plan),

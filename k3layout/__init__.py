@@ -19,29 +19,26 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .cache import CachePart, GQALayer, LayerCacheSpec, PartRange, conv_channel_offset
-    from .deployment import CONV_LAYOUTS, ENGINES, ConvLayout, Deployment, EngineFlavour
+    from .deployment import CONV_LAYOUTS, ConvLayout, Deployment, EngineFlavour
     from .dtypes import DTYPE_BYTES, KV_CACHE_DTYPES, DTypeName, KvCacheDtype
+    from .engines.tokenspeed import Binding, GroupPages, LayerBinding, ParentPlan, plan_parent
+    from .engines.vllm import VllmPlan, plan_vllm
     from .errors import Refusal, RefusalCode
+    from .gpus import GPU_NAMES, GPUS, Gpu, GpuName
     from .layouts import (
-        Binding,
         ByteRange,
         EngineLayout,
         Group,
-        GroupPages,
-        LayerBinding,
         Packing,
-        ParentPlan,
         Plan,
         PlaneMember,
         RuleCheck,
         Stage,
-        VllmPlan,
         load_plan,
         plan,
-        plan_parent,
-        plan_vllm,
         with_engine,
     )
+    from .layouts.seams import EngineRules
     from .model import (
         PRESETS,
         HybridModel,
@@ -76,6 +73,7 @@ if TYPE_CHECKING:
         TokenRun,
         pp_stage_bounds,
     )
+    from .registry import EngineFacts, engine_names
     from .sizes import RankSizes, rank_sizes
     from .transfer import (
         RankPair,
@@ -101,7 +99,6 @@ _LAZY: dict[str, str] = {
     "ByteRange": "layouts",
     "EngineLayout": "layouts",
     "ReplicaShard": "placements",
-    "ENGINES": "deployment",
     "Deployment": "deployment",
     "EngineFlavour": "deployment",
     "DTYPE_BYTES": "dtypes",
@@ -110,22 +107,29 @@ _LAZY: dict[str, str] = {
     "KvCacheDtype": "dtypes",
     "Refusal": "errors",
     "RefusalCode": "errors",
-    "Binding": "layouts",
+    "Binding": "engines.tokenspeed",
     "Group": "layouts",
-    "GroupPages": "layouts",
-    "LayerBinding": "layouts",
+    "GroupPages": "engines.tokenspeed",
+    "LayerBinding": "engines.tokenspeed",
     "Packing": "layouts",
-    "ParentPlan": "layouts",
+    "ParentPlan": "engines.tokenspeed",
     "Plan": "layouts",
     "PlaneMember": "layouts",
     "RuleCheck": "layouts",
     "Stage": "layouts",
-    "VllmPlan": "layouts",
+    "VllmPlan": "engines.vllm",
     "load_plan": "layouts",
     "plan": "layouts",
-    "plan_parent": "layouts",
-    "plan_vllm": "layouts",
+    "plan_parent": "engines.tokenspeed",
+    "plan_vllm": "engines.vllm",
     "with_engine": "layouts",
+    "GPU_NAMES": "gpus",
+    "GPUS": "gpus",
+    "Gpu": "gpus",
+    "GpuName": "gpus",
+    "EngineRules": "layouts.seams",
+    "EngineFacts": "registry",
+    "engine_names": "registry",
     "PRESETS": "model",
     "HybridModel": "model",
     "KDALayer": "model",
@@ -173,7 +177,8 @@ __version__ = "0.1.0"
 __all__ = [
     "CONV_LAYOUTS",
     "DTYPE_BYTES",
-    "ENGINES",
+    "GPUS",
+    "GPU_NAMES",
     "KV_CACHE_DTYPES",
     "PRESETS",
     "Binding",
@@ -183,9 +188,13 @@ __all__ = [
     "ConvLayout",
     "DTypeName",
     "Deployment",
+    "EngineFacts",
     "EngineFlavour",
     "EngineLayout",
+    "EngineRules",
     "GQALayer",
+    "Gpu",
+    "GpuName",
     "Group",
     "GroupPages",
     "HybridModel",
@@ -229,6 +238,7 @@ __all__ = [
     "checkpoint_image",
     "conv_channel_offset",
     "engine_layer_names",
+    "engine_names",
     "load_config",
     "load_plan",
     "model_from_config",

@@ -23,9 +23,10 @@ T = TypeVar("T")
 SIZE_ERRORS = frozenset({"less_than_equal", "less_than", "too_long"})
 """Pydantic error types that mean "above a bound": refused as ``size_limit``."""
 
-UNION_TAGS: tuple[str, ...] = ("vllm", "parent")
-"""The tags of the plan union (``deployment.ENGINES``): pydantic puts a tagged union's tag in
-an error's location, where it names no field, so a refusal's field leaves it out."""
+UNION_TAGS: tuple[str, ...] = ()
+"""Tags of tagged unions, which pydantic puts in an error's location where they name no
+field, so a refusal's field leaves them out (plans of every engine validate through the
+registry, not a tagged union: none today)."""
 
 MAX_LISTED = 3
 """Errors named in one message; the rest are counted."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ._frozen import Frozen, trusted
 from .constants import (
@@ -17,8 +17,10 @@ from .constants import (
 )
 from .dtypes import KvCacheDtype
 from .errors import Refusal
+from .gpus import DEFAULT_GPU, GpuName
 from .placements import Interleave
-from .vllm_rules import (
+from .registry import canonical_name
+from .settings import (
     AttentionBackend,
     KdaPrefillBackend,
     KvCacheLayout,
@@ -26,11 +28,11 @@ from .vllm_rules import (
     resolved_mamba_cache_mode,
 )
 
-EngineFlavour: TypeAlias = Literal["vllm", "parent"]
-"""``vllm``: vLLM's hybrid allocator (one page per layer per block, planes shared by groups).
-``parent``: tokenspeed / ATOM native parent blocks (several pages per plane, searched packing)."""
-
-ENGINES: tuple[EngineFlavour, ...] = ("vllm", "parent")
+EngineFlavour: TypeAlias = str
+"""An engine's registered name (:func:`k3layout.registry.engine_names`): ``vllm`` (vLLM's
+hybrid allocator: one page per layer per block, planes shared by groups), ``parent``
+(tokenspeed / ATOM native parent blocks: several pages per plane, searched packing),
+``sglang`` (SGLang's token pool and state pool)."""
 
 ConvLayout: TypeAlias = Literal["SD", "DS"]
 """The KDA conv state's layout, named as vLLM's ``VLLM_SSM_CONV_STATE_LAYOUT`` names it:
@@ -70,11 +72,14 @@ class Deployment(Frozen):
     - ``kda_prefill_backend``: vLLM's KDA prefill kernel (``auto``: FlashKDA where the layer
       allows it); FlashKDA holds one more state block per request.
 
+    - ``gpu``: the GPU the engine runs on (engines pick kernels, and so pages, by it).
+
     Sizes above the bounds of :mod:`k3layout.constants` (``MAX_RANKS``, ``MAX_BLOCK_TOKENS``,
     ``MAX_PADDING_LIMIT``, ...) are refused with ``size_limit``.
     """
 
     engine: EngineFlavour = "vllm"
+    gpu: GpuName = DEFAULT_GPU
     attn_tp: Ranks = 1
     attn_dp: Ranks = 1
     pp: Ranks = 1
@@ -97,6 +102,11 @@ class Deployment(Frozen):
     prefix_caching: bool = True
     mamba_cache_mode: MambaCacheMode | None = None
     kda_prefill_backend: KdaPrefillBackend = "auto"
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _registered_engine(cls, value: object) -> str:
+        return canonical_name(value)
 
     @model_validator(mode="after")
     def _partition_matches_pp(self) -> Deployment:

@@ -26,7 +26,7 @@ RefusalCode: TypeAlias = Literal[
     "packing_search_exhausted",
     "budget_too_small",
     "page_size",
-    # vLLM's own rules (k3layout.vllm_rules) and settings of one engine only
+    # vLLM's own rules (k3layout.engines.vllm.rules) and settings of one engine only
     "block_unsupported",
     "layout_unsupported",
     "engine_setting",

@@ -7,11 +7,12 @@ from collections.abc import Iterable
 from functools import reduce
 
 from ._frozen import Frozen
-from .deployment import ENGINES, Deployment, EngineFlavour
+from .deployment import Deployment, EngineFlavour
 from .dtypes import KvCacheDtype
 from .errors import Refusal, RefusalCode
 from .layouts import plan
 from .model import HybridModel
+from .registry import engine_names, facts_of
 
 
 class SweepCell(Frozen):
@@ -68,7 +69,7 @@ def sweep(
     model: HybridModel,
     attn_tps: Iterable[int],
     kv_dtypes: Iterable[KvCacheDtype] = ("fp8", "bf16"),
-    engines: Iterable[EngineFlavour] = ENGINES,
+    engines: Iterable[EngineFlavour] | None = None,
     base: Deployment | None = None,
 ) -> tuple[SweepCell, ...]:
     """Plan every (engine, kv_dtype, attn_tp) point; ``base`` supplies the other fields.
@@ -78,7 +79,7 @@ def sweep(
     """
     fields = {} if base is None else {n: getattr(base, n) for n in Deployment.model_fields}
     cells: list[SweepCell] = []
-    for engine in engines:
+    for engine in engine_names() if engines is None else engines:
         for kv_dtype in kv_dtypes:
             for attn_tp in attn_tps:
                 if attn_tp < 1:
@@ -93,7 +94,10 @@ def sweep(
                         "engine": engine,
                         "kv_dtype": kv_dtype,
                         "attn_tp": attn_tp,
-                        "dcp": 1 if engine == "parent" else fields.get("dcp", 1),
+                        # an engine without DCP is swept at dcp 1 whatever the base says
+                        "dcp": fields.get("dcp", 1)
+                        if facts_of(engine).decode_context_parallel
+                        else 1,
                     }
                 )
                 cells.append(sweep_cell(model, deployment))

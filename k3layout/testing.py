@@ -17,26 +17,23 @@ Needs ``hypothesis`` (``pip install k3layout[dev]``); :func:`plan_invariant_viol
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
 from functools import reduce
+from typing import Any
 
 from hypothesis import strategies as st
 
 from ._args import expect_args
-from .deployment import CONV_LAYOUTS, ENGINES, Deployment, EngineFlavour
+from .deployment import CONV_LAYOUTS, Deployment, EngineFlavour
 from .dtypes import KV_CACHE_DTYPES, KvCacheDtype
 from .errors import RefusalCode
 from .layouts.invariants import plan_invariant_violations
-from .layouts.vllm import built_model, stage_without_attention
+from .layouts.seams import rules_for
 from .model import PRESETS, GQALayer, HybridModel, KDALayer, Layer, MLALayer, preset
-from .placements import pp_stage_bounds
-from .vllm_rules import (
-    ATTENTION_BACKENDS,
-    AttentionBackend,
-    KvCacheLayout,
-    smallest_kernel_block,
-    supports_block,
-)
+from .registry import engine_names
+from .settings import KvCacheLayout
 
 __all__ = [
     "deployments",
@@ -44,6 +41,7 @@ __all__ = [
     "kda_layers",
     "mla_layers",
     "models",
+    "pipeline_depths",
     "plan_invariant_violations",
     "plannable_inputs",
     "preset_models",
@@ -131,11 +129,24 @@ def _divisors(n: int) -> list[int]:
 
 
 def _kv_dtypes(model: HybridModel, engine: EngineFlavour) -> tuple[KvCacheDtype, ...]:
-    """The cache dtypes ``model``'s layers all take: FlashMLA's packed row only without GQA,
-    and not on vLLM's dense MLA backends."""
-    if engine == "vllm" or any(layer.kind == "gqa" for layer in model.module_layers):
-        return tuple(d for d in KV_CACHE_DTYPES if d != "fp8_ds_mla")
-    return KV_CACHE_DTYPES
+    """The cache dtypes ``model``'s layers and ``engine`` all take: FlashMLA's packed row only
+    without GQA, and only where the engine takes it."""
+    taken = rules_for(engine).facts.kv_dtypes
+    gqa = any(layer.kind == "gqa" for layer in model.module_layers)
+    return tuple(d for d in KV_CACHE_DTYPES if d in taken and not (gqa and d == "fp8_ds_mla"))
+
+
+def _engine_settings(
+    draw: st.DrawFn, engine: EngineFlavour, block: int | None, layouts: tuple[str, ...]
+) -> dict[str, Any]:
+    """The engine's own settings, drawn by its package's ``strategies`` module (none where
+    it has none): ``settings(draw, block, layouts)`` returns deployment fields."""
+    package = rules_for(engine).facts.package
+    name = f"{package}.strategies"
+    if not package or importlib.util.find_spec(name) is None:
+        return {"block_tokens": block}
+    drawn: dict[str, Any] = importlib.import_module(name).settings(draw, block, layouts)
+    return drawn
 
 
 def vllm_pipeline_depths(model: HybridModel, up_to: int) -> tuple[int, ...]:
@@ -144,12 +155,15 @@ def vllm_pipeline_depths(model: HybridModel, up_to: int) -> tuple[int, ...]:
     draft layers are not counted, since vLLM builds a draft only with speculative tokens.
     Refuses (``invalid_argument``) arguments of the wrong type."""
     expect_args(("model", model, HybridModel), ("up_to", up_to, int))
-    target = built_model(model, Deployment())
-    return tuple(
-        pp
-        for pp in range(1, min(model.num_layers, up_to) + 1)
-        if stage_without_attention(target, pp_stage_bounds(model.num_layers, pp)) is None
-    )
+    return pipeline_depths(model, "vllm", up_to)
+
+
+def pipeline_depths(model: HybridModel, engine: EngineFlavour, up_to: int) -> tuple[int, ...]:
+    """The pipeline depths up to ``up_to`` at which ``engine`` plans ``model`` (its own
+    stage split: vLLM needs an attention layer on every stage holding state layers)."""
+    expect_args(("model", model, HybridModel), ("engine", engine, str), ("up_to", up_to, int))
+    serves = rules_for(engine).pipeline_ok
+    return tuple(pp for pp in range(1, min(model.num_layers, up_to) + 1) if serves(model, pp))
 
 
 @st.composite
@@ -165,26 +179,18 @@ def deployments(
     be refused (padding limit), which a sweep must accept as a refusal with a code.
     ``layouts``: the vLLM KV-cache layouts to draw (``BLHNC`` with the one backend that serves
     it; the adapter and the ride take ``LBNHC`` only)."""
-    engine = engine or draw(st.sampled_from(ENGINES))
+    engine = engine or draw(st.sampled_from(engine_names()))
+    rules = rules_for(engine)
     heads = _heads(model)
     attn_tp = draw(st.sampled_from(_divisors(heads)) if plannable else st.integers(1, 2 * heads))
     dcp = 1
-    if engine == "vllm":
+    if rules.facts.decode_context_parallel:
         dcp = draw(st.sampled_from(_divisors(attn_tp)) if plannable else st.integers(1, 16))
-    if plannable and engine == "vllm":  # vLLM: every stage with KDA layers needs an MLA one
-        pp = draw(st.sampled_from(vllm_pipeline_depths(model, 8)))
+    if plannable:  # the engine's own stage split must serve the depth
+        pp = draw(st.sampled_from(pipeline_depths(model, engine, 8)))
     else:
         pp = draw(st.integers(1, min(model.num_layers, 8)))
-    backend: AttentionBackend = "FLASHMLA"
-    layout: KvCacheLayout = "LBNHC"
     block = draw(st.one_of(st.none(), st.sampled_from((16, 64, 128, 256, 512, 2048))))
-    if engine == "vllm":
-        backend = draw(st.sampled_from(ATTENTION_BACKENDS))
-        if backend == "TRITON_MLA":  # the one backend whose kernel takes a whole block
-            layout = draw(st.sampled_from(layouts))
-        if block is not None and not supports_block(backend, block):
-            kernel = smallest_kernel_block(backend)
-            block = kernel * -(-block // kernel)
     # Every raised block is a power-of-two multiple of 128 (the requested blocks are powers
     # of two), so an interleave of up to 16 always divides it.
     interleave = draw(st.sampled_from((1, 1, 2, 4, 8, 16)))
@@ -195,14 +201,12 @@ def deployments(
         pp=pp,
         dcp=dcp,
         dcp_interleave=interleave,
-        kv_dtype=draw(st.sampled_from(_kv_dtypes(model, engine or "vllm"))),
+        kv_dtype=draw(st.sampled_from(_kv_dtypes(model, engine))),
         spec_tokens=draw(st.integers(0, 7)),
-        block_tokens=block,
         max_padding=draw(st.one_of(st.none(), st.floats(0.05, 1.0))),
         replayssm=draw(st.booleans()),
         conv_layout=draw(st.sampled_from(CONV_LAYOUTS)),
-        attention_backend=backend,
-        kv_cache_layout=layout,
+        **_engine_settings(draw, engine, block, layouts),
     )
 
 

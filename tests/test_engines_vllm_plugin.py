@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import pytest
 
 from k3layout import Refusal
-from k3layout.engines.vllm_plugin import SWITCH, check_after_kv_cache_init
+from k3layout.engines.vllm.plugin import SWITCH, check_after_kv_cache_init
 
 PROBE = """
 import sys
-import k3layout.engines.vllm_plugin as plugin
+import k3layout.engines.vllm.plugin as plugin
 assert plugin.register() is None
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("vllm", "torch"))
 assert not loaded, loaded

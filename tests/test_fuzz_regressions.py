@@ -40,7 +40,7 @@ from k3layout.constants import (
     MAX_PADDING_LIMIT,
     MAX_RANKS,
 )
-from k3layout.layouts import VllmPlan
+from k3layout.engines.vllm import VllmPlan
 
 FIXTURES = Path(__file__).parent / "fixtures"
 QUICK_S = 1.0
@@ -358,8 +358,8 @@ def test_records_refuse_bad_values_naming_the_record_and_field() -> None:
     refusal = refused(lambda: Deployment(attn_tp=0))
     assert refusal.facts == {"record": "Deployment", "field": "attn_tp"}
     assert "greater than 0" in str(refusal)
-    refusal = refused(lambda: Deployment.model_validate({"engine": "sglang"}))
-    assert refusal.facts["field"] == "engine" and "'vllm' or 'parent'" in str(refusal)
+    refusal = refused(lambda: Deployment.model_validate({"engine": "trtllm"}))
+    assert refusal.facts["field"] == "engine" and "known: vllm, parent" in str(refusal)
     refusal = refused(lambda: Deployment.model_validate_json('{"pp": 2, "pp_partition": [1]}'))
     assert refusal.facts["field"] == "pp_partition"
     refusal = refused(

@@ -23,13 +23,14 @@ from k3layout import (
     plan,
     plan_transfer,
 )
-from k3layout.layouts.tensors import cache_spec
+from k3layout.offload.tensors import cache_spec
 from k3layout.testing import plannable_inputs
 
 
 def planned(inputs: tuple[HybridModel, Deployment]) -> EngineLayout | None:
     try:
-        return plan(*inputs)
+        result: EngineLayout = plan(*inputs)
+        return result
     except Refusal:
         return None  # a refused packing is a refusal with a code, tested elsewhere
 

@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from k3layout import (
-    ENGINES,
     Binding,
     CheckpointImage,
     Deployment,
@@ -440,6 +439,3 @@ def test_the_plan_invariants_import_and_run_without_hypothesis() -> None:
 def test_testing_re_exports_the_same_invariant_checks() -> None:
     assert testing.plan_invariant_violations is invariants.plan_invariant_violations
 
-
-def test_the_union_tags_left_out_of_refused_fields_are_the_engines() -> None:
-    assert UNION_TAGS == ENGINES

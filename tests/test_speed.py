@@ -36,8 +36,8 @@ from k3layout._frozen import (
 )
 from k3layout.constants import MAX_PAGES_PER_PLANE, PARENT_ALIGNMENT_BYTES
 from k3layout.layouts.packing import PackingFrame, search_packing
-from k3layout.layouts.parent import group_parent
-from k3layout.layouts.vllm import group_vllm
+from k3layout.engines.tokenspeed.layout import group_parent
+from k3layout.engines.vllm.layout import group_vllm
 from k3layout.transfer import Segment
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,8 @@ import pytest
 
 from k3layout import Deployment, Group, Refusal, plan_parent, plan_ride, plan_vllm, preset
 from k3layout.cache import element_bytes, record_len, replay_spec
-from k3layout.layouts import block_tokens_for, project_stages
+from k3layout.engines.vllm import block_tokens_for
+from k3layout.layouts import project_stages
 from k3layout.model import KDALayer, MLALayer, kimi_layer_pattern
 from k3layout.offload import (
     aliasing_problems,

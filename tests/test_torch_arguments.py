@@ -25,7 +25,7 @@ from k3layout import (
     plan_transfer,
     plan_vllm,
 )
-from k3layout.layouts import vllm_bound_views
+from k3layout.engines.vllm import vllm_bound_views
 from k3layout.model import kimi_layer_pattern
 from k3layout.torch import (
     Allocation,

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from k3layout import Deployment, Refusal, VllmPlan, engine_layer_names, plan, preset  # noqa: E402
-from k3layout.layouts import vllm_bound_views  # noqa: E402
+from k3layout.engines.vllm import vllm_bound_views  # noqa: E402
 from k3layout.torch import (  # noqa: E402
     allocate,
     image_units,
@@ -114,7 +114,7 @@ class _NotATensor:
 def test_junk_in_a_binding_is_refused(junk: object, where: str) -> None:
     from types import SimpleNamespace  # noqa: PLC0415
 
-    from k3layout.engines.vllm_caches import check_bound_caches, check_bound_views  # noqa: PLC0415
+    from k3layout.engines.vllm.caches import check_bound_caches, check_bound_views  # noqa: PLC0415
 
     result = dspark()
     good = dict(allocate(result, 2, device="meta").bound)

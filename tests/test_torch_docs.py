@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 import k3layout.torch
 
 MODULES = (
-    "k3layout.layouts.tensors",
+    "k3layout.offload.tensors",
     "k3layout.torch.allocation",
     "k3layout.torch.live",
     "k3layout.torch.images",

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from k3layout import Deployment, HybridModel, Refusal, VllmPlan, plan, plan_vllm, preset
-from k3layout.layouts import vllm_bound_views
+from k3layout.engines.vllm import vllm_bound_views
 from k3layout.testing import plannable_inputs
 
 
@@ -65,7 +65,7 @@ def test_bad_arguments_are_refused() -> None:
     parent = plan(preset("kimi-k3"), Deployment(engine="parent", attn_tp=8))
     for args in ((parent, 4), (plan(preset("kimi-k3"), Deployment()), 0)):
         try:
-            vllm_bound_views(*args)  # type: ignore[arg-type]
+            vllm_bound_views(*args)
         except Refusal as refused:
             assert refused.code == "invalid_argument"
         else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from k3layout import Deployment, HybridModel, MLALayer, Refusal, plan, plan_vllm
-from k3layout.vllm_rules import (
+from k3layout.engines.vllm.rules import (
     ATTENTION_BACKENDS,
     aligned_block_tokens,
     kernel_block_tokens,
@@ -113,7 +113,7 @@ def test_the_parent_engine_refuses_vllms_settings(k3: HybridModel, field: str, v
 
 def test_the_adapter_and_the_ride_refuse_a_block_outermost_plan(k3: HybridModel) -> None:
     from k3layout import plan_ride  # noqa: PLC0415
-    from k3layout.layouts.tensors import cache_spec  # noqa: PLC0415
+    from k3layout.offload.tensors import cache_spec  # noqa: PLC0415
 
     p = plan_vllm(
         k3, Deployment(attn_tp=8, attention_backend="TRITON_MLA", kv_cache_layout="BLHNC")

@@ -28,6 +28,7 @@ from ..constants import MAX_CONV_KERNEL
 from ..deployment import ConvLayout, Deployment
 from ..errors import Refusal
 from ..placements import Shard
+from ..registry import facts_of
 from .part import CachePart, Dim
 from .replay import replay_spec
 from .spec import LayerCacheSpec, Paging
@@ -58,8 +59,10 @@ class KDALayer(Frozen):
     gate_lower_bound: Annotated[float, Field(lt=0.0, allow_inf_nan=False)] | None = None
 
     def conv_rows(self, deployment: Deployment) -> int:
-        """Rows of conv history: ``K - 1 + spec_tokens``."""
-        return self.conv_kernel - 1 + deployment.spec_tokens
+        """Rows of conv history: ``K - 1``, plus ``spec_tokens`` where the engine keeps a row
+        per speculative token (vLLM; SGLang verifies in a scratch buffer instead)."""
+        extra = deployment.spec_tokens if facts_of(deployment.engine).spec_conv_rows else 0
+        return self.conv_kernel - 1 + extra
 
     def cache_spec(self, deployment: Deployment) -> LayerCacheSpec:
         """The conv state (one tensor, ``deployment.conv_layout``) then the recurrent state."""

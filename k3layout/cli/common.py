@@ -9,11 +9,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from ..deployment import CONV_LAYOUTS, ENGINES, Deployment
+from ..deployment import CONV_LAYOUTS, Deployment
 from ..dtypes import KV_CACHE_DTYPES, KvCacheDtype
+from ..engines.vllm.rules import ATTENTION_BACKENDS, KDA_PREFILL_BACKENDS, KV_CACHE_LAYOUTS
 from ..errors import Refusal
 from ..model import PRESETS, HybridModel, load_config, preset
-from ..vllm_rules import ATTENTION_BACKENDS, KDA_PREFILL_BACKENDS, KV_CACHE_LAYOUTS
+from ..registry import engine_names
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -47,7 +48,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = True) -> None:
     """The deployment's fields as options."""
     if engine:
-        parser.add_argument("--engine", choices=ENGINES, default="vllm")
+        parser.add_argument("--engine", choices=engine_names(), default="vllm")
     parser.add_argument("--attn-tp", type=int, default=1, help="attention tensor parallel size")
     parser.add_argument("--attn-dp", type=int, default=1, help="attention data-parallel replicas")
     parser.add_argument("--kv-dtype", choices=KV_CACHE_DTYPES, default="fp8")

@@ -18,7 +18,6 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, TypeAlias
 
-from ..deployment import ENGINES
 from ..errors import Refusal
 from ..layouts import EngineLayout, plan
 from ..offload import checkpoint_image, plane_order
@@ -106,7 +105,7 @@ def planned(args: argparse.Namespace) -> tuple[Planned, str]:
     model = model_from_args(args)
     if args.picture == "sweep":
         tps = default_attn_tps(model) if args.tps is None else parse_ints(args.tps, "--tps")
-        cells = sweep(model, tps, parse_dtypes(args.dtypes), ENGINES, deployment_from_args(args))
+        cells = sweep(model, tps, parse_dtypes(args.dtypes), None, deployment_from_args(args))
         return cells, f"{model.name}: {args.quantity}"
     result = plan(model, deployment_from_args(args))
     if args.picture == "image":

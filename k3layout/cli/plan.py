@@ -7,11 +7,12 @@ import math
 from typing import TYPE_CHECKING
 
 from ..constants import MAX_KV_MEMORY_GIB
+from ..engines.vllm import VllmPlan
+from ..engines.vllm.capacity import VllmCapacity
+from ..engines.vllm.rules import MAMBA_CACHE_MODES
 from ..errors import Refusal
-from ..layouts import EngineLayout, VllmPlan, plan
-from ..layouts.capacity import VllmCapacity
+from ..layouts import EngineLayout, plan
 from ..layouts.report import report
-from ..vllm_rules import MAMBA_CACHE_MODES
 from .common import (
     add_deployment_options,
     add_model_options,

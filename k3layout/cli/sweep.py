@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..deployment import ENGINES
+from ..registry import engine_names
 from ..sweep import SweepCell, default_attn_tps, sweep
 from .common import (
     add_deployment_options,
@@ -44,20 +44,20 @@ def run(args: argparse.Namespace) -> int:
         model = model_from_args(args)
         tps = default_attn_tps(model) if args.tps is None else parse_ints(args.tps, "--tps")
         dtypes = parse_dtypes(args.dtypes)
-        cells = sweep(model, tps, dtypes, ENGINES, deployment_from_args(args))
+        cells = sweep(model, tps, dtypes, None, deployment_from_args(args))
         if args.json:
             print(json.dumps([cell.model_dump(mode="json") for cell in cells], indent=2))
             return 0
         table = new_table(f"{model.name}: attention TP x dtype")
         table.add_column("attn_tp", justify="right")
         for dtype in dtypes:
-            for engine in ENGINES:
+            for engine in engine_names():
                 table.add_column(f"{engine} {dtype}")
         by_key = {(c.engine, c.kv_dtype, c.attn_tp): c for c in cells}
         for tp in tps:
             row = [str(tp)]
             for dtype in dtypes:
-                row += [_cell_text(by_key[(engine, dtype, tp)]) for engine in ENGINES]
+                row += [_cell_text(by_key[(engine, dtype, tp)]) for engine in engine_names()]
             table.add_row(*row)
         console().print(table)
         return 0

@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import re
 
-from ..deployment import ENGINES, Deployment
+from ..deployment import Deployment
 from ..dtypes import KV_CACHE_DTYPES
 from ..errors import Refusal
+from ..registry import engine_names
 from ..transfer import (
     TransferPlan,
     TransferReport,
@@ -63,7 +64,9 @@ def add_transfer_options(parser: argparse.ArgumentParser) -> None:
         default=4096,
         help="prompt tokens of the request (default 4096)",
     )
-    parser.add_argument("--engine", choices=ENGINES, default="vllm", help="both sides' engine")
+    parser.add_argument(
+        "--engine", choices=engine_names(), default="vllm", help="both sides' engine"
+    )
     parser.add_argument("--kv-dtype", choices=KV_CACHE_DTYPES, default="fp8")
     parser.add_argument("--spec-tokens", type=int, default=0, help="speculative tokens per step")
     parser.add_argument("--dcp-interleave", type=int, default=1, help="decode DCP interleave")

@@ -1,3 +1,10 @@
-"""Engine bridges: read an engine's own config and cache objects, plan from them and check
-what the engine built against the plan (``k3layout.engines.vllm``). A bridge reads the
-engine's objects by their attributes and never imports the engine."""
+"""The engines, one package each, each registering itself with :mod:`k3layout.registry`:
+
+- :mod:`.vllm`: vLLM 0.33's hybrid allocator, its capacity, and the bridge that reads vLLM's
+  own config and cache objects (and the startup plugin);
+- :mod:`.tokenspeed`: tokenspeed's parent-block packing (``engine="parent"``);
+- :mod:`.sglang`: SGLang 0.5.23's token pool and state pool, capacity, P/D and bridge.
+
+A bridge reads the engine's objects by their attributes and never imports the engine. A new
+engine is a new package here: the registry finds it.
+"""

@@ -1,39 +1,27 @@
-"""Engine layouts: the vLLM hybrid allocator and parent-block packing, one pipeline for both."""
+"""Engine layouts, engine-neutral: the protocol every plan answers, groups and planes, the
+packing search, the planning pipeline (each engine's seams come from its own package under
+:mod:`k3layout.engines`), invariants and reports."""
 
-from .bound import BoundView, vllm_bound_views
 from .groups import Group, GroupedLayout, GroupKind, PlaneMember, Stage, project_stages
 from .packing import Packing, PackingFrame, RuleCheck
-from .parent import Binding, GroupPages, LayerBinding, ParentPlan
-from .pipeline import Plan, load_plan, plan, plan_parent, plan_vllm, with_engine
+from .pipeline import Plan, load_plan, plan, with_engine
 from .protocol import ByteRange, EngineLayout, LayoutBase
-from .vllm import VllmPlan, block_tokens_for, built_model
 
 __all__ = [
-    "Binding",
-    "BoundView",
     "ByteRange",
     "EngineLayout",
     "Group",
     "GroupKind",
-    "GroupPages",
     "GroupedLayout",
-    "LayerBinding",
     "LayoutBase",
     "Packing",
     "PackingFrame",
-    "ParentPlan",
     "Plan",
     "PlaneMember",
     "RuleCheck",
     "Stage",
-    "VllmPlan",
-    "block_tokens_for",
-    "built_model",
     "load_plan",
     "plan",
-    "plan_parent",
-    "plan_vllm",
     "project_stages",
-    "vllm_bound_views",
     "with_engine",
 ]

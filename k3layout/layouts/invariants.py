@@ -10,13 +10,10 @@ holds these; they state *why* it is right, and :mod:`k3layout.testing` sweeps th
 from __future__ import annotations
 
 from .._args import expect
-from ..constants import MLA_KERNEL_BLOCK_TOKENS, PARENT_ALIGNMENT_BYTES
 from ..placements import pp_stage_bounds
-from ..vllm_rules import smallest_kernel_block
 from .groups import num_planes
-from .parent import ParentPlan
-from .protocol import EngineLayout
-from .vllm import VllmPlan, block_tokens_for
+from .protocol import EngineLayout, LayoutBase
+from .seams import rules_for
 
 __all__ = ["plan_invariant_violations"]
 
@@ -58,72 +55,10 @@ def _common_violations(result: EngineLayout) -> list[str]:
     return problems
 
 
-def _vllm_violations(result: VllmPlan) -> list[str]:
-    problems: list[str] = []
-    sizes = result.sizes
-    deployment = result.deployment
-    kernel = smallest_kernel_block(deployment.attention_backend)
-    requested = deployment.block_tokens or 0
-    align = max(MLA_KERNEL_BLOCK_TOKENS, requested, kernel)
-    if result.block_tokens % kernel:
-        problems.append(f"block {result.block_tokens} is not on {kernel}-token kernel blocks")
-    if result.block_tokens < requested:
-        problems.append(f"block {result.block_tokens} is below the requested {requested}")
-    if result.block_tokens % result.kernel_block_tokens:
-        problems.append("the kernel block does not divide the block")
-    raised = block_tokens_for(sizes, deployment.block_tokens, deployment.attention_backend)
-    if result.block_tokens != raised:
-        problems.append("block is not the raise of the requested block")
-    if result.page_bytes != result.block_tokens * sizes.attention_bytes_per_token:
-        problems.append("page is not block x attention bytes per token")
-    state = sizes.kda_state_bytes
-    if state > result.page_bytes:
-        problems.append(f"KDA state {state} does not fit the page {result.page_bytes}")
-    if state and (result.block_tokens - align) * sizes.attention_bytes_per_token >= state:
-        problems.append("a smaller block would hold the state: the raise is not minimal")
-    if result.block_bytes != result.num_planes * result.page_bytes:
-        problems.append("block bytes are not planes x page")
-    if result.block_tokens % result.deployment.dcp_interleave:
-        problems.append("DCP interleave does not divide the block")
-    return problems
-
-
-def _parent_violations(result: ParentPlan) -> list[str]:
-    problems: list[str] = []
-    packing = result.packing
-    page = result.mla_page_bytes
-    state = result.sizes.kda_state_bytes
-    if packing.plane_bytes != packing.mla_pages * page:
-        problems.append("plane is not exactly p_m MLA pages (exact page stride)")
-    if packing.plane_bytes % PARENT_ALIGNMENT_BYTES:
-        problems.append("plane is not 256-byte aligned")
-    if state and packing.state_pages * state > packing.plane_bytes:
-        problems.append("p_l states do not fit the plane")
-    if state and packing.state_pages < 1:
-        problems.append("no state page per plane")
-    if result.parent_bytes != result.num_planes * packing.plane_bytes:
-        problems.append("parent is not planes x plane")
-    limit = result.max_padding
-    for name, fraction in result.padding_fraction.items():
-        if fraction < -1e-12:
-            problems.append(f"negative padding {fraction} for {name}")
-        if limit is not None and fraction > limit + 1e-12:
-            problems.append(f"padding {fraction:.4f} of {name} exceeds {limit}")
-    for name, share in result.utilization.items():
-        if not 0 < share <= 1 + 1e-12:
-            problems.append(f"utilization {share} of {name} outside (0, 1]")
-    if result.num_planes != len(result.model.attention_layer_ids):
-        problems.append("planes are not one per MLA layer plus draft")
-    return problems
-
-
-def plan_invariant_violations(result: VllmPlan | ParentPlan) -> list[str]:
+def plan_invariant_violations(result: EngineLayout) -> list[str]:
     """Every invariant of ``result`` that does not hold, described (``[]`` when all hold):
     groups partition the layers by kind, planes match groups, stages partition the layers and
     project the groups, sizes positive; per engine, the block raise or the packing rules.
     Refuses (``invalid_argument``) a ``result`` that is not a plan."""
-    expect("result", result, (VllmPlan, ParentPlan))
-    problems = _common_violations(result)
-    if isinstance(result, VllmPlan):
-        return problems + _vllm_violations(result)
-    return problems + _parent_violations(result)
+    expect("result", result, LayoutBase)
+    return _common_violations(result) + rules_for(result.engine).violations(result)

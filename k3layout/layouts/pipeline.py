@@ -1,16 +1,15 @@
 """The planning pipeline, written once: check -> sizes -> groups -> stages -> pack.
 
-An engine flavour supplies its seams (its own refusals, its grouping rule, its packing) and
-never restates the order. Every step is a pure function over frozen values.
+An engine supplies its seams (its own refusals, its grouping rule, its packing) through the
+registry (:class:`~k3layout.registry.EngineRules`) and never restates the order. Every step is
+a pure function over frozen values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Annotated, Generic, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
-from pydantic import ConfigDict, Field, TypeAdapter
+from pydantic import BeforeValidator, SerializeAsAny, TypeAdapter
 
 from .._args import expect_args
 from .._derivation import deriving
@@ -20,37 +19,28 @@ from ..deployment import Deployment, EngineFlavour
 from ..errors import Refusal
 from ..limits import checked_bytes
 from ..model import HybridModel
-from ..sizes import RankSizes, rank_sizes
-from .groups import Group, Stage, projected_stages
-from .parent import ParentPlan, check_parent, group_parent, pack_parent
-from .vllm import VllmPlan, check_vllm, group_vllm, pack_vllm
-
-Plan: TypeAlias = Annotated[VllmPlan | ParentPlan, Field(discriminator="engine")]
-"""A plan of either engine, tagged by ``engine``."""
-
-PLAN_ADAPTER: TypeAdapter[VllmPlan | ParentPlan] = TypeAdapter(
-    Plan, config=ConfigDict(defer_build=True)
-)
+from ..registry import canonical_name
+from ..sizes import rank_sizes
+from .groups import projected_stages
+from .protocol import EngineLayout, LayoutBase
+from .seams import EngineRules, rules_for
 
 
-PlanT = TypeVar("PlanT", VllmPlan, ParentPlan)
+def _engine_plan(value: Any) -> Any:
+    """A plan's record (a mapping tagged by ``engine``) validated as that engine's plan."""
+    if isinstance(value, dict) and "engine" in value:
+        return rules_for(value["engine"]).plan_type.model_validate(value)
+    return value
 
 
-@dataclass(frozen=True)
-class EngineSeams(Generic[PlanT]):
-    """What an engine flavour adds to the pipeline: its refusals (returning the model the
-    engine builds: vLLM builds no drafter without speculative tokens), grouping rule and
-    packing."""
+if TYPE_CHECKING:
+    Plan: TypeAlias = EngineLayout
+else:
+    Plan = Annotated[SerializeAsAny[LayoutBase], BeforeValidator(_engine_plan)]
+"""A plan of any registered engine, tagged by ``engine`` (each engine's plan type validates
+its own record); type checkers see the :class:`EngineLayout` protocol."""
 
-    check: Callable[[HybridModel, Deployment], HybridModel]
-    group: Callable[[HybridModel, RankSizes], tuple[Group, ...]]
-    pack: Callable[
-        [HybridModel, Deployment, RankSizes, tuple[Group, ...], tuple[Stage, ...]], PlanT
-    ]
-
-
-VLLM_SEAMS = EngineSeams[VllmPlan](check=check_vllm, group=group_vllm, pack=pack_vllm)
-PARENT_SEAMS = EngineSeams[ParentPlan](check=check_parent, group=group_parent, pack=pack_parent)
+PLAN_ADAPTER: TypeAdapter[EngineLayout] = TypeAdapter(Plan)
 
 
 def check_parallelism(model: HybridModel, deployment: Deployment) -> None:
@@ -66,8 +56,12 @@ def check_parallelism(model: HybridModel, deployment: Deployment) -> None:
         )
 
 
-def plan(model: HybridModel, deployment: Deployment) -> VllmPlan | ParentPlan:
+def plan(model: HybridModel, deployment: Deployment) -> Any:
     """Plan ``model``'s KV cache under ``deployment`` for ``deployment.engine``.
+
+    Typed ``Any`` for the engine's own plan type (``VllmPlan``, ``ParentPlan``,
+    ``SglangPlan``): which one follows from the deployment's ``engine`` at run time; each
+    engine package has a ``plan_<engine>`` typed by its plan.
 
     Returns a frozen, JSON-serialisable plan, or raises :class:`~k3layout.Refusal`.
 
@@ -77,47 +71,35 @@ def plan(model: HybridModel, deployment: Deployment) -> VllmPlan | ParentPlan:
     (1536, 884736, 29, 25657344)
     """
     expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
-    if deployment.engine == "parent":
-        return _run(model, deployment, PARENT_SEAMS)
-    return _run(model, deployment, VLLM_SEAMS)
+    return run_pipeline(model, deployment, rules_for(deployment.engine))
 
 
-def _run(model: HybridModel, deployment: Deployment, seams: EngineSeams[PlanT]) -> PlanT:
+def run_pipeline(model: HybridModel, deployment: Deployment, rules: EngineRules) -> Any:
+    """The pipeline with ``rules``' seams (each engine's own ``plan_<engine>`` calls this with
+    its rules, typed by its plan)."""
     check_parallelism(model, deployment)
-    model = seams.check(model, deployment)
+    model = rules.check(model, deployment)
     sizes = rank_sizes(model, deployment)
-    groups = seams.group(model, sizes)
+    groups = rules.group(model, sizes)
     stages = projected_stages(model, deployment, groups)
     with deriving():  # the plan is its own derivation: its validator need not re-plan
-        result = seams.pack(model, deployment, sizes, groups, stages)
+        result = rules.pack(model, deployment, sizes, groups, stages)
     # plan.sizes derives exactly these from (model, deployment): keep the ones just derived
     # (a cached property keeps its value in the instance dict, so it is seeded there).
     result.__dict__["sizes"] = sizes
     return result
 
 
-def plan_vllm(model: HybridModel, deployment: Deployment) -> VllmPlan:
-    """:func:`plan` with ``engine="vllm"`` whatever the deployment names."""
-    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
-    return _run(model, with_engine(deployment, "vllm"), VLLM_SEAMS)
-
-
-def plan_parent(model: HybridModel, deployment: Deployment) -> ParentPlan:
-    """:func:`plan` with ``engine="parent"`` whatever the deployment names."""
-    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
-    return _run(model, with_engine(deployment, "parent"), PARENT_SEAMS)
-
-
 def with_engine(deployment: Deployment, engine: EngineFlavour) -> Deployment:
     """The same deployment for another engine (built anew, so it is validated)."""
     expect_args(("deployment", deployment, Deployment), ("engine", engine, str))
-    if deployment.engine == engine:
+    if canonical_name(engine) == deployment.engine:
         return deployment
     fields = {name: getattr(deployment, name) for name in Deployment.model_fields}
     return Deployment.model_validate({**fields, "engine": engine})
 
 
-def load_plan(data: str | bytes) -> VllmPlan | ParentPlan:
+def load_plan(data: str | bytes) -> Any:
     """A plan back from its JSON (``plan.model_dump_json()``), re-planned from its own model and
     deployment: a stored number the planner would not give is refused (``plan_mismatch``);
     bad JSON, a bad field or byte counts beyond int64 are refused naming the field."""

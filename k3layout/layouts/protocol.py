@@ -9,7 +9,7 @@ the per-rank cache specs (:attr:`LayoutBase.sizes`) derived from the model.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import NonNegativeInt
 
@@ -34,9 +34,12 @@ class ByteRange(PartRange):
 class LayoutBase(GroupedLayout):
     """The fields and answers both engine layouts share."""
 
+    engine: str
     model: HybridModel
     deployment: Deployment
     stages: tuple[Stage, ...]
+    report_type: ClassVar[type[Any]]
+    """The engine's report record (:func:`k3layout.layouts.report.report` builds it)."""
 
     @cached_property
     def sizes(self) -> RankSizes:
@@ -147,6 +150,8 @@ class EngineLayout(Protocol):
     - ``byte_range(layer, part, block, num_blocks)``: where any part of any layer's page lies
       in a rank's allocation.
     """
+
+    report_type: ClassVar[type[Any]]
 
     @property
     def engine(self) -> EngineFlavour: ...

@@ -1,6 +1,6 @@
 """A plan checks itself: it must equal what the pipeline derives from its model and deployment.
 
-``load_plan`` of a tampered plan, or a ``VllmPlan`` / ``ParentPlan`` built by hand, is re-planned
+``load_plan`` of a tampered plan, or a plan built by hand, is re-planned
 from its own ``(model, deployment)`` and refused (``plan_mismatch``) at the first stored field
 the planner would not give; a ``(model, deployment)`` the planner refuses is refused with the
 planner's own refusal. The pipeline builds its plans inside
@@ -11,18 +11,17 @@ from __future__ import annotations
 
 from .._derivation import as_fact, check_derivation
 from ..errors import Refusal
-from .parent import ParentPlan
 from .pipeline import plan
-from .vllm import VllmPlan
+from .protocol import LayoutBase
 
 PLAN_HINT = "re-plan from the model and deployment (k3layout.plan)"
 
 
-def check_plan(stored: VllmPlan | ParentPlan) -> None:
+def check_plan(stored: LayoutBase) -> None:
     """Refuse ``stored`` unless it is ``plan(stored.model, stored.deployment)``, field by field."""
     derived = plan(stored.model, stored.deployment)
     thing = f"{stored.engine} plan of {stored.model.name}"
-    if derived.engine != stored.engine:
+    if type(derived) is not type(stored):  # the deployment names another engine
         raise Refusal(
             "plan_mismatch",
             f"{thing}: engine is not what the planner derives from the plan's own inputs "

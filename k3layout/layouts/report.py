@@ -8,18 +8,17 @@ a field is renamed or removed; new fields may be added.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import ConfigDict, Field, TypeAdapter
+from pydantic import BeforeValidator, SerializeAsAny, TypeAdapter
 
 from .._frozen import Frozen
 from ..cache import LayerCacheSpec
 from ..deployment import Deployment
 from ..sizes import RankSizes
-from .capacity import VllmCapacity
 from .groups import Group, Stage
-from .packing import RuleCheck
 from .protocol import EngineLayout
+from .seams import rules_for
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -86,20 +85,8 @@ class StageReport(Frozen):
     planes: int
 
 
-class VllmStageReport(StageReport):
-    """One pipeline stage of a ``vllm`` plan, with the bytes one block costs on it."""
-
-    block_bytes: int
-
-
-class ParentStageReport(StageReport):
-    """One pipeline stage of a ``parent`` plan, with the bytes of one of its parents."""
-
-    parent_bytes: int
-
-
 class PlanReport(Frozen):
-    """What a report of either engine holds."""
+    """What a report of every engine holds (each engine's report adds its own fields)."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
     model: str
@@ -111,44 +98,17 @@ class PlanReport(Frozen):
     bytes_per_token: float
 
 
-class VllmReport(PlanReport):
-    """``k3layout plan --engine vllm --json``."""
-
-    engine: Literal["vllm"] = "vllm"
-    block_tokens: int
-    page_bytes: int
-    block_bytes: int
-    kda_page_padding_bytes: int
-    attention_span_tokens: int
-    kda_span_tokens: int
-    attention_backend: str
-    kernel_block_tokens: int
-    kv_cache_layout: str
-    stages: tuple[VllmStageReport, ...]
-    capacity: VllmCapacity | None = None
-    """With ``--kv-memory-gib`` and ``--max-model-len``: ``num_blocks``, blocks per request by
-    group and the maximum concurrency, as vLLM counts them."""
+def _engine_report(value: Any) -> Any:
+    """A report's record (a mapping tagged by ``engine``) validated as that engine's report."""
+    if isinstance(value, dict) and "engine" in value:
+        return rules_for(value["engine"]).plan_type.report_type.model_validate(value)
+    return value
 
 
-class ParentReport(PlanReport):
-    """``k3layout plan --engine parent --json``."""
+Report: TypeAlias = Annotated[SerializeAsAny[PlanReport], BeforeValidator(_engine_report)]
+"""A report of any registered engine, tagged by ``engine``."""
 
-    engine: Literal["parent"] = "parent"
-    mla_page_bytes: int
-    plane_bytes: int
-    parent_bytes: int
-    packing: dict[str, int]
-    padding_fraction: dict[str, float]
-    utilization: dict[str, float]
-    max_padding: float | None
-    rule_1152: RuleCheck | None
-    stages: tuple[ParentStageReport, ...]
-
-
-Report: TypeAlias = Annotated[VllmReport | ParentReport, Field(discriminator="engine")]
-REPORT_ADAPTER: TypeAdapter[VllmReport | ParentReport] = TypeAdapter(
-    Report, config=ConfigDict(defer_build=True)
-)
+REPORT_ADAPTER: TypeAdapter[PlanReport] = TypeAdapter(Report)
 
 
 def _stage_fields(stage: Stage) -> dict[str, object]:
@@ -160,13 +120,13 @@ def _stage_fields(stage: Stage) -> dict[str, object]:
     }
 
 
-def report(plan: EngineLayout, capacity: VllmCapacity | None = None) -> VllmReport | ParentReport:
-    """Every number of ``plan`` under its documented JSON name (and vLLM's ``capacity`` of a
-    budget, when given)."""
+def report(plan: EngineLayout, capacity: Frozen | None = None) -> PlanReport:
+    """Every number of ``plan`` under its documented JSON name, in its engine's report type
+    (and the engine's ``capacity`` of a budget, when given)."""
     fields, stage_key = plan.report_fields()
     if capacity is not None:
         fields = {**fields, "capacity": capacity}
-    return REPORT_ADAPTER.validate_python(
+    made: PlanReport = plan.report_type.model_validate(
         {
             "engine": plan.engine,
             "model": plan.model.name,
@@ -183,3 +143,4 @@ def report(plan: EngineLayout, capacity: VllmCapacity | None = None) -> VllmRepo
             **fields,
         }
     )
+    return made

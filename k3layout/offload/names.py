@@ -164,14 +164,23 @@ class LayerNames(Frozen):
             )
 
 
+@lru_cache(maxsize=1)
+def _rules_by_engine() -> dict[str, tuple[NamingRule, ...]]:
+    """:data:`NAMING_RULES` by the engine that names by them, in table order."""
+    by_engine: dict[str, list[NamingRule]] = {}
+    for rule in NAMING_RULES:
+        by_engine.setdefault(rule.engine, []).append(rule)
+    return {engine: tuple(rules) for engine, rules in by_engine.items()}
+
+
 def naming_rule(model: HybridModel, engine: NamingEngine = "atom") -> NamingRule:
     """The rule ``engine`` names ``model``'s layers by (refuses an engine with no rule)."""
     expect_args(("model", model, HybridModel))
     expect("engine", engine, str)
-    for rule in NAMING_RULES:
-        if rule.engine == engine and (not rule.model_types or model.model_type in rule.model_types):
+    for rule in _rules_by_engine().get(engine, ()):
+        if not rule.model_types or model.model_type in rule.model_types:
             return rule
-    engines = sorted({rule.engine for rule in NAMING_RULES})
+    engines = sorted(_rules_by_engine())
     raise Refusal(
         "invalid_argument",
         f"engine={engine!r} has no naming rule (known: {', '.join(engines)})",

@@ -6,7 +6,7 @@ it out; the parent engine's ``bind(n)`` arena). ``vllm``: plane ``j`` is ``uint8
 page]`` and every layer's tensors are strided views cut from its plane, so KDA layer ``j`` of
 every group and attention layer ``j`` share plane ``j``'s bytes. One backing also lets the image
 helpers copy a unit's pages of every plane in one strided copy. The views follow
-:func:`~k3layout.layouts.tensors.cache_spec`; the registered mapping has the form vLLM hands a
+:func:`~k3layout.offload.tensors.cache_spec`; the registered mapping has the form vLLM hands a
 connector: a tensor per attention layer (and DSA index region), a tuple ``(conv, recurrent)``
 per KDA layer (the conv state is ONE tensor, vLLM's ``SD`` or ``DS`` layout as the deployment
 says).
@@ -23,8 +23,9 @@ import torch
 
 from .._args import expect, expect_args, expect_int
 from .._validation import describe
+from ..engines.vllm import BoundView, VllmPlan, vllm_bound_views
 from ..errors import Refusal
-from ..layouts import BoundView, EngineLayout, LayoutBase, VllmPlan, vllm_bound_views
+from ..layouts import EngineLayout, LayoutBase
 from ..limits import check_int64
 from ..offload import LayerNames
 from ._checks import tensor_parts
@@ -248,7 +249,7 @@ def allocate(
     spec = cache_spec(plan, num_blocks, stage=stage, names=names)
     # one backing, planes consecutive (vLLM 0.33's one KV-cache tensor; the parent's arena)
     backing = _buffer((spec.num_planes, spec.plane_span_bytes), fill, where)
-    if spec.engine == "vllm":
+    if spec.pages_tile_planes:
         backing = backing.view(spec.num_planes, spec.num_blocks, spec.page_bytes)
     planes = tuple(backing[j] for j in range(spec.num_planes))
     layers = {

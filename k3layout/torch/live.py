@@ -31,9 +31,10 @@ from pydantic import NonNegativeInt
 
 from .._args import expect_args, expect_sequence
 from .._frozen import Frozen
-from ..engines.vllm_caches import check_bound_views
+from ..engines.vllm import VllmPlan, vllm_bound_views
+from ..engines.vllm.caches import check_bound_views
 from ..errors import Fact, Refusal
-from ..layouts import EngineLayout, LayoutBase, Plan, VllmPlan, vllm_bound_views
+from ..layouts import EngineLayout, LayoutBase, Plan
 from ..offload import LayerNames, TensorView, check_aliasing, engine_layer_names, plane_order
 from ..offload.stage import num_image_planes, ridable
 from ._checks import expect_registered, tensor_parts
@@ -130,7 +131,7 @@ def _binds_as_vllm(plan: VllmPlan, registered: Registered, stage: int) -> bool:
 def _from_vllm_binding(
     plan: VllmPlan, registered: Registered, stage: int
 ) -> tuple[LayerNames, dict[str, tuple[torch.Tensor, ...]]]:
-    """vLLM's binding checked as vLLM binds it (:func:`~k3layout.engines.vllm_caches.
+    """vLLM's binding checked as vLLM binds it (:func:`~k3layout.engines.vllm.caches.
     check_bound_views`, every corruption named), then cut into the plan's parts the way its
     layers slice their views (conv and recurrent out of the raw KDA page, the latent rows out
     of the kernel blocks): the rest of validation, the ride and the images take those."""
@@ -372,7 +373,7 @@ def _plane_bases(spec: CacheSpec, parts: dict[str, tuple[torch.Tensor, ...]]) ->
     implied = _implied_bases(spec, parts)
     starts = Counter(base - layer.plane * span for layer, base in implied)
     start, votes = starts.most_common(1)[0]
-    if spec.engine == "parent" or 2 * votes > len(implied):
+    if not spec.pages_tile_planes or 2 * votes > len(implied):
         return tuple(start + j * span for j in range(spec.num_planes))
     candidates: dict[int, Counter[int]] = {j: Counter() for j in range(spec.num_planes)}
     aligned: set[int] = set()

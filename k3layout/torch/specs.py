@@ -1,8 +1,8 @@
-"""The tensors a rank registers for a plan, as data: moved to :mod:`k3layout.layouts.tensors`
+"""The tensors a rank registers for a plan, as data: moved to :mod:`k3layout.offload.tensors`
 (pure Python, no torch) and re-exported here for the adapter."""
 
 from ..cache import ElementDtype, element_bytes
-from ..layouts.tensors import CacheSpec, LayerKind, LayerSpec, PartName, PartSpec, cache_spec
+from ..offload.tensors import CacheSpec, LayerKind, LayerSpec, PartName, PartSpec, cache_spec
 
 __all__ = [
     "CacheSpec",

@@ -30,7 +30,8 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 from .._frozen import Frozen
 from ..cache import LayerCacheSpec
 from ..errors import Fact, Refusal
-from ..layouts import EngineLayout, built_model
+from ..layouts import EngineLayout
+from ..layouts.seams import rules_for
 from ..model import HybridModel, KDALayer, MLALayer, kimi_layer_pattern
 from ..offload import NamingEngine
 from ..offload.stage import ridable
@@ -163,7 +164,7 @@ def tp_ranks(
     for _ in range(plan.deployment.attn_tp):
         cache = allocate(plan, num_blocks, fill=fill)
         # the run goes through what the engine binds
-        registered = cache.bound if naming == "vllm" and cache.bound else cache.registered
+        registered = cache.registered if naming == "atom" or not cache.bound else cache.bound
         ranks.append(Rank(layout=validate(plan, registered), registered=registered))
     return tuple(ranks)
 
@@ -310,7 +311,7 @@ def _check_run(
         raise _refuse_run("no ranks given", "pass tp_ranks(plan, ...)", num_ranks=0)
     plan = ridable(ranks[0].layout.plan)
     deployment = plan.deployment
-    built = built_model(model.config.model(), deployment)
+    built = rules_for(deployment.engine).built_model(model.config.model(), deployment)
     if any(rank.layout.plan != plan for rank in ranks) or plan.model != built:
         raise Refusal(
             "model_mismatch",

@@ -12,7 +12,7 @@ require_vllm()
 
 from vllm.v1.kv_cache_interface import get_mamba_prefill_checkpoint_position  # noqa: E402
 
-from k3layout.vllm_rules import replay_boundary  # noqa: E402
+from k3layout.engines.vllm.rules import replay_boundary  # noqa: E402
 
 PROMPTS = sorted({1, 2, 15, 16, 17, *range(1000, 40_000, 997), 9215, 9216, 9217, 9415, 1 << 20})
 

@@ -1,4 +1,4 @@
-"""The vLLM startup check (``k3layout.engines.vllm_plugin``) run the way vLLM 0.33 runs it:
+"""The vLLM startup check (``k3layout.engines.vllm.plugin``) run the way vLLM 0.33 runs it:
 vLLM's own ``WorkerWrapperBase.initialize_from_config``, wrapped by ``register()``, hands the
 rank's ``KVCacheConfig`` to a worker that allocates and binds the cache with vLLM's code
 (``vllm_engine.bind`` then ``bind_kv_cache_to_layers``, on ``meta``). The check logs one line
@@ -29,7 +29,7 @@ from vllm_engine import Case, Engine, bind, start  # noqa: E402
 
 from k3layout import Refusal  # noqa: E402
 from k3layout.engines.vllm import check_kv_caches  # noqa: E402
-from k3layout.engines.vllm_plugin import SWITCH, register  # noqa: E402
+from k3layout.engines.vllm.plugin import SWITCH, register  # noqa: E402
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 Caches = dict[str, torch.Tensor]

@@ -18,17 +18,15 @@ them from its own backing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
-from .._args import expect_args, expect_int
-from .._frozen import Frozen
-from ..errors import Refusal
-from .vllm import VllmPlan
-
-if TYPE_CHECKING:
-    from ..offload.names import LayerNames
+from ..._args import expect_args, expect_int
+from ..._frozen import Frozen
+from ...errors import Refusal
+from ...offload.names import LayerNames, engine_layer_names
+from .layout import VllmPlan
 
 BoundDtype: TypeAlias = Literal["int8", "uint8", "bfloat16", "float16", "float32"]
 """The torch dtype (``torch.<name>``) of a bound view."""
@@ -92,9 +90,6 @@ def vllm_bound_views(
     [('language_model.model.layers.2.self_attn', (272, 1, 1, 6512640)),
      ('language_model.model.layers.3.self_attn', (48416, 1, 64, 576))]
     """
-    # The offload package builds on the layouts: its names are imported when first needed.
-    from ..offload.names import engine_layer_names  # noqa: PLC0415
-
     expect_args(("plan", plan, VllmPlan))
     if expect_int("num_blocks", num_blocks) < 1:
         raise Refusal(

@@ -1,10 +1,10 @@
 """Engine layout A: vLLM's hybrid allocator (``engine="vllm"``).
 
-1. **Block size raise** (:func:`~k3layout.vllm_rules.aligned_block_tokens`): ``A = max(128,
+1. **Block size raise** (:func:`~k3layout.engines.vllm.rules.aligned_block_tokens`): ``A = max(128,
    requested)``; the attention block becomes ``A * ceil(S / (A * attn_bytes_per_token))``
    tokens on whole kernel blocks of the attention backend, so one attention page can hold one
    KDA state; the KDA page is padded up to the attention page, so every layer has one page
-   size. The rules of the vLLM release followed are in :mod:`k3layout.vllm_rules`.
+   size. The rules of the vLLM release followed are in :mod:`k3layout.engines.vllm.rules`.
 2. **Grouping**: layers with identical specs form a bucket; ``group_size`` is the smallest
    bucket, or the largest when it is under 1.5x the smallest; a bucket of ``n`` splits into
    ``ceil(n / group_size)`` strided groups ``bucket[i::num_groups]``.
@@ -17,22 +17,26 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import PositiveInt, model_validator
 
-from .._args import expect_args, expect_int
-from .._derivation import SelfChecked, is_deriving
-from .._frozen import trusted
-from .._validation import describe
-from ..constants import MAX_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
-from ..deployment import Deployment
-from ..errors import Refusal
-from ..limits import check_bound, checked_bytes
-from ..model import HybridModel
-from ..placements import Interleave, pp_stage_bounds
-from ..sizes import RankSizes
-from ..vllm_rules import (
+from ..._args import expect_args, expect_int
+from ..._derivation import SelfChecked, is_deriving
+from ..._frozen import trusted
+from ..._validation import describe
+from ...constants import MAX_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
+from ...deployment import Deployment
+from ...errors import Refusal
+from ...layouts.groups import Group, Stage, group_kind, group_names, split_strided
+from ...layouts.protocol import ByteRange, LayoutBase
+from ...limits import check_bound, checked_bytes
+from ...model import HybridModel
+from ...placements import Interleave, pp_stage_bounds
+from ...sizes import RankSizes
+from .capacity import VllmCapacity, vllm_capacity
+from .report import VllmReport
+from .rules import (
     ATTENTION_BACKENDS,
     AttentionBackend,
     aligned_block_tokens,
@@ -42,9 +46,6 @@ from ..vllm_rules import (
     check_mtp_depth,
     kernel_block_tokens,
 )
-from .capacity import VllmCapacity, vllm_capacity
-from .groups import Group, Stage, group_kind, group_names, split_strided
-from .protocol import ByteRange, LayoutBase
 
 
 class VllmPlan(SelfChecked, LayoutBase):
@@ -62,6 +63,7 @@ class VllmPlan(SelfChecked, LayoutBase):
     """
 
     engine: Literal["vllm"] = "vllm"
+    report_type: ClassVar[type[VllmReport]] = VllmReport
     block_tokens: PositiveInt
     page_bytes: PositiveInt
 
@@ -69,7 +71,7 @@ class VllmPlan(SelfChecked, LayoutBase):
     def _is_its_own_derivation(self) -> VllmPlan:
         # Built outside the pipeline (by hand, load_plan, model_copy): re-plan and compare.
         if not is_deriving():
-            from .rederive import check_plan  # noqa: PLC0415 - rederive imports the pipeline
+            from ...layouts.rederive import check_plan  # noqa: PLC0415 - rederive imports the pipeline
 
             check_plan(self)
         return self
@@ -257,7 +259,7 @@ class VllmPlan(SelfChecked, LayoutBase):
     def capacity(self, budget_bytes: int, max_model_len: int) -> VllmCapacity:
         """What ``budget_bytes`` per rank serves at ``max_model_len`` tokens per request:
         ``num_blocks``, blocks per request by group and the maximum concurrency, as vLLM
-        counts them (:mod:`k3layout.layouts.capacity`)."""
+        counts them (:mod:`k3layout.engines.vllm.capacity`)."""
         return vllm_capacity(self, budget_bytes, max_model_len)
 
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:
@@ -385,13 +387,20 @@ def stage_without_attention(model: HybridModel, bounds: tuple[tuple[int, int], .
 
 
 def built_model(model: HybridModel, deployment: Deployment) -> HybridModel:
-    """The model an engine builds for ``deployment``: vLLM builds no drafter without
-    speculative tokens, so a draft's layers take no cache then (K3 + DSpark at 0 tokens: 24
-    planes, not 29); the parent engine builds what it is given."""
+    """The model vLLM builds for ``deployment``: no drafter without speculative tokens, so a
+    draft's layers take no cache then (K3 + DSpark at 0 tokens: 24 planes, not 29)."""
     expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
-    if deployment.engine == "vllm" and model.draft_layers and deployment.spec_tokens == 0:
+    if model.draft_layers and deployment.spec_tokens == 0:
         return HybridModel(name=model.name, model_type=model.model_type, layers=model.layers)
     return model
+
+
+def serves_pipeline(model: HybridModel, pp: int) -> bool:
+    """Whether vLLM's even split of ``model`` over ``pp`` stages gives every stage holding a
+    state layer an attention layer too (``stage_without_attention``); draft layers are not
+    counted, since vLLM builds a draft only with speculative tokens."""
+    target = HybridModel(name=model.name, model_type=model.model_type, layers=model.layers)
+    return stage_without_attention(target, pp_stage_bounds(model.num_layers, pp)) is None
 
 
 def group_vllm(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:

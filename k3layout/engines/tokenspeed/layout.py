@@ -10,22 +10,23 @@ of every group, so the state rides inside the MLA planes. A parent is one plane 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import NonNegativeInt, PositiveInt, model_validator
 
-from .._args import expect, expect_int
-from .._derivation import SelfChecked, deriving, is_deriving, mismatch
-from .._frozen import trusted
-from ..constants import DEFAULT_MAX_PADDING_FRACTION, PARENT_PAGE_TOKENS
-from ..deployment import Deployment
-from ..errors import Refusal
-from ..limits import checked_bytes
-from ..model import HybridModel
-from ..sizes import RankSizes
-from .groups import Group, GroupKind, Stage, group_names, num_planes, split_contiguous
-from .packing import Packing, PackingFrame, RuleCheck, rule_1152, search_packing
-from .protocol import ByteRange, LayoutBase
+from ..._args import expect, expect_int
+from ..._derivation import SelfChecked, deriving, is_deriving, mismatch
+from ..._frozen import trusted
+from ...constants import DEFAULT_MAX_PADDING_FRACTION, PARENT_PAGE_TOKENS
+from ...deployment import Deployment
+from ...errors import Refusal
+from ...layouts.groups import Group, GroupKind, Stage, group_names, num_planes, split_contiguous
+from ...layouts.packing import Packing, PackingFrame, RuleCheck, rule_1152, search_packing
+from ...layouts.protocol import ByteRange, LayoutBase
+from ...limits import checked_bytes
+from ...model import HybridModel
+from ...sizes import RankSizes
+from .report import ParentReport
 
 
 class GroupPages(SelfChecked):
@@ -160,6 +161,7 @@ class ParentPlan(SelfChecked, LayoutBase):
     """
 
     engine: Literal["parent"] = "parent"
+    report_type: ClassVar[type[ParentReport]] = ParentReport
     packing: Packing
     max_padding: float | None
     rule_1152: RuleCheck | None
@@ -168,7 +170,7 @@ class ParentPlan(SelfChecked, LayoutBase):
     def _is_its_own_derivation(self) -> ParentPlan:
         # Built outside the pipeline (by hand, load_plan, model_copy): re-plan and compare.
         if not is_deriving():
-            from .rederive import check_plan  # noqa: PLC0415 - rederive imports the pipeline
+            from ...layouts.rederive import check_plan  # noqa: PLC0415 - rederive imports the pipeline
 
             check_plan(self)
         return self

@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import Refusal
-from ..layouts import VllmPlan
+from ...errors import Refusal
+from .bridge import check_kv_caches
+from .layout import VllmPlan
 
 __all__ = ["SWITCH", "check_after_kv_cache_init", "register"]
 
@@ -65,9 +66,6 @@ def check_after_kv_cache_init(
     :func:`~k3layout.engines.vllm.check_kv_caches` (which checks ``kv_cache_config`` first).
     Logs one line and returns the plan when they agree; logs the refusal and raises it
     unchanged when they do not."""
-    # Imported here: k3layout.engines.vllm re-exports register() from this module.
-    from .vllm import check_kv_caches  # noqa: PLC0415
-
     try:
         result = check_kv_caches(vllm_config, kv_cache_config, kv_caches, stage)
     except Refusal as refusal:

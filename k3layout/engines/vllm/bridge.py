@@ -12,7 +12,7 @@ vLLM's own code on CPU).
   every tensor's offset and strides put each layer's pages. The refusal (``plan_mismatch``)
   names the first difference: the planned value, vLLM's value and the layer.
 - :func:`check_kv_caches`: then the tensors the worker bound to every layer
-  (:mod:`~k3layout.engines.vllm_caches`).
+  (:mod:`~k3layout.engines.vllm.caches`).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .._args import expect, expect_int
-from ..deployment import Deployment
-from ..errors import Refusal
-from ..layouts import VllmPlan, plan_vllm
-from ..model import HybridModel, model_from_config
-from .vllm_caches import check_bound_caches
-from .vllm_plugin import register
+from ..._args import expect, expect_int
+from ...deployment import Deployment
+from ...errors import Refusal
+from ...model import HybridModel, model_from_config
+from .caches import check_bound_caches
+from .engine import plan_vllm
+from .layout import VllmPlan
 
 __all__ = [
     "check_kv_cache_config",
@@ -37,7 +37,6 @@ __all__ = [
     "layer_of",
     "model_from_vllm",
     "plan_from_vllm",
-    "register",
 ]
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -215,5 +214,5 @@ def _mismatch(what: str, planned: Any, actual: Any, layer: int | None = None) ->
         f"{planned}, vLLM {actual}",
         facts={"field": what, "planned": str(planned), "actual": str(actual), "layer": layer},
         hint="the engine and the planner disagree: check the vLLM version and flags the plan "
-        "follows (k3layout.vllm_rules.VLLM_VERSION)",
+        "follows (k3layout.engines.vllm.rules.VLLM_VERSION)",
     )

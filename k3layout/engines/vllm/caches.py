@@ -1,7 +1,7 @@
 """vLLM 0.33: check the KV caches a worker really bound against the plan.
 
 vLLM binds every layer a view of the rank's one backing (a raw int8 page per KDA layer, MLA
-pages in kernel blocks): :mod:`k3layout.layouts.bound` describes each view; this module
+pages in kernel blocks): :mod:`k3layout.engines.vllm.bound` describes each view; this module
 checks live tensors against those views.
 
 Nothing here imports torch or vLLM: a tensor is read by its attributes (``dtype``,
@@ -17,10 +17,10 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from .._args import expect_int
-from ..errors import Fact, Refusal
-from ..layouts import VllmPlan
-from ..layouts.bound import BoundView, vllm_bound_views
+from ..._args import expect_int
+from ...errors import Fact, Refusal
+from .bound import BoundView, vllm_bound_views
+from .layout import VllmPlan
 
 
 def check_bound_caches(

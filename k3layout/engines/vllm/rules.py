@@ -19,46 +19,25 @@ again on every change); the next vLLM version is a change here plus a new confor
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final, Literal, TypeAlias
+from typing import Final
 
-from ._args import expect_args, expect_int, expect_items
-from .constants import MLA_KERNEL_BLOCK_TOKENS
-from .errors import Refusal
+from ..._args import expect_args, expect_int, expect_items
+from ...constants import MLA_KERNEL_BLOCK_TOKENS
+from ...errors import Refusal
+from ...settings import (
+    ATTENTION_BACKENDS,
+    KDA_PREFILL_BACKENDS,
+    KV_CACHE_LAYOUTS,
+    MAMBA_CACHE_MODES,
+    AttentionBackend,
+    KdaPrefillBackend,
+    KvCacheLayout,
+    MambaCacheMode,
+    resolved_mamba_cache_mode,
+)
 
 VLLM_VERSION: Final = "0.33.0"
 """The vLLM release whose rules the ``vllm`` layout follows."""
-
-AttentionBackend: TypeAlias = Literal["FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "TRITON_MLA"]
-"""vLLM's dense MLA attention backend (``--attention-backend``)."""
-
-ATTENTION_BACKENDS: Final[tuple[AttentionBackend, ...]] = (
-    "FLASHMLA",
-    "CUTLASS_MLA",
-    "FLASHINFER_MLA",
-    "TRITON_MLA",
-)
-
-KvCacheLayout: TypeAlias = Literal["LBNHC", "BLHNC"]
-"""vLLM's ``VLLM_KV_CACHE_LAYOUT``: ``LBNHC`` layer-outermost (the default), ``BLHNC``
-block-outermost."""
-
-KV_CACHE_LAYOUTS: Final[tuple[KvCacheLayout, ...]] = ("LBNHC", "BLHNC")
-
-KdaPrefillBackend: TypeAlias = Literal["auto", "triton", "flashkda", "flashinfer"]
-"""vLLM's KDA prefill kernel (``additional_config.kda_prefill_backend``). ``auto`` resolves as
-on a CUDA SM90 / SM10x GPU with bf16 activations: FlashKDA where the layer allows it."""
-
-KDA_PREFILL_BACKENDS: Final[tuple[KdaPrefillBackend, ...]] = (
-    "auto",
-    "triton",
-    "flashkda",
-    "flashinfer",
-)
-
-MambaCacheMode: TypeAlias = Literal["align", "none"]
-"""What ``--mamba-cache-mode`` takes in vLLM 0.33 (deprecated there: prefix caching decides)."""
-
-MAMBA_CACHE_MODES: Final[tuple[MambaCacheMode, ...]] = ("align", "none")
 
 KERNEL_BLOCK_TOKENS: Final[dict[AttentionBackend, tuple[int, ...]]] = {
     "FLASHMLA": (64,),
@@ -219,12 +198,6 @@ def check_kv_dtype(kv_dtype: str, backend: AttentionBackend) -> None:
         )
 
 
-def resolved_mamba_cache_mode(prefix_caching: bool) -> MambaCacheMode:
-    """The mode vLLM runs: ``align`` with prefix caching (even when ``none`` was asked for),
-    ``none`` without (even when ``align`` was)."""
-    return "align" if prefix_caching else "none"
-
-
 def resolved_kda_prefill_backend(
     requested: KdaPrefillBackend,
     *,
@@ -348,3 +321,32 @@ def recommended_max_num_batched_tokens(prompt_tokens: Sequence[int], block: int)
         )
     p90 = lengths[min(len(lengths) - 1, (9 * len(lengths)) // 10)]
     return max(block, -(-p90 // block) * block)
+
+
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "KDA_PREFILL_BACKENDS",
+    "KV_CACHE_LAYOUTS",
+    "MAMBA_CACHE_MODES",
+    "VLLM_VERSION",
+    "AttentionBackend",
+    "KdaPrefillBackend",
+    "KvCacheLayout",
+    "MambaCacheMode",
+    "aligned_block_tokens",
+    "check_block_supported",
+    "check_kv_dtype",
+    "check_layout_serves",
+    "check_mtp_depth",
+    "kernel_block_tokens",
+    "preferred_block_tokens",
+    "prefill_checkpoint_blocks",
+    "recommended_max_num_batched_tokens",
+    "replay_boundary",
+    "resolved_kda_prefill_backend",
+    "resolved_mamba_cache_mode",
+    "restored_prefix",
+    "smallest_kernel_block",
+    "state_blocks_per_request",
+    "supports_block",
+]

@@ -17,24 +17,31 @@ back, cannot hold one request of ``max_model_len`` (``budget_too_small``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pydantic import NonNegativeInt, PositiveInt
 
-from .._args import expect_int
-from .._frozen import Frozen
-from ..constants import MAX_PROMPT_TOKENS
-from ..errors import Refusal
-from ..limits import check_bound
-from ..vllm_rules import (
+from ..._args import expect_int
+from ..._frozen import Frozen
+from ...constants import MAX_PROMPT_TOKENS
+from ...errors import Refusal
+from ...layouts.protocol import EngineLayout
+from ...limits import check_bound
+from .rules import (
     MambaCacheMode,
     prefill_checkpoint_blocks,
     resolved_kda_prefill_backend,
     state_blocks_per_request,
 )
 
-if TYPE_CHECKING:
-    from .vllm import VllmPlan
+
+class BlockPlan(EngineLayout, Protocol):
+    """What capacity reads of a vLLM plan (:class:`~k3layout.engines.vllm.VllmPlan`)."""
+
+    @property
+    def block_tokens(self) -> int: ...
+
+    def num_blocks(self, budget_bytes: int, stage: int | None = None) -> int: ...
 
 
 class GroupBlocks(Frozen):
@@ -65,7 +72,7 @@ class VllmCapacity(Frozen):
         return sum(entry.blocks for entry in self.blocks_per_request)
 
 
-def kda_prefill_backend_of(plan: VllmPlan) -> str | None:
+def kda_prefill_backend_of(plan: BlockPlan) -> str | None:
     """The KDA prefill kernel vLLM runs for ``plan`` (``None`` without KDA layers)."""
     layers = plan.model.kda_layers
     if not layers:
@@ -79,7 +86,7 @@ def kda_prefill_backend_of(plan: VllmPlan) -> str | None:
     )
 
 
-def group_blocks(plan: VllmPlan, max_model_len: int, stage: int = 0) -> tuple[GroupBlocks, ...]:
+def group_blocks(plan: BlockPlan, max_model_len: int, stage: int = 0) -> tuple[GroupBlocks, ...]:
     """Blocks one request of ``max_model_len`` tokens holds in each group of ``stage``."""
     deployment = plan.deployment
     mode = deployment.mamba_cache_mode_run
@@ -99,7 +106,7 @@ def group_blocks(plan: VllmPlan, max_model_len: int, stage: int = 0) -> tuple[Gr
     return tuple(entries)
 
 
-def vllm_capacity(plan: VllmPlan, budget_bytes: int, max_model_len: int) -> VllmCapacity:
+def vllm_capacity(plan: BlockPlan, budget_bytes: int, max_model_len: int) -> VllmCapacity:
     """The capacity of ``budget_bytes`` per rank at ``max_model_len`` tokens per request;
     refuses (``budget_too_small``) a budget in which some stage cannot hold one request."""
     expect_int("budget_bytes", budget_bytes)

@@ -40,9 +40,9 @@ from ..cache import ElementDtype, LayerCacheSpec, element_bytes
 from ..constants import INT64_MAX
 from ..deployment import ConvLayout, EngineFlavour
 from ..errors import Refusal
-from ..offload.image import part_region_name
-from ..offload.names import LayerNames, engine_layer_names
-from .protocol import EngineLayout, LayoutBase
+from ..layouts.protocol import EngineLayout, LayoutBase
+from .image import part_region_name
+from .names import LayerNames, engine_layer_names
 
 PartName: TypeAlias = str
 """One tensor a layer registers: a part of its cache spec (``latent``, ``index``, ``conv``,
@@ -112,6 +112,12 @@ class CacheSpec(Frozen):
     def names(self) -> tuple[str, ...]:
         """Registered names, in registration (module) order."""
         return tuple(layer.name for layer in self.layers)
+
+    @property
+    def pages_tile_planes(self) -> bool:
+        """Whether each plane is exactly ``num_blocks`` pages, one per block (vLLM's planes;
+        a parent arena's plane holds a null parent and several pages per parent)."""
+        return self.plane_span_bytes == self.num_blocks * self.page_bytes
 
     @property
     def allocation_bytes(self) -> int:

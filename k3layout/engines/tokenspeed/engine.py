@@ -1,0 +1,33 @@
+"""tokenspeed's parent-block packing registered as ``engine="parent"``: its seams for the
+planning pipeline."""
+
+from __future__ import annotations
+
+from ..._args import expect_args
+from ...deployment import Deployment
+from ...layouts.pipeline import run_pipeline, with_engine
+from ...layouts.seams import EngineRules, register_engine
+from ...model import HybridModel
+from ...registry import EngineFacts
+from .invariants import parent_violations
+from .layout import ParentPlan, check_parent, group_parent, pack_parent
+
+PARENT = register_engine(
+    EngineRules(
+        facts=EngineFacts(
+            name="parent", spec_conv_rows=True, package=__package__ or "", listing_order=1
+        ),
+        plan_type=ParentPlan,
+        check=check_parent,
+        group=group_parent,
+        pack=pack_parent,
+        violations=parent_violations,
+    )
+)
+
+
+def plan_parent(model: HybridModel, deployment: Deployment) -> ParentPlan:
+    """:func:`k3layout.plan` with ``engine="parent"`` whatever the deployment names."""
+    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
+    result: ParentPlan = run_pipeline(model, with_engine(deployment, "parent"), PARENT)
+    return result

@@ -1,0 +1,83 @@
+"""vLLM 0.33 as ``engine="vllm"``: its rules, layout, capacity, bound views and bridge.
+
+- :mod:`.rules`: vLLM 0.33's rules (kernel blocks, block raise, layouts, KDA modes);
+- :mod:`.layout`: the hybrid allocator's plan (:class:`VllmPlan`), registered by
+  :mod:`.engine`; :mod:`.capacity`: blocks per request, ``num_blocks``, max concurrency;
+- :mod:`.bound`: what a worker binds to each layer, as data; :mod:`.caches`: those tensors
+  checked;
+- :mod:`.bridge`: plan from vLLM's own ``VllmConfig`` and check its ``KVCacheConfig`` and the
+  bound caches (no vLLM import); :mod:`.plugin`: the startup check (``K3LAYOUT_CHECK=1``).
+
+Importing the package registers the engine and loads only its planner; the bridge, the bound
+views and the plugin load on first use (PEP 562).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from .engine import VLLM, plan_vllm
+from .layout import VllmPlan, block_tokens_for, built_model
+from .rules import VLLM_VERSION
+
+if TYPE_CHECKING:
+    from .bound import BoundView, vllm_bound_views
+    from .bridge import (
+        check_kv_cache_config,
+        check_kv_caches,
+        deployment_from_vllm,
+        layer_of,
+        model_from_vllm,
+        plan_from_vllm,
+    )
+    from .capacity import GroupBlocks, VllmCapacity
+    from .plugin import register
+
+_LAZY: dict[str, str] = {
+    "BoundView": "bound",
+    "vllm_bound_views": "bound",
+    "check_kv_cache_config": "bridge",
+    "check_kv_caches": "bridge",
+    "deployment_from_vllm": "bridge",
+    "layer_of": "bridge",
+    "model_from_vllm": "bridge",
+    "plan_from_vllm": "bridge",
+    "GroupBlocks": "capacity",
+    "VllmCapacity": "capacity",
+    "register": "plugin",
+}
+
+__all__ = [
+    "VLLM",
+    "VLLM_VERSION",
+    "BoundView",
+    "GroupBlocks",
+    "VllmCapacity",
+    "VllmPlan",
+    "block_tokens_for",
+    "built_model",
+    "check_kv_cache_config",
+    "check_kv_caches",
+    "deployment_from_vllm",
+    "layer_of",
+    "model_from_vllm",
+    "plan_from_vllm",
+    "plan_vllm",
+    "register",
+    "vllm_bound_views",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

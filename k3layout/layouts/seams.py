@@ -1,0 +1,68 @@
+"""What an engine adds to the planning pipeline: its seams, registered by its own package.
+
+:func:`rules_for` answers, for ``deployment.engine``, the engine's refusals, grouping rule,
+layout and invariants; the pipeline (:mod:`.pipeline`) calls them in one fixed order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from ..deployment import Deployment
+from ..model import HybridModel
+from ..registry import EngineFacts, lookup, register
+from ..sizes import RankSizes
+from .groups import Group, Stage
+from .protocol import LayoutBase
+
+__all__ = ["EngineRules", "register_engine", "rules_for"]
+
+
+def _builds_all(model: HybridModel, deployment: Deployment) -> HybridModel:
+    return model
+
+
+def _no_violations(plan: Any) -> list[str]:
+    return []
+
+
+def _any_pipeline(model: HybridModel, pp: int) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class EngineRules:
+    """One engine's seams and facts.
+
+    - ``check``: the engine's refusals (settings it does not take included); returns the
+      model the engine builds (vLLM builds no drafter without speculative tokens);
+    - ``group``: its grouping rule; ``pack``: its layout, returning the plan (of
+      ``plan_type``);
+    - ``built_model``: the model it builds (``check``'s answer, without refusals);
+    - ``violations``: the engine's own plan invariants (:mod:`.invariants` adds the common);
+    - ``pipeline_ok``: whether it plans ``model`` on ``pp`` stages of its own split.
+    """
+
+    facts: EngineFacts
+    plan_type: type[LayoutBase]
+    check: Callable[[HybridModel, Deployment], HybridModel]
+    group: Callable[[HybridModel, RankSizes], tuple[Group, ...]]
+    pack: Callable[
+        [HybridModel, Deployment, RankSizes, tuple[Group, ...], tuple[Stage, ...]], Any
+    ]
+    built_model: Callable[[HybridModel, Deployment], HybridModel] = _builds_all
+    violations: Callable[[Any], list[str]] = _no_violations
+    pipeline_ok: Callable[[HybridModel, int], bool] = _any_pipeline
+
+
+def register_engine(rules: EngineRules) -> EngineRules:
+    """Register ``rules`` (an engine package does this on import); returns them."""
+    register(rules)
+    return rules
+
+
+def rules_for(name: object) -> EngineRules:
+    """The rules of engine ``name`` (refuses a name no engine registered)."""
+    return cast(EngineRules, lookup(name))

@@ -1,0 +1,106 @@
+"""The engines a deployment can name, each registered by its own package.
+
+The core never names an engine: it asks this registry for the facts of ``deployment.engine``
+(:class:`EngineFacts`) and, in :mod:`k3layout.layouts.seams`, for the seams it plans with.
+Each package under ``k3layout/engines/`` registers itself on import; the registry imports
+them on first lookup, so a new engine is a new package and nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .errors import Refusal
+
+__all__ = ["EngineFacts", "canonical_name", "engine_names", "facts_of", "lookup", "register"]
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the core asks of an engine by value.
+
+    - ``spec_conv_rows``: whether the KDA conv state keeps one row per speculative token
+      (vLLM's does; SGLang's keeps ``K - 1`` rows and a verify scratch instead);
+    - ``decode_context_parallel``: whether it runs DCP (sweeps draw it only there);
+    - ``kv_dtypes``: the cache dtypes it takes (sweeps and strategies draw only these);
+    - ``package``: the engine's package; a ``strategies`` module there, where one exists,
+      draws the engine's own deployment settings for :mod:`k3layout.testing`;
+    - ``aliases``: other names a deployment may use for it;
+    - ``listing_order``: where it stands in listings (sweeps, ``--engine`` choices).
+    """
+
+    name: str
+    spec_conv_rows: bool = False
+    decode_context_parallel: bool = False
+    kv_dtypes: tuple[str, ...] = ("fp8", "bf16", "fp8_ds_mla")
+    package: str = ""
+    aliases: tuple[str, ...] = field(default=())
+    listing_order: int = 100
+
+
+class Registered(Protocol):
+    """An engine's registration: its facts (and, in its seams, everything else)."""
+
+    @property
+    def facts(self) -> EngineFacts: ...
+
+
+_ENGINES: dict[str, Registered] = {}
+_ALIASES: dict[str, str] = {}
+_discovered: list[bool] = []
+
+
+def register(engine: Registered) -> None:
+    """Register an engine under its name and aliases (its package does this on import)."""
+    _ENGINES[engine.facts.name] = engine
+    for alias in engine.facts.aliases:
+        _ALIASES[alias] = engine.facts.name
+
+
+def _discover() -> None:
+    """Import every package under ``k3layout.engines`` once, so each registers itself."""
+    if _discovered:
+        return
+    _discovered.append(True)
+    engines = importlib.import_module("k3layout.engines")
+    for found in pkgutil.iter_modules(engines.__path__):
+        if found.ispkg:
+            importlib.import_module(f"k3layout.engines.{found.name}")
+
+
+def engine_names() -> tuple[str, ...]:
+    """The registered engines' names in listing order (aliases not included)."""
+    _discover()
+    return tuple(sorted(_ENGINES, key=lambda name: (_ENGINES[name].facts.listing_order, name)))
+
+
+def canonical_name(name: object) -> str:
+    """``name``'s engine (an alias resolved); refuses (``invalid_argument``) a name no
+    engine registered."""
+    if isinstance(name, str):
+        if name not in _ENGINES:
+            _discover()
+        if name in _ENGINES:
+            return name
+        if name in _ALIASES:
+            return _ALIASES[name]
+    known = engine_names()
+    raise Refusal(
+        "invalid_argument",
+        f"engine={name!r} is not a registered engine (known: {', '.join(known)})",
+        facts={"engine": repr(name), "allowed": known},
+        hint=f"use engine in {list(known)}",
+    )
+
+
+def lookup(name: object) -> Registered:
+    """The registration of engine ``name`` (refuses a name no engine registered)."""
+    return _ENGINES[canonical_name(name)]
+
+
+def facts_of(name: object) -> EngineFacts:
+    """The facts of engine ``name`` (refuses a name no engine registered)."""
+    return lookup(name).facts

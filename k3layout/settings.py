@@ -1,0 +1,48 @@
+"""The settings a :class:`~k3layout.Deployment` can carry, by the names engines give them.
+
+Each engine decides which of them apply to it and refuses the others
+(:attr:`k3layout.registry.EngineRules.check_settings`); their rules live in the engine's own
+package (vLLM's in :mod:`k3layout.engines.vllm.rules`).
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, TypeAlias
+
+AttentionBackend: TypeAlias = Literal["FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "TRITON_MLA"]
+"""vLLM's dense MLA attention backend (``--attention-backend``)."""
+
+ATTENTION_BACKENDS: Final[tuple[AttentionBackend, ...]] = (
+    "FLASHMLA",
+    "CUTLASS_MLA",
+    "FLASHINFER_MLA",
+    "TRITON_MLA",
+)
+
+KvCacheLayout: TypeAlias = Literal["LBNHC", "BLHNC"]
+"""vLLM's ``VLLM_KV_CACHE_LAYOUT``: ``LBNHC`` layer-outermost (the default), ``BLHNC``
+block-outermost."""
+
+KV_CACHE_LAYOUTS: Final[tuple[KvCacheLayout, ...]] = ("LBNHC", "BLHNC")
+
+KdaPrefillBackend: TypeAlias = Literal["auto", "triton", "flashkda", "flashinfer"]
+"""vLLM's KDA prefill kernel (``additional_config.kda_prefill_backend``). ``auto`` resolves as
+on a CUDA SM90 / SM10x GPU with bf16 activations: FlashKDA where the layer allows it."""
+
+KDA_PREFILL_BACKENDS: Final[tuple[KdaPrefillBackend, ...]] = (
+    "auto",
+    "triton",
+    "flashkda",
+    "flashinfer",
+)
+
+MambaCacheMode: TypeAlias = Literal["align", "none"]
+"""What ``--mamba-cache-mode`` takes in vLLM 0.33 (deprecated there: prefix caching decides)."""
+
+MAMBA_CACHE_MODES: Final[tuple[MambaCacheMode, ...]] = ("align", "none")
+
+
+def resolved_mamba_cache_mode(prefix_caching: bool) -> MambaCacheMode:
+    """The mode vLLM runs: ``align`` with prefix caching (even when ``none`` was asked for),
+    ``none`` without (even when ``align`` was)."""
+    return "align" if prefix_caching else "none"
