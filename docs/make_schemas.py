@@ -16,8 +16,8 @@ from typing import Annotated, Any, Union
 from pydantic import Field, TypeAdapter
 
 from k3layout.layouts.seams import rules_for
-from k3layout.registry import engine_names
 from k3layout.offload import RideReport
+from k3layout.registry import engine_names
 from k3layout.sweep import SweepCell
 from k3layout.transfer import TransferPlan, TransferReport
 

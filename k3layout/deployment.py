@@ -73,6 +73,9 @@ class Deployment(Frozen):
       allows it); FlashKDA holds one more state block per request.
 
     - ``gpu``: the GPU the engine runs on (engines pick kernels, and so pages, by it).
+    - ``mamba_full_memory_ratio``, ``max_running_requests``, ``max_mamba_cache_size``:
+      SGLang's flags of those names (``None``: SGLang's own defaults); ``sglang`` settings.
+      ``prefix_caching=False`` is SGLang's ``--disable-radix-cache``.
 
     Sizes above the bounds of :mod:`k3layout.constants` (``MAX_RANKS``, ``MAX_BLOCK_TOKENS``,
     ``MAX_PADDING_LIMIT``, ...) are refused with ``size_limit``.
@@ -102,6 +105,11 @@ class Deployment(Frozen):
     prefix_caching: bool = True
     mamba_cache_mode: MambaCacheMode | None = None
     kda_prefill_backend: KdaPrefillBackend = "auto"
+    mamba_full_memory_ratio: (
+        Annotated[float, Field(gt=0.0, le=1000.0, allow_inf_nan=False)] | None
+    ) = None
+    max_running_requests: Annotated[int, Field(gt=0, le=MAX_RANKS)] | None = None
+    max_mamba_cache_size: Annotated[int, Field(gt=0, le=MAX_RANKS)] | None = None
 
     @field_validator("engine", mode="before")
     @classmethod

@@ -33,6 +33,7 @@ RefusalCode: TypeAlias = Literal[
     "kernel_unsupported",
     "spec_tokens",
     "stage_without_attention",
+    "draft_unsupported",
     # offload (LMCache MP ride)
     "engine_mismatch",
     "model_not_ridable",

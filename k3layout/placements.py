@@ -167,7 +167,10 @@ Placement: TypeAlias = Annotated[
 
 
 def pp_stage_bounds(
-    num_layers: int, pp: int, partition: tuple[int, ...] | None = None
+    num_layers: int,
+    pp: int,
+    partition: tuple[int, ...] | None = None,
+    remainder_skips_last: bool = True,
 ) -> tuple[tuple[int, int], ...]:
     """``[start, end)`` module layers of each pipeline stage, split as vLLM splits them.
 
@@ -177,7 +180,9 @@ def pp_stage_bounds(
         stage   0     1      2      3      4      5      6      7
         layers  0-10  11-21  22-33  34-45  46-57  58-69  70-81  82-92
 
-    ``partition`` (layers per stage) overrides the split, as ``VLLM_PP_LAYER_PARTITION`` does.
+    With ``remainder_skips_last=False`` the count starts at the last stage (SGLang's
+    ``get_pp_indices``: K3 over 2 stages is ``[0, 46)``, ``[46, 93)``). ``partition`` (layers
+    per stage) overrides the split, as ``VLLM_PP_LAYER_PARTITION`` does.
     """
     if (
         type(num_layers) is int
@@ -187,12 +192,12 @@ def pp_stage_bounds(
             or (type(partition) is tuple and all(type(n) is int for n in partition))
         )
     ):  # exact integers (True is not 1 here): a plan's split, memoised by value
-        return _cached_bounds(num_layers, pp, partition)
-    return _split_stages(num_layers, pp, partition)
+        return _cached_bounds(num_layers, pp, partition, remainder_skips_last is not False)
+    return _split_stages(num_layers, pp, partition, remainder_skips_last is not False)
 
 
 def _split_stages(
-    num_layers: int, pp: int, partition: tuple[int, ...] | None
+    num_layers: int, pp: int, partition: tuple[int, ...] | None, skip_last: bool = True
 ) -> tuple[tuple[int, int], ...]:
     expect_args(("num_layers", num_layers, int), ("pp", pp, int))
     expect("partition", partition, (tuple, list, type(None)))
@@ -218,7 +223,8 @@ def _split_stages(
         )
     if partition is None:
         sizes = [num_layers // pp] * pp
-        for i in range(2, num_layers % pp + 2):
+        first = 2 if skip_last else 1
+        for i in range(first, num_layers % pp + first):
             sizes[-i] += 1
     else:
         if len(partition) != pp or sum(partition) != num_layers or min(partition) < 1:

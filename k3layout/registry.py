@@ -28,6 +28,11 @@ class EngineFacts:
     - ``kv_dtypes``: the cache dtypes it takes (sweeps and strategies draw only these);
     - ``package``: the engine's package; a ``strategies`` module there, where one exists,
       draws the engine's own deployment settings for :mod:`k3layout.testing`;
+    - ``gathers_state``: whether a decode rank may gather its KDA heads from several prefill
+      ranks (prefill TP a multiple of decode TP), the first of which sends the latent rows;
+    - ``decode_pp_matches_prefill``: whether a decode pipeline pairs only with an equal
+      prefill one (or is one stage);
+    - ``pd_refusal_note``: the engine's own account of a TP pairing it cannot serve;
     - ``aliases``: other names a deployment may use for it;
     - ``listing_order``: where it stands in listings (sweeps, ``--engine`` choices).
     """
@@ -37,6 +42,9 @@ class EngineFacts:
     decode_context_parallel: bool = False
     kv_dtypes: tuple[str, ...] = ("fp8", "bf16", "fp8_ds_mla")
     package: str = ""
+    gathers_state: bool = False
+    decode_pp_matches_prefill: bool = False
+    pd_refusal_note: str = ""
     aliases: tuple[str, ...] = field(default=())
     listing_order: int = 100
 

@@ -137,15 +137,21 @@ def _kv_dtypes(model: HybridModel, engine: EngineFlavour) -> tuple[KvCacheDtype,
 
 
 def _engine_settings(
-    draw: st.DrawFn, engine: EngineFlavour, block: int | None, layouts: tuple[str, ...]
+    draw: st.DrawFn,
+    model: HybridModel,
+    fields: dict[str, Any],
+    layouts: tuple[str, ...],
+    plannable: bool,
 ) -> dict[str, Any]:
     """The engine's own settings, drawn by its package's ``strategies`` module (none where
-    it has none): ``settings(draw, block, layouts)`` returns deployment fields."""
-    package = rules_for(engine).facts.package
+    it has none): ``settings(draw, model, fields, layouts, plannable)`` returns deployment
+    fields, overriding those drawn for every engine (``fields``)."""
+    package = rules_for(fields["engine"]).facts.package
     name = f"{package}.strategies"
     if not package or importlib.util.find_spec(name) is None:
-        return {"block_tokens": block}
-    drawn: dict[str, Any] = importlib.import_module(name).settings(draw, block, layouts)
+        return {}
+    module = importlib.import_module(name)
+    drawn: dict[str, Any] = module.settings(draw, model, fields, layouts, plannable)
     return drawn
 
 
@@ -194,7 +200,7 @@ def deployments(
     # Every raised block is a power-of-two multiple of 128 (the requested blocks are powers
     # of two), so an interleave of up to 16 always divides it.
     interleave = draw(st.sampled_from((1, 1, 2, 4, 8, 16)))
-    return Deployment(
+    fields: dict[str, Any] = dict(
         engine=engine,
         attn_tp=attn_tp,
         attn_dp=draw(st.sampled_from((1, 1, 2, 8))),
@@ -206,8 +212,10 @@ def deployments(
         max_padding=draw(st.one_of(st.none(), st.floats(0.05, 1.0))),
         replayssm=draw(st.booleans()),
         conv_layout=draw(st.sampled_from(CONV_LAYOUTS)),
-        **_engine_settings(draw, engine, block, layouts),
+        block_tokens=block,
     )
+    fields.update(_engine_settings(draw, model, fields, layouts, plannable))
+    return Deployment(**fields)
 
 
 @st.composite

@@ -92,18 +92,20 @@ def test_bad_option_values_are_refusals_naming_the_option() -> None:
     assert run.returncode == 2 and "unknown_model" in run.stderr
 
 
-def test_sweep_shows_both_engines_and_the_refused_points() -> None:
+def test_sweep_shows_every_engine_and_the_refused_points() -> None:
     run = k3layout("sweep", "--tps", "5,8,32", "--json")
     assert run.returncode == 0, run.stderr
     cells = {(c["engine"], c["kv_dtype"], c["attn_tp"]): c for c in json.loads(run.stdout)}
-    assert len(cells) == 2 * 2 * 3
+    assert len(cells) == 3 * 2 * 3  # vllm, parent, sglang x fp8, bf16 x three TPs
+    assert cells[("sglang", "fp8", 8)]["packing"] == "page 1"
     assert cells[("parent", "bf16", 32)]["packing"] == "3/2"
     assert cells[("parent", "fp8", 8)]["packing"] == "12/1"
     assert cells[("vllm", "fp8", 8)]["packing"] == "block 1536"
-    assert {cells[(e, d, 5)]["refusal"] for e in ("vllm", "parent") for d in ("fp8", "bf16")} == {
+    engines = ("vllm", "parent", "sglang")
+    assert {cells[(e, d, 5)]["refusal"] for e in engines for d in ("fp8", "bf16")} == {
         "heads_not_divisible"
     }
     table = k3layout("sweep", "--tps", "5,8")
     assert table.returncode == 0
-    assert "vllm fp8" in table.stdout and "parent bf16" in table.stdout
+    assert all(f" {name} " in table.stdout for name in (*engines, "fp8", "bf16"))
     assert "heads_not_divisible" in table.stdout

@@ -25,7 +25,14 @@ def test_each_cell_holds_its_points_value_and_a_refused_point_is_masked(k3: Hybr
     blank = image_mask(figure, "heatmap")
     rows, tps, _ = sweep_grid(cells)
     assert tps == TPS
-    assert rows == (("vllm", "fp8"), ("vllm", "bf16"), ("parent", "fp8"), ("parent", "bf16"))
+    assert rows == (
+        ("vllm", "fp8"),
+        ("vllm", "bf16"),
+        ("parent", "fp8"),
+        ("parent", "bf16"),
+        ("sglang", "fp8"),
+        ("sglang", "bf16"),
+    )
     for cell in cells:
         r, c = rows.index((cell.engine, cell.kv_dtype)), tps.index(cell.attn_tp)
         if cell.refusal is None:

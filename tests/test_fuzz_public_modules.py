@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from k3layout import Deployment, Refusal, plan_transfer, plan_vllm, preset
+from k3layout import Deployment, Refusal, plan, plan_transfer, plan_vllm, preset
 
 EXAMPLES = int(os.environ.get("K3LAYOUT_FUZZ_EXAMPLES", "120")) // 4
 """Examples per function (a quarter of the entry points' budget: there are many more)."""
@@ -27,7 +27,11 @@ EXAMPLES = int(os.environ.get("K3LAYOUT_FUZZ_EXAMPLES", "120")) // 4
 MODULES = [
     "k3layout.cache",
     "k3layout.draw",
+    "k3layout.engines.sglang",
+    "k3layout.engines.sglang.pools",
+    "k3layout.engines.tokenspeed",
     "k3layout.engines.vllm",
+    "k3layout.registry",
     "k3layout.layouts",
     "k3layout.model",
     "k3layout.offload",
@@ -41,6 +45,7 @@ SKIPPED = {"register"}  # the vLLM plugin's entry point: it patches vLLM, tested
 MODEL = preset("kimi-linear-48b")
 DEPLOYMENT = Deployment(attn_tp=4)
 PLAN = plan_vllm(MODEL, DEPLOYMENT)
+SGLANG_PLAN = plan(MODEL, Deployment(engine="sglang", attn_tp=4))
 TRANSFER = plan_transfer(MODEL, Deployment(attn_tp=2), DEPLOYMENT, prompt_tokens=2048)
 
 junk = (
@@ -59,6 +64,7 @@ junk = (
     | st.just(MODEL)
     | st.just(DEPLOYMENT)
     | st.just(PLAN)
+    | st.just(SGLANG_PLAN)
     | st.just(TRANSFER)
     | st.just(TRANSFER.pairs)
 )

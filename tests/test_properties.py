@@ -16,6 +16,7 @@ from k3layout import (
     plan,
     preset,
 )
+from k3layout.engines.vllm.rules import KV_CACHE_LAYOUTS
 from k3layout.layouts.report import REPORT_ADAPTER, report
 from k3layout.testing import (
     deployments,
@@ -24,7 +25,6 @@ from k3layout.testing import (
     plannable_inputs,
     refused_inputs,
 )
-from k3layout.engines.vllm.rules import KV_CACHE_LAYOUTS
 
 K3_HEADS = 96
 ALL_TPS = st.integers(1, 128)  # every TP dividing 96 and many that do not

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import k3layout.engines.vllm.rules as rules
 from k3layout import Refusal
+from k3layout.engines.vllm import rules
 from k3layout.engines.vllm.rules import (
     recommended_max_num_batched_tokens,
     replay_boundary,

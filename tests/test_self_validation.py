@@ -42,7 +42,6 @@ from k3layout import (
     plan_transfer,
     testing,
 )
-from k3layout._validation import UNION_TAGS
 from k3layout.layouts import invariants, rederive
 from k3layout.testing import plannable_inputs
 

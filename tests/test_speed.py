@@ -35,9 +35,9 @@ from k3layout._frozen import (
     trusted_variants,
 )
 from k3layout.constants import MAX_PAGES_PER_PLANE, PARENT_ALIGNMENT_BYTES
-from k3layout.layouts.packing import PackingFrame, search_packing
 from k3layout.engines.tokenspeed.layout import group_parent
 from k3layout.engines.vllm.layout import group_vllm
+from k3layout.layouts.packing import PackingFrame, search_packing
 from k3layout.transfer import Segment
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,6 +13,7 @@ from ..deployment import CONV_LAYOUTS, Deployment
 from ..dtypes import KV_CACHE_DTYPES, KvCacheDtype
 from ..engines.vllm.rules import ATTENTION_BACKENDS, KDA_PREFILL_BACKENDS, KV_CACHE_LAYOUTS
 from ..errors import Refusal
+from ..gpus import DEFAULT_GPU, GPU_NAMES
 from ..model import PRESETS, HybridModel, load_config, preset
 from ..registry import engine_names
 
@@ -49,6 +50,13 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
     """The deployment's fields as options."""
     if engine:
         parser.add_argument("--engine", choices=engine_names(), default="vllm")
+    parser.add_argument(
+        "--gpu",
+        choices=GPU_NAMES,
+        default=DEFAULT_GPU,
+        help=f"the GPU the engine runs on (default {DEFAULT_GPU}; SGLang picks its attention "
+        "backend and page by it)",
+    )
     parser.add_argument("--attn-tp", type=int, default=1, help="attention tensor parallel size")
     parser.add_argument("--attn-dp", type=int, default=1, help="attention data-parallel replicas")
     parser.add_argument("--kv-dtype", choices=KV_CACHE_DTYPES, default="fp8")
@@ -82,7 +90,26 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
         "--no-prefix-caching",
         dest="prefix_caching",
         action="store_false",
-        help="vLLM without prefix caching: the KDA cache runs in 'none' mode (vllm)",
+        help="vLLM without prefix caching: the KDA cache runs in 'none' mode (vllm); SGLang's "
+        "--disable-radix-cache: one state slot per running request (sglang)",
+    )
+    parser.add_argument(
+        "--mamba-full-memory-ratio",
+        type=float,
+        default=None,
+        help="SGLang's state pool : token pool split (default 0.9; sglang)",
+    )
+    parser.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=None,
+        help="SGLang's --max-running-requests (sglang)",
+    )
+    parser.add_argument(
+        "--max-mamba-cache-size",
+        type=int,
+        default=None,
+        help="SGLang's state slots, instead of the ratio's (sglang)",
     )
     parser.add_argument(
         "--kda-prefill-backend",
@@ -163,6 +190,10 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
         "prefix_caching": getattr(args, "prefix_caching", True),
         "kda_prefill_backend": getattr(args, "kda_prefill_backend", "auto"),
         "mamba_cache_mode": getattr(args, "vllm_mamba_cache_mode", None),
+        "gpu": getattr(args, "gpu", DEFAULT_GPU),
+        "mamba_full_memory_ratio": getattr(args, "mamba_full_memory_ratio", None),
+        "max_running_requests": getattr(args, "max_running_requests", None),
+        "max_mamba_cache_size": getattr(args, "max_mamba_cache_size", None),
     }
     return validated(Deployment, {**fields, **override})
 

@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..constants import MAX_KV_MEMORY_GIB
+from ..engines.sglang import SglangCapacity, SglangPlan
 from ..engines.vllm import VllmPlan
 from ..engines.vllm.capacity import VllmCapacity
 from ..engines.vllm.rules import MAMBA_CACHE_MODES
@@ -41,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--kv-memory-gib",
         type=float,
         default=None,
-        help="KV memory per rank: also print blocks / parents and token capacity",
+        help="KV memory per rank: also print blocks / parents and token capacity (sglang: "
+        "the memory SGLang's KVCacheConfigurator divides, and its capacity)",
     )
     parser.add_argument("--max-live", type=int, default=1, help="live requests (parent capacity)")
     parser.add_argument(
@@ -57,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         default=None,
         help="tokens of one request (vllm, with --kv-memory-gib: num_blocks, blocks per "
-        "request by group and max concurrency, as vLLM counts them)",
+        "request by group and max concurrency, as vLLM counts them; sglang: its context "
+        "length, default the model's)",
     )
     parser.add_argument("--json", action="store_true", help="print the plan report as JSON")
     parser.set_defaults(run=run)
@@ -88,8 +91,21 @@ def run(args: argparse.Namespace) -> int:
 
 def capacity_of(
     result: EngineLayout, budget: int | None, max_model_len: int | None
-) -> VllmCapacity | None:
-    """vLLM's capacity of ``budget`` at ``max_model_len`` (both given, engine vllm)."""
+) -> VllmCapacity | SglangCapacity | None:
+    """The engine's capacity of ``budget``: vLLM's at ``max_model_len`` (both given),
+    SGLang's with a budget (at ``max_model_len`` or the model's context)."""
+    if isinstance(result, SglangPlan):
+        if budget is None:
+            if max_model_len is not None:
+                raise Refusal(
+                    "invalid_argument",
+                    "--max-model-len sets SGLang's context for its capacity: it needs "
+                    "--kv-memory-gib",
+                    facts={"field": "max_model_len", "option": "--max-model-len"},
+                    hint="add --kv-memory-gib G",
+                )
+            return None
+        return result.capacity(budget, max_model_len)
     if max_model_len is None:
         return None
     if budget is None or not isinstance(result, VllmPlan):
@@ -181,7 +197,7 @@ def show(
     result: EngineLayout,
     budget_bytes: int | None,
     max_live: int,
-    capacity: VllmCapacity | None = None,
+    capacity: VllmCapacity | SglangCapacity | None = None,
 ) -> None:
     """Print a plan as tables: sizes and layout, groups, and stages (with PP)."""
     out = console()
@@ -193,9 +209,11 @@ def show(
     )
     rows = _size_rows(result) + result.summary()
     rows.append(("bytes / token", f"{result.bytes_per_token:,.1f}"))
-    if budget_bytes is not None:
+    if isinstance(capacity, SglangCapacity):
+        rows += [("context (--max-model-len)", f"{capacity.max_model_len:,}"), *capacity.rows()]
+    elif budget_bytes is not None:
         rows += result.capacity_summary(budget_bytes, max_live)
-    if capacity is not None:
+    if isinstance(capacity, VllmCapacity):
         rows += [
             (
                 f"blocks / request of {capacity.max_model_len:,} tokens",

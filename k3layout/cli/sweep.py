@@ -48,17 +48,16 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps([cell.model_dump(mode="json") for cell in cells], indent=2))
             return 0
-        table = new_table(f"{model.name}: attention TP x dtype")
+        table = new_table(f"{model.name}: attention TP x engine x dtype")
         table.add_column("attn_tp", justify="right")
+        table.add_column("engine")
         for dtype in dtypes:
-            for engine in engine_names():
-                table.add_column(f"{engine} {dtype}")
+            table.add_column(dtype)
         by_key = {(c.engine, c.kv_dtype, c.attn_tp): c for c in cells}
-        for tp in tps:
-            row = [str(tp)]
-            for dtype in dtypes:
-                row += [_cell_text(by_key[(engine, dtype, tp)]) for engine in engine_names()]
-            table.add_row(*row)
+        for tp in tps:  # one row per engine: the table stays readable as engines are added
+            for engine in engine_names():
+                cells_of = [_cell_text(by_key[(engine, dtype, tp)]) for dtype in dtypes]
+                table.add_row(str(tp), engine, *cells_of)
         console().print(table)
         return 0
 

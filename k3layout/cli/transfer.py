@@ -14,6 +14,7 @@ import re
 from ..deployment import Deployment
 from ..dtypes import KV_CACHE_DTYPES
 from ..errors import Refusal
+from ..gpus import DEFAULT_GPU, GPU_NAMES
 from ..registry import engine_names
 from ..transfer import (
     TransferPlan,
@@ -67,6 +68,9 @@ def add_transfer_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine", choices=engine_names(), default="vllm", help="both sides' engine"
     )
+    parser.add_argument(
+        "--gpu", choices=GPU_NAMES, default=DEFAULT_GPU, help="both sides' GPU (sglang)"
+    )
     parser.add_argument("--kv-dtype", choices=KV_CACHE_DTYPES, default="fp8")
     parser.add_argument("--spec-tokens", type=int, default=0, help="speculative tokens per step")
     parser.add_argument("--dcp-interleave", type=int, default=1, help="decode DCP interleave")
@@ -101,6 +105,7 @@ def deployments_from_args(args: argparse.Namespace) -> tuple[Deployment, Deploym
     """The prefill and decode deployments the options describe."""
     shared: dict[str, object] = {
         "engine": args.engine,
+        "gpu": args.gpu,
         "kv_dtype": args.kv_dtype,
         "spec_tokens": args.spec_tokens,
         "replayssm": args.replayssm,

@@ -86,13 +86,13 @@ def plane_cells(plan: EngineLayout, stage: int | None = None) -> tuple[PlaneCell
     if not isinstance(plan, LayoutBase):
         raise Refusal(
             "invalid_argument",
-            f"draw_planes takes a vllm or parent plan, not {type(plan).__name__}",
+            f"draw_planes takes a plan, not {type(plan).__name__}",
             facts={"type": type(plan).__name__},
             hint="pass the result of k3layout.plan(model, deployment)",
         )
-    plane_bytes = plan.block_bytes // plan.num_planes  # one block's (or parent's) plane
     cells: list[PlaneCell] = []
     for group in drawn_groups(plan, stage):
+        plane_bytes = plan.plane_bytes_of(group)  # one block's (or parent's) plane
         unit = plan.payload_bytes(group)
         pages = plane_bytes // plan.page_stride_bytes(group)
         cells.extend(

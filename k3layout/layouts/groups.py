@@ -168,10 +168,15 @@ def project_stages(
 
 
 def projected_stages(
-    model: HybridModel, deployment: Deployment, groups: tuple[Group, ...]
+    model: HybridModel,
+    deployment: Deployment,
+    groups: tuple[Group, ...],
+    bounds: tuple[tuple[int, int], ...] | None = None,
 ) -> tuple[Stage, ...]:
-    """:func:`project_stages` of arguments known good (the planner's own)."""
-    bounds = pp_stage_bounds(model.num_layers, deployment.pp, deployment.pp_partition)
+    """:func:`project_stages` of arguments known good (the planner's own); ``bounds`` is the
+    engine's stage split (vLLM's by default)."""
+    if bounds is None:
+        bounds = pp_stage_bounds(model.num_layers, deployment.pp, deployment.pp_partition)
     if len(bounds) == 1:
         # One stage holds every module layer: each group is its own projection.
         layers = tuple(range(len(model.module_layers)))

@@ -10,7 +10,6 @@ holds these; they state *why* it is right, and :mod:`k3layout.testing` sweeps th
 from __future__ import annotations
 
 from .._args import expect
-from ..placements import pp_stage_bounds
 from .groups import num_planes
 from .protocol import EngineLayout, LayoutBase
 from .seams import rules_for
@@ -36,7 +35,8 @@ def _common_violations(result: EngineLayout) -> list[str]:
             problems.append(f"group {group.name} mixes {len(specs)} cache specs")
     if result.num_planes != num_planes(result.groups):
         problems.append(f"num_planes {result.num_planes} != longest group")
-    bounds = pp_stage_bounds(model.num_layers, result.deployment.pp, result.deployment.pp_partition)
+    split = rules_for(result.engine).stage_bounds
+    bounds = split(model.num_layers, result.deployment.pp, result.deployment.pp_partition)
     held = [layer for stage in result.stages for layer in stage.layers]
     if sorted(held) != module_ids or len(result.stages) != len(bounds):
         problems.append("stages do not partition the module layers")

@@ -81,7 +81,8 @@ def run_pipeline(model: HybridModel, deployment: Deployment, rules: EngineRules)
     model = rules.check(model, deployment)
     sizes = rank_sizes(model, deployment)
     groups = rules.group(model, sizes)
-    stages = projected_stages(model, deployment, groups)
+    bounds = rules.stage_bounds(model.num_layers, deployment.pp, deployment.pp_partition)
+    stages = projected_stages(model, deployment, groups, bounds)
     with deriving():  # the plan is its own derivation: its validator need not re-plan
         result = rules.pack(model, deployment, sizes, groups, stages)
     # plan.sizes derives exactly these from (model, deployment): keep the ones just derived

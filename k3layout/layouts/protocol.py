@@ -136,6 +136,21 @@ class LayoutBase(GroupedLayout):
         """Tokens one page of an attention group holds on a rank (1 for a state group)."""
         raise NotImplementedError
 
+    @property
+    def one_backing(self) -> bool:
+        """Whether a rank's planes are one allocation, offsets counted from its start (vLLM's
+        backing, the parent's arena); an engine with a tensor per pool says ``False`` and
+        counts each part's offsets inside its own tensor."""
+        return True
+
+    def plane_bytes_of(self, group: Group) -> int:
+        """Bytes of one block's plane under ``group``'s layers: every plane of a block is
+        the same size where planes are shared (vLLM, parent); an engine whose layers each
+        have their own tensor says per group."""
+        expect("group", group, Group)
+        block_bytes: int = getattr(self, "block_bytes")  # noqa: B009 - each engine's own
+        return block_bytes // self.num_planes
+
 
 @runtime_checkable
 class EngineLayout(Protocol):
@@ -178,6 +193,8 @@ class EngineLayout(Protocol):
     @property
     def state_rides_pages(self) -> bool: ...
     @property
+    def one_backing(self) -> bool: ...
+    @property
     def worst_padding(self) -> float: ...
 
     def stage(self, index: int) -> Stage: ...
@@ -186,6 +203,7 @@ class EngineLayout(Protocol):
     def group_spec(self, group: Group) -> LayerCacheSpec: ...
     def group_of(self, layer: int, stage: int | None = None) -> tuple[Group, int]: ...
     def tokens_per_page(self, group: Group) -> int: ...
+    def plane_bytes_of(self, group: Group) -> int: ...
     def payload_bytes(self, group: Group) -> int: ...
     def page_stride_bytes(self, group: Group) -> int: ...
     def span_tokens(self, group: Group) -> int: ...

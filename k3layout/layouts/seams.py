@@ -11,13 +11,15 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ..deployment import Deployment
+from ..errors import Refusal
 from ..model import HybridModel
+from ..placements import pp_stage_bounds
 from ..registry import EngineFacts, lookup, register
 from ..sizes import RankSizes
 from .groups import Group, Stage
 from .protocol import LayoutBase
 
-__all__ = ["EngineRules", "register_engine", "rules_for"]
+__all__ = ["SGLANG_SETTINGS", "EngineRules", "refuse_settings", "register_engine", "rules_for"]
 
 
 def _builds_all(model: HybridModel, deployment: Deployment) -> HybridModel:
@@ -42,7 +44,8 @@ class EngineRules:
       ``plan_type``);
     - ``built_model``: the model it builds (``check``'s answer, without refusals);
     - ``violations``: the engine's own plan invariants (:mod:`.invariants` adds the common);
-    - ``pipeline_ok``: whether it plans ``model`` on ``pp`` stages of its own split.
+    - ``pipeline_ok``: whether it plans ``model`` on ``pp`` stages of its own split;
+    - ``stage_bounds``: its split of ``num_layers`` over ``pp`` stages (or a partition).
     """
 
     facts: EngineFacts
@@ -55,6 +58,34 @@ class EngineRules:
     built_model: Callable[[HybridModel, Deployment], HybridModel] = _builds_all
     violations: Callable[[Any], list[str]] = _no_violations
     pipeline_ok: Callable[[HybridModel, int], bool] = _any_pipeline
+    stage_bounds: Callable[
+        [int, int, tuple[int, ...] | None], tuple[tuple[int, int], ...]
+    ] = pp_stage_bounds
+
+
+SGLANG_SETTINGS: tuple[tuple[str, object], ...] = (
+    ("mamba_full_memory_ratio", None),
+    ("max_running_requests", None),
+    ("max_mamba_cache_size", None),
+)
+"""Deployment fields only SGLang takes, at their unset values."""
+
+
+def refuse_settings(
+    deployment: Deployment, settings: tuple[tuple[str, object], ...], owner: str
+) -> None:
+    """Refuse (``engine_setting``) a deployment field of ``settings`` set away from its unset
+    value: a setting of ``owner``'s that ``deployment.engine`` would ignore silently."""
+    for name, unset in settings:
+        value = getattr(deployment, name)
+        if value != unset:
+            raise Refusal(
+                "engine_setting",
+                f"{name}={value!r} is {owner}'s setting; engine={deployment.engine} does not "
+                "take it (it would be ignored)",
+                facts={"engine": deployment.engine, "field": name},
+                hint=f"leave {name} at {unset!r} for engine={deployment.engine}",
+            )
 
 
 def register_engine(rules: EngineRules) -> EngineRules:

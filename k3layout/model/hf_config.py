@@ -52,6 +52,7 @@ from ..constants import (
     MAX_CONV_KERNEL,
     MAX_MODEL_DIM,
     MAX_MODULE_LAYERS,
+    MAX_PROMPT_TOKENS,
 )
 from ..dtypes import HF_TORCH_DTYPES
 from ..errors import Refusal
@@ -95,6 +96,9 @@ class _TextConfig(_Lenient):
     index_head_dim: _Dim | None = None
     num_nextn_predict_layers: Annotated[int, Strict(), Field(ge=0, le=MAX_MODULE_LAYERS)] = 0
     torch_dtype: StrictStr | None = None
+    max_position_embeddings: Annotated[int, Strict(), Field(gt=0, le=MAX_PROMPT_TOKENS)] | None = (
+        None
+    )
     linear_attn_config: _LinearAttnConfig | None = None
 
     @field_validator("torch_dtype")
@@ -334,6 +338,7 @@ def _model_from_config(
         layers=layers,
         draft_layers=(mla,) * drafts,
         drafter=None if not drafts else "dspark" if num_draft_layers is not None else "mtp",
+        context_tokens=text.max_position_embeddings,
     )
 
 

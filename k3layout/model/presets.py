@@ -43,6 +43,10 @@ def kimi_layer_pattern(num_layers: int, mla: MLALayer, kda: KDALayer) -> tuple[L
     return tuple(mla if is_kimi_mla_layer(i, num_layers) else kda for i in range(num_layers))
 
 
+K3_CONTEXT_TOKENS: Final = 1 << 20
+"""Kimi-K3's ``max_position_embeddings`` (1,048,576), as its config.json says."""
+
+
 def kimi_k3() -> HybridModel:
     """Kimi-K3: 93 layers, 24 MLA (96 heads, NoPE, q_lora 1536) and 69 KDA (96 x 128)."""
     mla = MLALayer(num_heads=96, q_lora_rank=1536)
@@ -50,7 +54,10 @@ def kimi_k3() -> HybridModel:
         num_heads=96, head_dim=128, conv_kernel=4, full_rank_gate=True, gate_lower_bound=-5.0
     )
     return HybridModel(
-        name="kimi-k3", model_type="kimi_k3", layers=kimi_layer_pattern(93, mla, kda)
+        name="kimi-k3",
+        model_type="kimi_k3",
+        layers=kimi_layer_pattern(93, mla, kda),
+        context_tokens=K3_CONTEXT_TOKENS,
     )
 
 
@@ -64,6 +71,7 @@ def kimi_k3_dspark() -> HybridModel:
         layers=target.layers,
         draft_layers=(draft,) * DSPARK_DRAFT_LAYERS,
         drafter="dspark",
+        context_tokens=target.context_tokens,
     )
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from .._frozen import Frozen
-from ..constants import MAX_MODULE_LAYERS
+from ..constants import MAX_MODULE_LAYERS, MAX_PROMPT_TOKENS
 from ..errors import Refusal
 from ..limits import check_bound
 from .layers import AnyLayer, KDALayer, Layer, MLALayer
@@ -21,6 +21,7 @@ class HybridModel(Frozen):
     ``draft_layers`` (a speculative draft such as K3's DSpark) are dense MLA layers that join the
     attention pool after the target, as module layers ``len(layers) ..``. ``model_type`` is the
     checkpoint's family (``kimi_k3``, ``kimi_linear``, ...); offload features gate on it.
+    ``context_tokens`` is the checkpoint's ``max_position_embeddings`` (``None``: not said).
     ``drafter`` names how the draft speculates: ``dspark`` (a draft model of its own, any
     number of speculative tokens) or ``mtp`` (``num_nextn_predict_layers`` modules, which vLLM
     reuses for at most ``n`` or a multiple of ``n`` tokens); ``None``: not said.
@@ -31,6 +32,9 @@ class HybridModel(Frozen):
     layers: Annotated[tuple[Layer, ...], Field(min_length=1, max_length=MAX_MODULE_LAYERS)]
     draft_layers: tuple[Layer, ...] = ()
     drafter: Literal["dspark", "mtp"] | None = None
+    context_tokens: Annotated[int, Field(gt=0, le=MAX_PROMPT_TOKENS)] | None = None
+    """The checkpoint's longest context (``max_position_embeddings``), where it says; an
+    engine's default context length (SGLang's ``context_len``)."""
 
     @model_validator(mode="after")
     def _needs_attention(self) -> HybridModel:
@@ -65,6 +69,18 @@ class HybridModel(Frozen):
                 hint="give the draft MLA or GQA layers",
             )
         return self
+
+    def without_draft(self) -> HybridModel:
+        """The target alone (what an engine builds without speculative tokens): no draft
+        layers, no drafter; ``self`` when there is no draft."""
+        if not self.draft_layers:
+            return self
+        return HybridModel(
+            name=self.name,
+            model_type=self.model_type,
+            layers=self.layers,
+            context_tokens=self.context_tokens,
+        )
 
     @property
     def num_layers(self) -> int:

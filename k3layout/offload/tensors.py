@@ -250,6 +250,14 @@ def cache_spec(
         ("names", names, (LayerNames, type(None))),
     )
     _check_count("num_blocks", num_blocks)
+    if not plan.one_backing:
+        raise Refusal(
+            "engine_mismatch",
+            f"engine={plan.engine} keeps its pools in tensors of their own; the adapter lays "
+            "out planes shared by groups in one backing per rank (vllm, parent)",
+            facts={"engine": plan.engine},
+            hint="describe SGLang's pools with k3layout.engines.sglang.pools.pool_tensors",
+        )
     if plan.deployment.kv_cache_layout != "LBNHC":
         # One tensor per plane is layer-outermost by construction.
         raise Refusal(

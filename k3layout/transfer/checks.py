@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .._args import expect_args
+from ..registry import facts_of
 from .pairing import pairing_refusal
 from .plan import TransferPlan
 from .regions import Region
@@ -83,6 +84,7 @@ def transfer_violations(result: TransferPlan) -> list[str]:
     expect_args(("result", result, TransferPlan))
     problems: list[str] = []
     sizes = result.decode_sizes
+    gathers = facts_of(result.decode.engine).gathers_state
     producer_regions = [
         {r.key: r for r in result.producer_regions(rank)} for rank in range(result.num_producers)
     ]
@@ -95,7 +97,9 @@ def transfer_violations(result: TransferPlan) -> list[str]:
             result.producer_coords(pair.producer),
             result.consumer_coords(pair.consumer),
         )
-        refusal = pairing_refusal(src_tp, dst_tp, result.prefill.attn_tp, result.decode.attn_tp)
+        refusal = pairing_refusal(
+            src_tp, dst_tp, result.prefill.attn_tp, result.decode.attn_tp, gathers
+        )
         if refusal is not None:
             problems.append(f"pair {pair.producer} -> {pair.consumer}: {refusal}")
         for segment in pair.segments:

@@ -57,17 +57,31 @@ def dcp_rank_of(tp_rank: int, dcp: int) -> int:
     return tp_rank % dcp
 
 
-def tp_multiple_refusal(prefill_tp: int, decode_tp: int) -> Refusal | None:
+def tp_multiple_refusal(
+    prefill_tp: int, decode_tp: int, gathers: bool = False, note: str = ""
+) -> Refusal | None:
     """Why ``decode_tp`` cannot be fed from ``prefill_tp`` head-sharded ranks, or ``None``.
 
     Each consumer's heads must sit on one producer, so ``decode_tp`` must be a multiple of
-    ``prefill_tp``. PP8 x TP2 -> TP3: a TP3 rank's 32 heads straddle both TP2 ranks.
+    ``prefill_tp``. PP8 x TP2 -> TP3: a TP3 rank's 32 heads straddle both TP2 ranks. An
+    engine that ``gathers`` (SGLang) also lets a consumer collect its heads from several
+    producers when ``prefill_tp`` is a multiple of ``decode_tp``; ``note`` is that engine's
+    own account of a pairing it cannot serve.
     """
     invalid = _size_refusal(prefill_tp=prefill_tp, decode_tp=decode_tp)
     if invalid is not None:
         return invalid
-    if decode_tp % prefill_tp == 0:
+    if decode_tp % prefill_tp == 0 or (gathers and prefill_tp % decode_tp == 0):
         return None
+    if gathers:
+        return Refusal(
+            "tp_not_multiple",
+            f"prefill attn_tp={prefill_tp} and decode attn_tp={decode_tp}: neither divides the "
+            f"other, so the rank mapping names prefill ranks that do not exist or leaves some "
+            f"unpaired{': ' + note if note else ''}",
+            facts={"prefill_tp": prefill_tp, "decode_tp": decode_tp},
+            hint=f"use a decode attn_tp that divides {prefill_tp} or is a multiple of it",
+        )
     below = decode_tp // prefill_tp * prefill_tp
     options = [m for m in (below, below + prefill_tp) if m > 0]
     return Refusal(
@@ -79,13 +93,19 @@ def tp_multiple_refusal(prefill_tp: int, decode_tp: int) -> Refusal | None:
     )
 
 
-def head_group(producer_tp_rank: int, prefill_tp: int, decode_tp: int) -> range:
+def head_group(
+    producer_tp_rank: int, prefill_tp: int, decode_tp: int, gathers: bool = False
+) -> range:
     """Consumer TP ranks fed by ``producer_tp_rank``: its :class:`~k3layout.Shard` of the
-    ``decode_tp`` consumer shares. Refuses ``tp_not_multiple``."""
+    ``decode_tp`` consumer shares; where several producers feed one consumer (``gathers``,
+    prefill TP a multiple of decode TP), that one consumer. Refuses ``tp_not_multiple``."""
     expect_int("producer_tp_rank", producer_tp_rank)
-    refusal = tp_multiple_refusal(prefill_tp, decode_tp)
+    refusal = tp_multiple_refusal(prefill_tp, decode_tp, gathers)
     if refusal is not None:
         raise refusal
+    if decode_tp % prefill_tp:  # gathering: prefill_tp / decode_tp producers per consumer
+        consumer = producer_tp_rank // (prefill_tp // decode_tp)
+        return range(consumer, consumer + 1)
     size, offset = _CONSUMER_SHARES.local_size_and_offset(decode_tp, prefill_tp, producer_tp_rank)
     return range(offset, offset + size)
 
@@ -93,15 +113,38 @@ def head_group(producer_tp_rank: int, prefill_tp: int, decode_tp: int) -> range:
 def paired_producer(consumer_tp_rank: int, prefill_tp: int, decode_tp: int) -> int:
     """The producer TP rank that feeds ``consumer_tp_rank``: ``d // (decode_tp / prefill_tp)``.
     Refuses ``tp_not_multiple``, and a consumer rank outside ``decode_tp``."""
-    refusal = tp_multiple_refusal(prefill_tp, decode_tp)
+    return producers_of(consumer_tp_rank, prefill_tp, decode_tp)[0]
+
+
+def producers_of(
+    consumer_tp_rank: int, prefill_tp: int, decode_tp: int, gathers: bool = False
+) -> range:
+    """The producer TP ranks that feed ``consumer_tp_rank``, the first of which also sends
+    the replicated rows (the MLA latent): ``d // (decode_tp / prefill_tp)`` alone, or, where
+    a consumer ``gathers`` (prefill TP ``g`` times decode TP), ``d * g .. d * g + g - 1``
+    (SGLang's mapping; prefill TP 8, decode TP 2)::
+
+        consumer d    0           1
+        producers     0 1 2 3     4 5 6 7      (producer 4 writes consumer 1's latent rows)
+
+    Refuses ``tp_not_multiple``, and a consumer rank outside ``decode_tp``."""
+    refusal = tp_multiple_refusal(prefill_tp, decode_tp, gathers)
     if refusal is not None:
         raise refusal
     _check_tp_rank("consumer_tp_rank", consumer_tp_rank, decode_tp)
-    return consumer_tp_rank // (decode_tp // prefill_tp)
+    if decode_tp % prefill_tp == 0:
+        first = consumer_tp_rank // (decode_tp // prefill_tp)
+        return range(first, first + 1)
+    share = prefill_tp // decode_tp
+    return range(consumer_tp_rank * share, (consumer_tp_rank + 1) * share)
 
 
 def pairing_refusal(
-    producer_tp_rank: int, consumer_tp_rank: int, prefill_tp: int, decode_tp: int
+    producer_tp_rank: int,
+    consumer_tp_rank: int,
+    prefill_tp: int,
+    decode_tp: int,
+    gathers: bool = False,
 ) -> Refusal | None:
     """Why a proposed pairing cannot carry head-sharded state, or ``None`` when it can.
 
@@ -110,9 +153,11 @@ def pairing_refusal(
     consumer is outside the producer's head group.
     """
     expect_args(
-        ("producer_tp_rank", producer_tp_rank, int), ("consumer_tp_rank", consumer_tp_rank, int)
+        ("producer_tp_rank", producer_tp_rank, int),
+        ("consumer_tp_rank", consumer_tp_rank, int),
+        ("gathers", gathers, bool),
     )
-    refusal = tp_multiple_refusal(prefill_tp, decode_tp)
+    refusal = tp_multiple_refusal(prefill_tp, decode_tp, gathers)
     if refusal is not None:
         return refusal
     for name, rank, size in (
@@ -121,10 +166,10 @@ def pairing_refusal(
     ):
         if not 0 <= rank < size:
             return _rank_refusal(name, rank, size)
-    group = head_group(producer_tp_rank, prefill_tp, decode_tp)
+    group = head_group(producer_tp_rank, prefill_tp, decode_tp, gathers)
     if consumer_tp_rank in group:
         return None
-    right = paired_producer(consumer_tp_rank, prefill_tp, decode_tp)
+    right = producers_of(consumer_tp_rank, prefill_tp, decode_tp, gathers)[0]
     return Refusal(
         "head_group_mismatch",
         f"consumer tp_rank={consumer_tp_rank} of decode attn_tp={decode_tp} is outside the head "
@@ -147,10 +192,15 @@ def pairing_refusal(
 
 
 def check_pairing(
-    producer_tp_rank: int, consumer_tp_rank: int, prefill_tp: int, decode_tp: int
+    producer_tp_rank: int,
+    consumer_tp_rank: int,
+    prefill_tp: int,
+    decode_tp: int,
+    gathers: bool = False,
 ) -> None:
     """Raise :func:`pairing_refusal`'s refusal, if any."""
-    refusal = pairing_refusal(producer_tp_rank, consumer_tp_rank, prefill_tp, decode_tp)
+    expect_args(("gathers", gathers, bool))
+    refusal = pairing_refusal(producer_tp_rank, consumer_tp_rank, prefill_tp, decode_tp, gathers)
     if refusal is not None:
         raise refusal
 

@@ -37,11 +37,12 @@ from ..layouts import Stage, plan, project_stages
 from ..limits import check_bound
 from ..model import HybridModel
 from ..placements import Interleave
+from ..registry import facts_of
 from ..sizes import RankSizes, rank_sizes
 from .pairing import (
     coords_of,
     dcp_rank_of,
-    paired_producer,
+    producers_of,
     rank_of,
     tp_multiple_refusal,
 )
@@ -279,6 +280,20 @@ def check_matching_deployments(prefill: Deployment, decode: Deployment) -> None:
             )
 
 
+def _check_pipelines(prefill: Deployment, decode: Deployment, matches: bool) -> None:
+    """Refuse (``model_mismatch``) a decode pipeline the decode engine cannot pair: where its
+    stages must mirror the prefill's (``matches``), the decode PP is 1 or the prefill's."""
+    if matches and decode.pp not in (1, prefill.pp):
+        raise Refusal(
+            "model_mismatch",
+            f"decode pp={decode.pp} with prefill pp={prefill.pp}: engine={decode.engine} pairs "
+            "a decode pipeline only with an equal prefill one, or a decode of one stage with "
+            "any",
+            facts={"field": "pp", "prefill": prefill.pp, "decode": decode.pp},
+            hint=f"use decode pp=1 or pp={prefill.pp}",
+        )
+
+
 def _check_inputs(prefill: Deployment, decode: Deployment, prompt_tokens: int) -> None:
     if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
         raise Refusal(
@@ -337,9 +352,13 @@ def plan_transfer(
     prefill_plan = plan(model, prefill)
     decode_plan = plan(model, decode)
     model = prefill_plan.model  # what the engine builds (no draft without spec tokens)
-    refusal = tp_multiple_refusal(prefill.attn_tp, decode.attn_tp)
+    # the decode pulls: its engine's rank mapping decides who feeds whom
+    facts = facts_of(decode.engine)
+    gathers = facts.gathers_state
+    refusal = tp_multiple_refusal(prefill.attn_tp, decode.attn_tp, gathers, facts.pd_refusal_note)
     if refusal is not None:
         raise refusal
+    _check_pipelines(prefill, decode, facts.decode_pp_matches_prefill)
     producer_stage: dict[int, int] = {}  # module layer -> the prefill stage holding it
     for held in prefill_plan.stages:
         producer_stage.update(dict.fromkeys(held.layers, held.index))
@@ -352,12 +371,18 @@ def plan_transfer(
     # each consumer TP rank's segments of each spec are built (and checked) once, at the
     # first layer that needs them, then named for every run of layers that one producer
     # stage sends of that spec.
-    built: list[dict[int, tuple[dict[str, Any], ...]]] = [{} for _ in range(tp_d)]
+    built: list[dict[tuple[int, int], tuple[dict[str, Any], ...]]] = [{} for _ in range(tp_d)]
     part_rows: dict[int, tuple[tuple[CachePart, int, int], ...]] = {}  # by spec, for every rank
     name_run, make_pair = trusted_filler(Segment, "layers"), trusted_maker(RankPair)
-    # Each consumer TP rank's producer, in its head group by construction (part_segment
-    # refuses a share outside the producer's, and transfer_violations checks every pair).
-    sources = tuple(paired_producer(tp_rank, tp_p, tp_d) for tp_rank in range(tp_d))
+    # Each consumer TP rank's producers, in its head group by construction (part_segment
+    # refuses a share outside the producer's, and transfer_violations checks every pair);
+    # the first also sends the replicated rows (the others' copies would write them again).
+    sources = tuple(
+        (tp_rank, source, source == found[0])
+        for tp_rank in range(tp_d)
+        for found in (producers_of(tp_rank, tp_p, tp_d, gathers),)
+        for source in found
+    )
     for stage in decode_plan.stages:
         runs = _layer_runs(stage.layers, producer_stage, sizes.layer_specs)
         first_state = next(
@@ -369,15 +394,17 @@ def plan_transfer(
             None,
         )
         cursor_stage = None if first_state is None else producer_stage[first_state]
-        for tp_rank, source in enumerate(sources):
+        for tp_rank, source, writes_rows in sources:
             templates = built[tp_rank]
             consumer = rank_of(stage.index, tp_rank, tp_d)
             for producer_stage_index, stage_runs in runs.items():
                 segments: list[Segment] = []
                 for index, layers in stage_runs:
-                    first = templates.get(index)
+                    if not writes_rows and sizes.specs[index].paging == "token":
+                        continue
+                    first = templates.get((index, source))
                     if first is None:
-                        first = templates[index] = _spec_segments(
+                        first = templates[(index, source)] = _spec_segments(
                             sizes,
                             index,
                             layers[0],
@@ -385,11 +412,12 @@ def plan_transfer(
                             prompt_tokens=prompt_tokens,
                             dcp_rank=dcp_rank_of(tp_rank, decode.dcp),
                             part_rows=part_rows,
+                            gather=gathers,
                         )
                     # Built above from validated fields for the run's first layer: nothing
                     # to re-validate in naming the run.
                     segments += name_run(first, layers)
-                if cursor is not None and producer_stage_index == cursor_stage:
+                if cursor is not None and writes_rows and producer_stage_index == cursor_stage:
                     segments.append(
                         derive_part_segment(
                             cursor.parts[0],
@@ -455,6 +483,7 @@ def _spec_segments(
     prompt_tokens: int,
     dcp_rank: int,
     part_rows: dict[int, tuple[tuple[CachePart, int, int], ...]],
+    gather: bool = False,
 ) -> tuple[dict[str, Any], ...]:
     """The fields of the segments of module ``layer`` (of spec ``sizes.specs[index]``) from
     producer ``ranks[0]`` to consumer ``ranks[1]`` (each ``(tp, tp_rank)``); ``part_rows``
@@ -463,7 +492,7 @@ def _spec_segments(
     spec = sizes.specs[index]
     if spec.paging == "slot":
         return tuple(
-            derive_part_segment(part, layer, src, dst, segment_fields)
+            derive_part_segment(part, layer, src, dst, segment_fields, gather=gather)
             for part in layer_slot_parts(sizes, layer)
         )
     rows = part_rows.get(index)

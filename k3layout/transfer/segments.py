@@ -255,6 +255,8 @@ def part_segment(
     layer: int | None,
     src: tuple[int, int],
     dst: tuple[int, int],
+    *,
+    gather: bool = False,
 ) -> Segment:
     """The copy that fills rank ``dst = (tp, rank)``'s share of a slot ``part`` of module
     ``layer`` (``None``: the cursor, of no layer) from rank ``src``'s: a segment of that one
@@ -271,6 +273,10 @@ def part_segment(
     The SD conv state of K3, ``(K-1+s, 3, 96, 128)`` with ``Shard(2)``, gives ``3*(K-1+s)``
     copies, one per row and channel group (q, k, v).
 
+    With ``gather`` the producer's slab may instead lie inside the consumer's (prefill TP a
+    multiple of decode TP, as SGLang pairs them): it is copied whole to its place,
+    ``dst_offset = (src_off - dst_off) * inner``.
+
     Refuses (``invalid_argument``) arguments of the wrong type, a ``layer`` that is not a
     module layer id and a ``src`` or ``dst`` that is not a ``(tp, rank)`` pair of ints with
     ``1 <= tp`` and ``0 <= rank < tp``; (``size_limit``) a ``tp`` beyond ``MAX_RANKS``.
@@ -280,7 +286,8 @@ def part_segment(
         check_range("layer", layer, 0, MAX_MODULE_LAYERS - 1)
     _check_ranks("src", src)
     _check_ranks("dst", dst)
-    return derive_part_segment(part, layer, src, dst, Segment.strided)
+    expect("gather", gather, bool)
+    return derive_part_segment(part, layer, src, dst, Segment.strided, gather=gather)
 
 
 def _check_ranks(name: str, value: object) -> None:
@@ -311,6 +318,8 @@ def derive_part_segment(
     src: tuple[int, int],
     dst: tuple[int, int],
     make: Callable[..., MadeT],
+    *,
+    gather: bool = False,
 ) -> MadeT:
     """:func:`part_segment`, made by ``make`` (:meth:`Segment.strided`, validated, or the
     planner's :func:`planned_segment` / :func:`segment_fields`)."""
@@ -329,7 +338,9 @@ def derive_part_segment(
     dim, shape = placement.dim, part.shape
     src_size, src_off = placement.local_size_and_offset(shape[dim], *src)
     dst_size, dst_off = placement.local_size_and_offset(shape[dim], *dst)
-    if not src_off <= dst_off <= dst_off + dst_size <= src_off + src_size:
+    inside = src_off <= dst_off <= dst_off + dst_size <= src_off + src_size
+    gathered = gather and dst_off <= src_off <= src_off + src_size <= dst_off + dst_size
+    if not (inside or gathered):
         raise Refusal(
             "head_group_mismatch",
             f"{part.name} layer {layer}: consumer rank {dst[1]} of tp={dst[0]} holds "
@@ -345,13 +356,14 @@ def derive_part_segment(
             hint="pair each consumer with the producer whose share contains its own",
         )
     inner = math.prod(shape[dim + 1 :]) * part.elem_bytes
+    low = max(src_off, dst_off)  # the shared slab: the consumer's, or the producer's gathered
     return make(
         part.name,
         layers,
         "slot",
-        src_offset_bytes=(dst_off - src_off) * inner,
-        dst_offset_bytes=0,
-        length_bytes=dst_size * inner,
+        src_offset_bytes=(low - src_off) * inner,
+        dst_offset_bytes=(low - dst_off) * inner,
+        length_bytes=min(src_size, dst_size) * inner,
         num_copies=math.prod(shape[:dim]),
         src_stride_bytes=src_size * inner,
         dst_stride_bytes=dst_size * inner,

@@ -17,8 +17,11 @@ from test_conformance_binding import CASES  # noqa: E402
 from vllm_engine import Case, Engine, bind, start  # noqa: E402
 
 from k3layout import Refusal, engine_layer_names  # noqa: E402
-from k3layout.engines.vllm import check_kv_caches, plan_from_vllm  # noqa: E402
-from k3layout.engines.vllm import vllm_bound_views  # noqa: E402
+from k3layout.engines.vllm import (  # noqa: E402
+    check_kv_caches,
+    plan_from_vllm,
+    vllm_bound_views,
+)
 
 Caches = dict[str, torch.Tensor]
 

@@ -23,6 +23,7 @@ from ...errors import Refusal
 from ...layouts.groups import Group, GroupKind, Stage, group_names, num_planes, split_contiguous
 from ...layouts.packing import Packing, PackingFrame, RuleCheck, rule_1152, search_packing
 from ...layouts.protocol import ByteRange, LayoutBase
+from ...layouts.seams import SGLANG_SETTINGS, refuse_settings
 from ...limits import checked_bytes
 from ...model import HybridModel
 from ...sizes import RankSizes
@@ -627,6 +628,7 @@ def check_parent(model: HybridModel, deployment: Deployment) -> HybridModel:
     """Refuse what the parent engine does not run: decode context parallel, and vLLM's own
     settings (an attention backend or KV-cache layout other than the defaults), which would
     otherwise be ignored silently."""
+    refuse_settings(deployment, SGLANG_SETTINGS, "SGLang")
     for name, default in (("attention_backend", "FLASHMLA"), ("kv_cache_layout", "LBNHC")):
         value = getattr(deployment, name)
         if value != default:

@@ -30,6 +30,7 @@ from ...deployment import Deployment
 from ...errors import Refusal
 from ...layouts.groups import Group, Stage, group_kind, group_names, split_strided
 from ...layouts.protocol import ByteRange, LayoutBase
+from ...layouts.seams import SGLANG_SETTINGS, refuse_settings
 from ...limits import check_bound, checked_bytes
 from ...model import HybridModel
 from ...placements import Interleave, pp_stage_bounds
@@ -340,6 +341,7 @@ def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
     a requested block the attention backend's kernels do not take (its selector refuses it
     before the block is raised), an MTP depth its modules cannot be reused for. Returns the
     model vLLM builds: without speculative tokens there is no drafter, so no draft layers."""
+    refuse_settings(deployment, SGLANG_SETTINGS, "SGLang")
     if model.drafter == "mtp":
         check_mtp_depth(len(model.draft_layers), deployment.spec_tokens)
     backend = deployment.attention_backend
@@ -390,16 +392,14 @@ def built_model(model: HybridModel, deployment: Deployment) -> HybridModel:
     """The model vLLM builds for ``deployment``: no drafter without speculative tokens, so a
     draft's layers take no cache then (K3 + DSpark at 0 tokens: 24 planes, not 29)."""
     expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
-    if model.draft_layers and deployment.spec_tokens == 0:
-        return HybridModel(name=model.name, model_type=model.model_type, layers=model.layers)
-    return model
+    return model.without_draft() if deployment.spec_tokens == 0 else model
 
 
 def serves_pipeline(model: HybridModel, pp: int) -> bool:
     """Whether vLLM's even split of ``model`` over ``pp`` stages gives every stage holding a
     state layer an attention layer too (``stage_without_attention``); draft layers are not
     counted, since vLLM builds a draft only with speculative tokens."""
-    target = HybridModel(name=model.name, model_type=model.model_type, layers=model.layers)
+    target = model.without_draft()
     return stage_without_attention(target, pp_stage_bounds(model.num_layers, pp)) is None
 
 

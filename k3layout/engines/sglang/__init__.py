@@ -1,0 +1,62 @@
+"""SGLang 0.5.23 as ``engine="sglang"``: its rules, pools, capacity, P/D and bridge.
+
+- :mod:`.rules`: SGLang 0.5.23's rules (backend and page per GPU, the budget split, running
+  requests, the pipeline split);
+- :mod:`.layout`: the token pool and the state pool (:class:`SglangPlan`), registered by
+  :mod:`.engine`; :mod:`.capacity`: ``max_total_num_tokens``, ``max_mamba_cache_size`` and
+  ``max_running_requests`` of a budget;
+- :mod:`.bridge`: plan from SGLang's own ``ServerArgs`` and model config, check the pools it
+  allocated (no SGLang import).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from .capacity import SglangCapacity, SglangStageCapacity
+from .engine import SGLANG, plan_sglang
+from .layout import SglangPlan
+from .rules import SGLANG_VERSION
+
+if TYPE_CHECKING:
+    from .bridge import (
+        check_pools,
+        deployment_from_sglang,
+        model_from_sglang,
+        plan_from_sglang,
+    )
+
+_LAZY: dict[str, str] = {
+    "check_pools": "bridge",
+    "deployment_from_sglang": "bridge",
+    "model_from_sglang": "bridge",
+    "plan_from_sglang": "bridge",
+}
+
+__all__ = [
+    "SGLANG",
+    "SGLANG_VERSION",
+    "SglangCapacity",
+    "SglangPlan",
+    "SglangStageCapacity",
+    "check_pools",
+    "deployment_from_sglang",
+    "model_from_sglang",
+    "plan_from_sglang",
+    "plan_sglang",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,0 +1,219 @@
+"""SGLang 0.5.23: plan from a live ``ServerArgs`` and model config, check the pools it built.
+
+Nothing here imports SGLang: its objects are read by their attributes, so the same code runs
+in a scheduler process (where they are SGLang's) and in tests (``tests/conformance`` builds
+them with SGLang's own code on CPU).
+
+- :func:`plan_from_sglang`: the model (the HF config SGLang loaded) and the deployment
+  (parallelism, cache dtype, speculative decoding, radix cache, the memory flags) a
+  ``ServerArgs`` describes, planned for the GPU the engine runs on.
+- :func:`check_pools`: the tensors of the ``HybridReqToTokenPool``'s ``MambaPool`` and of the
+  ``MLATokenToKVPool`` (inside SGLang's ``HybridLinearKVPool``) one rank allocated, against
+  the plan: which layers each pool serves, and every tensor's dtype, shape and strides. The
+  refusal (``plan_mismatch``) names the tensor, the planned and actual values and the layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..._args import expect, expect_int
+from ...deployment import Deployment
+from ...errors import Fact, Refusal
+from ...gpus import DEFAULT_GPU
+from ...model import HybridModel, model_from_config
+from .engine import plan_sglang
+from .layout import SglangPlan
+from .pools import PoolTensor, pool_tensors
+
+__all__ = ["check_pools", "deployment_from_sglang", "model_from_sglang", "plan_from_sglang"]
+
+_KV_DTYPES = {
+    "auto": "bf16",  # the checkpoints' dtype (an fp8-quantised KV config aside)
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp8_e4m3": "fp8",
+}
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    return getattr(obj, name, default)
+
+
+def _refuse(field: str, message: str, hint: str, **facts: Fact) -> Refusal:
+    return Refusal(
+        "invalid_argument",
+        f"SGLang's {field}: {message}",
+        facts={"field": field, **facts},
+        hint=hint,
+    )
+
+
+def model_from_sglang(model_config: Any, name: str | None = None) -> HybridModel:
+    """The model an SGLang ``ModelConfig`` serves (its ``hf_config``, ``text_config`` nested
+    or flat)."""
+    hf_config = _get(model_config, "hf_config")
+    to_dict = getattr(hf_config, "to_dict", None)
+    if not callable(to_dict):
+        raise _refuse(
+            "model_config.hf_config",
+            "no Hugging Face config (an object with to_dict())",
+            "pass the engine's ModelConfig",
+        )
+    config = to_dict()
+    if not isinstance(config, Mapping):
+        raise _refuse("model_config.hf_config", "to_dict() is not a mapping", "pass a ModelConfig")
+    label = name or _get(model_config, "model_path") or "sglang-model"
+    return model_from_config(config, name=str(label), source="SGLang")
+
+
+def deployment_from_sglang(server_args: Any, gpu: str = DEFAULT_GPU) -> Deployment:
+    """The deployment a ``ServerArgs`` describes (engine ``sglang``) on ``gpu``.
+
+    Attention DP (``--enable-dp-attention``) splits TP into ``dp`` attention TP groups of
+    ``tp / dp``; speculative decoding runs ``speculative_num_draft_tokens - 1`` tokens per
+    step; ``--disable-radix-cache`` is ``prefix_caching=False``."""
+    expect("gpu", gpu, str)
+    tp = int(_get(server_args, "tp_size", 1) or 1)
+    dp = 1
+    if _get(server_args, "enable_dp_attention"):
+        dp = int(_get(server_args, "dp_size", 1) or 1)
+    dtype = str(_get(server_args, "kv_cache_dtype", "auto") or "auto")
+    if dtype not in _KV_DTYPES:
+        raise _refuse(
+            "kv_cache_dtype",
+            f"{dtype!r} is not a cache dtype the planner models",
+            f"use one of {sorted(_KV_DTYPES)}",
+            kv_cache_dtype=dtype,
+        )
+    draft_tokens = _get(server_args, "speculative_num_draft_tokens")
+    spec = 0
+    if _get(server_args, "speculative_algorithm") and draft_tokens:
+        spec = int(draft_tokens) - 1
+    fields: dict[str, Any] = {
+        "engine": "sglang",
+        "gpu": gpu,
+        "attn_tp": tp // dp if dp and tp % dp == 0 else tp,
+        "attn_dp": dp,
+        "pp": int(_get(server_args, "pp_size", 1) or 1),
+        "dcp": int(_get(server_args, "dcp_size", 1) or 1),
+        "kv_dtype": _KV_DTYPES[dtype],
+        "spec_tokens": spec,
+        "prefix_caching": not _get(server_args, "disable_radix_cache", False),
+        "mamba_full_memory_ratio": _get(server_args, "mamba_full_memory_ratio"),
+        "max_running_requests": _get(server_args, "max_running_requests"),
+        "max_mamba_cache_size": _get(server_args, "max_mamba_cache_size"),
+    }
+    return Deployment.model_validate(fields)
+
+
+def plan_from_sglang(server_args: Any, model_config: Any, gpu: str = DEFAULT_GPU) -> SglangPlan:
+    """Plan the model and deployment an SGLang ``ServerArgs`` and ``ModelConfig`` describe,
+    for engine ``sglang`` on ``gpu``."""
+    return plan_sglang(model_from_sglang(model_config), deployment_from_sglang(server_args, gpu))
+
+
+def _mismatch(what: str, planned: Any, actual: Any, layer: int | None = None) -> Refusal:
+    where = "" if layer is None else f" (layer {layer})"
+    return Refusal(
+        "plan_mismatch",
+        f"SGLang's {what}{where} differs from the plan: planned {planned}, SGLang has {actual}",
+        facts={
+            "field": what,
+            "planned": str(planned),
+            "actual": str(actual),
+            "layer": layer,
+        },
+        hint="plan from the engine's own ServerArgs and GPU (plan_from_sglang), or fix the pool",
+    )
+
+
+def _dtype_name(tensor: Any) -> str:
+    return str(_get(tensor, "dtype", "")).removeprefix("torch.")
+
+
+def _shape(tensor: Any) -> tuple[int, ...]:
+    return tuple(int(n) for n in _get(tensor, "shape", ()))
+
+
+def _strides(tensor: Any) -> tuple[int, ...]:
+    stride = getattr(tensor, "stride", None)
+    return tuple(int(n) for n in stride()) if callable(stride) else ()
+
+
+def _check_tensor(planned: PoolTensor, tensor: Any, layer: int | None) -> None:
+    if not hasattr(tensor, "shape") or not hasattr(tensor, "dtype"):
+        raise _mismatch(planned.name, "a tensor", type(tensor).__name__, layer)
+    for what, want, got in (
+        ("dtype", planned.dtype, _dtype_name(tensor)),
+        ("shape", planned.shape, _shape(tensor)),
+        ("strides", planned.strides, _strides(tensor)),
+    ):
+        if want != got:
+            raise _mismatch(f"{planned.name} {what}", want, got, layer)
+
+
+def _layer_ids(pool: Any, name: str) -> tuple[int, ...] | None:
+    ids = _get(pool, name)
+    return None if ids is None else tuple(int(i) for i in ids)
+
+
+def _check_layers(what: str, planned: tuple[int, ...], actual: tuple[int, ...] | None) -> None:
+    if actual is None or actual == planned:
+        return
+    differ = [p for p, a in zip(planned, actual, strict=False) if p != a]
+    if differ:
+        wrong = differ[0]
+    else:  # one is a prefix of the other: the first layer only one of them has
+        wrong = planned[len(actual)] if len(planned) > len(actual) else actual[len(planned)]
+    raise _mismatch(what, planned, actual, wrong)
+
+
+def check_pools(
+    plan: SglangPlan, req_to_token_pool: Any, token_to_kv_pool: Any, stage: int = 0
+) -> SglangPlan:
+    """Check one rank's pools against ``plan`` (of pipeline stage ``stage``): the
+    ``MLATokenToKVPool`` (``token_to_kv_pool`` or its ``full_kv_pool``) must serve the stage's
+    MLA layers with one ``kv_buffer`` each, the ``MambaPool`` (``req_to_token_pool.
+    mamba_pool``) its KDA layers with ``conv[0]`` and ``temporal``, each tensor of the planned
+    dtype, shape (for the pools' own sizes) and strides. Returns the plan; refuses
+    (``plan_mismatch``) at the first difference, naming the tensor and the layer."""
+    expect("plan", plan, SglangPlan)
+    expect_int("stage", stage)
+    plan.stage(stage)  # refuses a stage the plan does not have
+    kv_pool = _get(token_to_kv_pool, "full_kv_pool") or token_to_kv_pool
+    kv_buffer = _get(kv_pool, "kv_buffer")
+    if not isinstance(kv_buffer, Sequence):
+        raise _refuse("kv_buffer", "the token pool has no kv_buffer list", "pass SGLang's pool")
+    num_tokens = expect_int("token_to_kv_pool.size", _get(kv_pool, "size", 0))
+    mamba = _get(req_to_token_pool, "mamba_pool")
+    num_slots = int(_get(mamba, "size", 1) or 1) if mamba is not None else 1
+    planned = pool_tensors(plan, max(num_tokens, 1), num_slots, stage)
+    attention = [t for t in planned if t.name.startswith("kv_buffer")]
+    mla_layers = tuple(t.layers[0] for t in attention)
+    _check_layers(
+        "full_attention_layer_ids",
+        mla_layers,
+        _layer_ids(token_to_kv_pool, "full_attention_layer_ids"),
+    )
+    if len(kv_buffer) != len(attention):
+        wrong = mla_layers[len(kv_buffer)] if len(kv_buffer) < len(attention) else None
+        raise _mismatch("kv_buffer count", len(attention), len(kv_buffer), wrong)
+    for want, tensor in zip(attention, kv_buffer, strict=True):
+        _check_tensor(want, tensor, want.layers[0])
+    states = [t for t in planned if not t.name.startswith("kv_buffer")]
+    if not states:
+        return plan
+    if mamba is None:
+        raise _mismatch("mamba_pool", "a state pool", None, states[0].layers[0])
+    _check_layers("mamba_layer_ids", states[0].layers, _layer_ids(mamba, "mamba_layer_ids"))
+    cache = _get(mamba, "mamba_cache")
+    conv = _get(cache, "conv")
+    tensors = {
+        "conv[0]": conv[0] if isinstance(conv, Sequence) and conv else conv,
+        "temporal": _get(cache, "temporal"),
+    }
+    for want in states:
+        _check_tensor(want, tensors[want.name], want.layers[0])
+    return plan

@@ -1,0 +1,43 @@
+"""SGLang 0.5.23 registered as ``engine="sglang"``: its seams for the planning pipeline."""
+
+from __future__ import annotations
+
+from ..._args import expect_args
+from ...deployment import Deployment
+from ...layouts.pipeline import run_pipeline, with_engine
+from ...layouts.seams import EngineRules, register_engine
+from ...model import HybridModel
+from ...registry import EngineFacts
+from .invariants import sglang_violations
+from .layout import SglangPlan, built_model, check_sglang, group_sglang, pack_sglang
+from .rules import KV_DTYPE_NAMES, PD_REFUSAL_NOTE, stage_bounds
+
+SGLANG = register_engine(
+    EngineRules(
+        facts=EngineFacts(
+            name="sglang",
+            spec_conv_rows=False,  # SGLang verifies draft steps in a scratch buffer
+            decode_context_parallel=True,
+            kv_dtypes=tuple(KV_DTYPE_NAMES),
+            package=__package__ or "",
+            listing_order=2,
+            gathers_state=True,  # SGLang pairs prefill TP 8 with decode TP 2
+            decode_pp_matches_prefill=True,
+            pd_refusal_note=PD_REFUSAL_NOTE,
+        ),
+        plan_type=SglangPlan,
+        check=check_sglang,
+        group=group_sglang,
+        pack=pack_sglang,
+        built_model=built_model,
+        violations=sglang_violations,
+        stage_bounds=stage_bounds,
+    )
+)
+
+
+def plan_sglang(model: HybridModel, deployment: Deployment) -> SglangPlan:
+    """:func:`k3layout.plan` with ``engine="sglang"`` whatever the deployment names."""
+    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
+    result: SglangPlan = run_pipeline(model, with_engine(deployment, "sglang"), SGLANG)
+    return result
