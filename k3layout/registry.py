@@ -15,7 +15,29 @@ from typing import Protocol
 
 from .errors import Refusal
 
-__all__ = ["EngineFacts", "canonical_name", "engine_names", "facts_of", "lookup", "register"]
+__all__ = [
+    "EngineFacts",
+    "LayerNaming",
+    "canonical_name",
+    "engine_names",
+    "facts_of",
+    "lookup",
+    "register",
+]
+
+
+@dataclass(frozen=True)
+class LayerNaming:
+    """How an engine names one model family's cache layers: templates of ``{layer}`` (the
+    module layer id) or, for a draft, ``{index}`` (the draft's own count from 0)."""
+
+    model_types: tuple[str, ...]
+    """The ``model_type`` values the rule names (empty: any model)."""
+    attention: str
+    kda: str
+    draft: str
+    source: str
+    """Where the rule was read."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +55,10 @@ class EngineFacts:
     - ``decode_pp_matches_prefill``: whether a decode pipeline pairs only with an equal
       prefill one (or is one stage);
     - ``pd_refusal_note``: the engine's own account of a TP pairing it cannot serve;
+    - ``pp_remainder_skips_last``: where the layers an even pipeline split leaves over go:
+      one each to the stages before the last (vLLM), or from the last stage back (SGLang);
+    - ``layer_naming``: the names it registers layers under, by model family (the first rule
+      whose ``model_types`` hold the model's, or are empty, applies);
     - ``aliases``: other names a deployment may use for it;
     - ``listing_order``: where it stands in listings (sweeps, ``--engine`` choices).
     """
@@ -45,6 +71,8 @@ class EngineFacts:
     gathers_state: bool = False
     decode_pp_matches_prefill: bool = False
     pd_refusal_note: str = ""
+    pp_remainder_skips_last: bool = True
+    layer_naming: tuple[LayerNaming, ...] = ()
     aliases: tuple[str, ...] = field(default=())
     listing_order: int = 100
 

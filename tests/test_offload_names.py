@@ -45,7 +45,7 @@ def test_every_rule_names_each_layer_once() -> None:
 
 def test_an_engine_without_a_rule_is_refused() -> None:
     with pytest.raises(Refusal) as refused:
-        engine_layer_names(preset("kimi-k3"), "sglang")  # type: ignore[arg-type]
+        engine_layer_names(preset("kimi-k3"), "sglang")
     assert refused.value.code == "invalid_argument"
     assert refused.value.facts["engines"] == ("atom", "vllm")
     with pytest.raises(Refusal):

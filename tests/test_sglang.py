@@ -409,7 +409,7 @@ def test_a_decode_pipeline_that_does_not_mirror_the_prefill_is_refused() -> None
     st.sampled_from(("fp8", "bf16")),
     st.sampled_from(("h100", "h200", "b200")),
     st.integers(8, 200),
-    st.integers(1, 8 << 20),
+    st.integers(1, 1 << 20),  # up to K3's own context
 )
 def test_more_memory_never_holds_fewer_tokens_slots_or_requests(
     tp: int, dtype: str, gpu: str, gib: int, context: int
@@ -432,3 +432,17 @@ def test_more_memory_never_holds_fewer_tokens_slots_or_requests(
         + low.max_total_num_tokens * p.cell_bytes()
     )
     assert used <= gib * GIB  # the pools fit the budget they were sized from
+
+
+def test_a_context_over_the_models_own_is_refused_as_sglang_refuses_it() -> None:
+    p = sglang(attn_tp=8)
+    caught = refused(lambda: p.capacity(60 * GIB, (1 << 20) + 1))
+    assert (caught.code, caught.facts["field"], caught.facts["bound"]) == (
+        "invalid_argument",
+        "max_model_len",
+        1 << 20,
+    )
+    # a model that does not say its context needs one given
+    linear = sglang(LINEAR, attn_tp=8)
+    assert refused(lambda: linear.capacity(60 * GIB)).facts["field"] == "max_model_len"
+    assert linear.capacity(60 * GIB, 4096).max_running_requests > 0

@@ -22,6 +22,7 @@ from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
 from ..placements import pp_stage_bounds
+from ..registry import facts_of
 
 GroupKind: TypeAlias = Literal["attention", "kda"]
 
@@ -146,8 +147,8 @@ def stage_at(stages: tuple[Stage, ...], index: int) -> Stage:
 def project_stages(
     model: HybridModel, deployment: Deployment, groups: tuple[Group, ...]
 ) -> tuple[Stage, ...]:
-    """Split the model's module layers over ``deployment.pp`` stages (vLLM's split; draft
-    layers on the last stage) and project ``groups`` onto each.
+    """Split the model's module layers over ``deployment.pp`` stages (the engine's own split;
+    draft layers on the last stage) and project ``groups`` onto each.
 
     Refuses (``invalid_argument``) arguments of the wrong type and a group holding a layer the
     model does not have; ``pp_too_deep`` and the split's other refusals."""
@@ -167,16 +168,19 @@ def project_stages(
     return projected_stages(model, deployment, checked)
 
 
+def stage_bounds(model: HybridModel, deployment: Deployment) -> tuple[tuple[int, int], ...]:
+    """``[start, end)`` module layers of each pipeline stage, split as ``deployment.engine``
+    splits them (:attr:`~k3layout.registry.EngineFacts.pp_remainder_skips_last`)."""
+    skips_last = facts_of(deployment.engine).pp_remainder_skips_last
+    return pp_stage_bounds(model.num_layers, deployment.pp, deployment.pp_partition, skips_last)
+
+
 def projected_stages(
-    model: HybridModel,
-    deployment: Deployment,
-    groups: tuple[Group, ...],
-    bounds: tuple[tuple[int, int], ...] | None = None,
+    model: HybridModel, deployment: Deployment, groups: tuple[Group, ...]
 ) -> tuple[Stage, ...]:
-    """:func:`project_stages` of arguments known good (the planner's own); ``bounds`` is the
-    engine's stage split (vLLM's by default)."""
-    if bounds is None:
-        bounds = pp_stage_bounds(model.num_layers, deployment.pp, deployment.pp_partition)
+    """:func:`project_stages` of arguments known good (the planner's own), on the engine's
+    own stage split."""
+    bounds = stage_bounds(model, deployment)
     if len(bounds) == 1:
         # One stage holds every module layer: each group is its own projection.
         layers = tuple(range(len(model.module_layers)))

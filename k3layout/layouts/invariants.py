@@ -10,7 +10,7 @@ holds these; they state *why* it is right, and :mod:`k3layout.testing` sweeps th
 from __future__ import annotations
 
 from .._args import expect
-from .groups import num_planes
+from .groups import num_planes, stage_bounds
 from .protocol import EngineLayout, LayoutBase
 from .seams import rules_for
 
@@ -35,8 +35,7 @@ def _common_violations(result: EngineLayout) -> list[str]:
             problems.append(f"group {group.name} mixes {len(specs)} cache specs")
     if result.num_planes != num_planes(result.groups):
         problems.append(f"num_planes {result.num_planes} != longest group")
-    split = rules_for(result.engine).stage_bounds
-    bounds = split(model.num_layers, result.deployment.pp, result.deployment.pp_partition)
+    bounds = stage_bounds(model, result.deployment)
     held = [layer for stage in result.stages for layer in stage.layers]
     if sorted(held) != module_ids or len(result.stages) != len(bounds):
         problems.append("stages do not partition the module layers")

@@ -81,14 +81,20 @@ def run_pipeline(model: HybridModel, deployment: Deployment, rules: EngineRules)
     model = rules.check(model, deployment)
     sizes = rank_sizes(model, deployment)
     groups = rules.group(model, sizes)
-    bounds = rules.stage_bounds(model.num_layers, deployment.pp, deployment.pp_partition)
-    stages = projected_stages(model, deployment, groups, bounds)
+    stages = projected_stages(model, deployment, groups)
     with deriving():  # the plan is its own derivation: its validator need not re-plan
         result = rules.pack(model, deployment, sizes, groups, stages)
     # plan.sizes derives exactly these from (model, deployment): keep the ones just derived
     # (a cached property keeps its value in the instance dict, so it is seeded there).
     result.__dict__["sizes"] = sizes
     return result
+
+
+def plan_with(rules: EngineRules, model: HybridModel, deployment: Deployment) -> Any:
+    """:func:`plan` with ``rules``' engine whatever the deployment names (each engine's
+    ``plan_<engine>`` is this, typed by its plan)."""
+    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
+    return run_pipeline(model, with_engine(deployment, rules.facts.name), rules)
 
 
 def with_engine(deployment: Deployment, engine: EngineFlavour) -> Deployment:

@@ -13,7 +13,6 @@ from typing import Any, cast
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
-from ..placements import pp_stage_bounds
 from ..registry import EngineFacts, lookup, register
 from ..sizes import RankSizes
 from .groups import Group, Stage
@@ -44,8 +43,7 @@ class EngineRules:
       ``plan_type``);
     - ``built_model``: the model it builds (``check``'s answer, without refusals);
     - ``violations``: the engine's own plan invariants (:mod:`.invariants` adds the common);
-    - ``pipeline_ok``: whether it plans ``model`` on ``pp`` stages of its own split;
-    - ``stage_bounds``: its split of ``num_layers`` over ``pp`` stages (or a partition).
+    - ``pipeline_ok``: whether it plans ``model`` on ``pp`` stages of its own split.
     """
 
     facts: EngineFacts
@@ -58,9 +56,6 @@ class EngineRules:
     built_model: Callable[[HybridModel, Deployment], HybridModel] = _builds_all
     violations: Callable[[Any], list[str]] = _no_violations
     pipeline_ok: Callable[[HybridModel, int], bool] = _any_pipeline
-    stage_bounds: Callable[
-        [int, int, tuple[int, ...] | None], tuple[tuple[int, int], ...]
-    ] = pp_stage_bounds
 
 
 SGLANG_SETTINGS: tuple[tuple[str, object], ...] = (

@@ -342,6 +342,23 @@ def _model_from_config(
     )
 
 
+def config_of(hf_config: object, field: str, owner: str) -> Mapping[str, object]:
+    """The mapping an engine's Hugging Face config object holds (``to_dict()``); refuses
+    (``invalid_config``, naming ``field`` of the engine's ``owner`` record) an object without
+    one."""
+    expect_args(("field", field, str), ("owner", owner, str))
+    to_dict = getattr(hf_config, "to_dict", None)
+    config = to_dict() if callable(to_dict) else None
+    if not isinstance(config, Mapping):
+        raise Refusal(
+            "invalid_config",
+            f"{owner}.{field}: no Hugging Face config (an object whose to_dict() is a mapping)",
+            facts={"field": field},
+            hint=f"pass the engine's own {owner}",
+        )
+    return config
+
+
 def load_config(
     path: str | PathLike[str], *, name: str | None = None, num_draft_layers: int | None = None
 ) -> HybridModel:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Final, Literal, TypeAlias, cast
+from typing import Final, TypeAlias, cast
 
 from pydantic import model_validator
 
@@ -36,9 +36,11 @@ from .._args import expect, expect_args, expect_sequence
 from .._frozen import Frozen, trusted
 from ..errors import Refusal
 from ..model import HybridModel
+from ..registry import engine_names, facts_of
 
-NamingEngine: TypeAlias = Literal["atom", "vllm"]
-"""An engine whose naming rule is known (:data:`NAMING_RULES`)."""
+NamingEngine: TypeAlias = str
+"""An engine whose naming rule is known (:data:`NAMING_RULES`): ``atom`` (the seed's ATOM
+ride, the offload helpers' default) or a registered engine with ``layer_naming``."""
 
 
 class NamingRule(Frozen):
@@ -63,42 +65,50 @@ class NamingRule(Frozen):
         return self.draft.format(layer=layer, index=index)
 
 
-NAMING_RULES: Final[tuple[NamingRule, ...]] = (
-    NamingRule(
-        engine="atom",
-        model_types=(),
-        attention="model.layers.{layer}.self_attn.attn",
-        kda="model.layers.{layer}.self_attn",
-        draft="draft.layers.{index}.self_attn.attn",
-        source="seed 000 (ATOM's KDA ride over vLLM's mp executor)",
-    ),
-    NamingRule(
-        engine="vllm",
-        model_types=("kimi_k3",),
-        attention="language_model.model.layers.{layer}.self_attn",
-        kda="language_model.model.layers.{layer}.self_attn",
-        draft="model.layers.{layer}.self_attn",
-        source="vLLM 0.33.0's KVCacheConfig and bound caches (tests/conformance)",
-    ),
-    NamingRule(
-        engine="vllm",
-        model_types=(),
-        attention="model.layers.{layer}.self_attn",
-        kda="model.layers.{layer}.self_attn",
-        draft="model.layers.{layer}.self_attn",
-        source="vLLM 0.33.0's KVCacheConfig and bound caches (tests/conformance)",
-    ),
+ATOM_NAMING: Final = NamingRule(
+    engine="atom",
+    model_types=(),
+    attention="model.layers.{layer}.self_attn.attn",
+    kda="model.layers.{layer}.self_attn",
+    draft="draft.layers.{index}.self_attn.attn",
+    source="seed 000 (ATOM's KDA ride over vLLM's mp executor)",
 )
-"""Every engine's naming rule; the first whose engine matches and whose ``model_types``
-holds the model's (or is empty) applies."""
+"""ATOM's names, as seed 000 shows them (ATOM has no engine package here)."""
 
-TARGET_ATTENTION_NAME: Final = NAMING_RULES[0].attention
+
+@lru_cache(maxsize=1)
+def naming_rules() -> tuple[NamingRule, ...]:
+    """Every known naming rule: ATOM's, then each registered engine's ``layer_naming``."""
+    rules = [ATOM_NAMING]
+    for engine in engine_names():
+        for naming in facts_of(engine).layer_naming:
+            rules.append(
+                NamingRule(
+                    engine=engine,
+                    model_types=naming.model_types,
+                    attention=naming.attention,
+                    kda=naming.kda,
+                    draft=naming.draft,
+                    source=naming.source,
+                )
+            )
+    return tuple(rules)
+
+
+def __getattr__(name: str) -> tuple[NamingRule, ...]:
+    # NAMING_RULES: every engine's rules, known once the engine packages have registered.
+    if name == "NAMING_RULES":
+        return naming_rules()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+TARGET_ATTENTION_NAME: Final = ATOM_NAMING.attention
 """ATOM's name of a target MLA layer; ``layer`` is the module layer id."""
 
-TARGET_KDA_NAME: Final = NAMING_RULES[0].kda
+TARGET_KDA_NAME: Final = ATOM_NAMING.kda
 """ATOM's name of a target KDA layer (the KDA module itself, ``self_attn``)."""
 
-DRAFT_ATTENTION_NAME: Final = NAMING_RULES[0].draft
+DRAFT_ATTENTION_NAME: Final = ATOM_NAMING.draft
 """ATOM's name of a draft MLA layer; ``index`` counts the draft's own layers from 0."""
 
 INDEX_REGION_SUFFIX: Final = ".indexer.k_cache"
@@ -168,7 +178,7 @@ class LayerNames(Frozen):
 def _rules_by_engine() -> dict[str, tuple[NamingRule, ...]]:
     """:data:`NAMING_RULES` by the engine that names by them, in table order."""
     by_engine: dict[str, list[NamingRule]] = {}
-    for rule in NAMING_RULES:
+    for rule in naming_rules():
         by_engine.setdefault(rule.engine, []).append(rule)
     return {engine: tuple(rules) for engine, rules in by_engine.items()}
 

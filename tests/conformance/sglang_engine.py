@@ -73,13 +73,16 @@ import tempfile
 import traceback
 import types
 from collections.abc import Iterator
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from sglang_platform import install_platform_stubs
+from sglang_platform import (
+    SGLANG_VERSION,
+    install_platform_stubs,
+    sglang_importable,
+    skip_without_sglang,
+)
 
-SGLANG_VERSION = "0.5.23"
 GIB = 1 << 30
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MODEL_FILES = {
@@ -122,36 +125,15 @@ KV_CACHE_DTYPE = {"fp8": "fp8_e4m3", "bf16": "bf16"}
 # --------------------------------------------------------------------------------------------
 
 
-def sglang_version() -> str | None:
-    if importlib.util.find_spec("sglang") is None:
-        return None
-    try:
-        return version("sglang")
-    except PackageNotFoundError:
-        return None
-
-
 def sglang_available() -> bool:
-    """True where SGLang ``SGLANG_VERSION`` and the sizing modules this harness drives import."""
-    if sglang_version() != SGLANG_VERSION:
-        return False
-    try:
-        _sgl()
-    except Exception:  # any import failure means "not here"
-        return False
-    return True
+    """True where SGLang ``SGLANG_VERSION`` and the sizing modules this harness drives
+    import."""
+    return sglang_importable(_sgl)
 
 
 def require_sglang() -> None:
     """Skip the calling test module unless SGLang ``SGLANG_VERSION`` is importable."""
-    if not sglang_available():
-        import pytest  # noqa: PLC0415
-
-        pytest.skip(
-            f"SGLang {SGLANG_VERSION} (with its sizing modules) is not importable here "
-            f"(found: {sglang_version()})",
-            allow_module_level=True,
-        )
+    skip_without_sglang(_sgl, "sizing modules")
 
 
 # --------------------------------------------------------------------------------------------
@@ -777,7 +759,7 @@ def sglang_server_args(
     """SGLang's own ``ServerArgs`` for a case, resolved by SGLang's pipeline on ``gpu`` (as
     ``sglang_case`` resolves it), and the target's ``ModelConfig.from_server_args``: the two
     objects a scheduler process holds, for a bridge that reads them. Raises what SGLang raises
-    on a case it refuses."""
+    on a case it refuses. (The draft runner's config: :func:`sglang_draft_model_config`.)"""
     with _session(gpu, flashinfer=dcp > 1) as s:
         sa = _server_args(
             s, config_path, tp=tp, dp=dp, enable_dp_attention=enable_dp_attention, pp=pp,
@@ -787,6 +769,18 @@ def sglang_server_args(
         s.rc.publish(sa, role="scheduler", ranks=s.rc.SpawnRanks(world_rank=0, gpu_id=0))
         model_config = s.mc.ModelConfig.from_server_args(sa)
         return sa, model_config
+
+
+def sglang_draft_model_config(server_args: Any, gpu: str = "h200") -> Any:
+    """The draft runner's ``ModelConfig``, built as SGLang's scheduler builds it from the
+    resolved ``server_args`` (``speculative_draft_model_path``, ``is_draft_model=True``)."""
+    with _session(gpu, flashinfer=False) as s:
+        s.rc.publish(server_args, role="scheduler", ranks=s.rc.SpawnRanks(world_rank=0, gpu_id=0))
+        return s.mc.ModelConfig.from_server_args(
+            server_args,
+            model_path=server_args.speculative_draft_model_path,
+            is_draft_model=True,
+        )
 
 
 def sglang_allocate(

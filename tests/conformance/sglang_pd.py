@@ -35,13 +35,16 @@ import time
 import types
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from sglang_platform import install_platform_stubs
+from sglang_platform import (
+    SGLANG_VERSION,
+    install_platform_stubs,
+    sglang_importable,
+    skip_without_sglang,
+)
 
-SGLANG_VERSION = "0.5.23"
 TP_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 
 # Kimi-K3's KDA geometry: 96 heads of 128, short-conv kernel 4. SGLang keeps the conv state as
@@ -56,36 +59,15 @@ _DST_SLOT = 5  # mamba slot of the request on the decode rank
 Json = dict[str, Any]
 
 
-def sglang_version() -> str | None:
-    if importlib.util.find_spec("sglang") is None:
-        return None
-    try:
-        return version("sglang")
-    except PackageNotFoundError:
-        return None
-
-
 def sglang_available() -> bool:
-    """True where SGLang ``SGLANG_VERSION`` is installed and its PD modules import."""
-    if sglang_version() != SGLANG_VERSION:
-        return False
-    try:
-        _sgl()
-    except Exception:  # any import failure means "not usable here"
-        return False
-    return True
+    """True where SGLang ``SGLANG_VERSION`` and the PD modules this harness drives
+    import."""
+    return sglang_importable(_sgl)
 
 
 def require_sglang() -> None:
     """Skip the calling test module unless SGLang ``SGLANG_VERSION`` is importable."""
-    if not sglang_available():
-        import pytest  # noqa: PLC0415
-
-        pytest.skip(
-            f"SGLang {SGLANG_VERSION} (with its PD modules) is not importable here "
-            f"(found: {sglang_version()})",
-            allow_module_level=True,
-        )
+    skip_without_sglang(_sgl, "PD modules")
 
 
 _MODULES: dict[str, Any] = {}

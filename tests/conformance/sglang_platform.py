@@ -21,10 +21,49 @@ import os
 import platform
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.machinery import ModuleSpec
+from importlib.metadata import PackageNotFoundError, version
+
+SGLANG_VERSION = "0.5.23"
+"""The SGLang release the conformance suites run."""
 
 _INSTALLED: list[bool] = []
+
+
+def sglang_version() -> str | None:
+    """The installed SGLang's version, or ``None``."""
+    if importlib.util.find_spec("sglang") is None:
+        return None
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return None
+
+
+def sglang_importable(load: Callable[[], object]) -> bool:
+    """Whether SGLang ``SGLANG_VERSION`` is installed and ``load`` (a harness's import of the
+    modules it drives) succeeds."""
+    if sglang_version() != SGLANG_VERSION:
+        return False
+    try:
+        load()
+    except Exception:  # any import failure means "not usable here"
+        return False
+    return True
+
+
+def skip_without_sglang(load: Callable[[], object], what: str) -> None:
+    """Skip the calling test module unless :func:`sglang_importable` (``what``: the modules,
+    for the reason)."""
+    if not sglang_importable(load):
+        import pytest  # noqa: PLC0415
+
+        pytest.skip(
+            f"SGLang {SGLANG_VERSION} (with its {what}) is not importable here "
+            f"(found: {sglang_version()})",
+            allow_module_level=True,
+        )
 
 
 class _TorchvisionStub:

@@ -22,7 +22,7 @@ from ..._args import expect, expect_int
 from ...deployment import Deployment
 from ...errors import Fact, Refusal
 from ...gpus import DEFAULT_GPU
-from ...model import HybridModel, model_from_config
+from ...model import GQALayer, HybridModel, config_of, model_from_config
 from .engine import plan_sglang
 from .layout import SglangPlan
 from .pools import PoolTensor, pool_tensors
@@ -50,36 +50,79 @@ def _refuse(field: str, message: str, hint: str, **facts: Fact) -> Refusal:
     )
 
 
-def model_from_sglang(model_config: Any, name: str | None = None) -> HybridModel:
+def model_from_sglang(
+    model_config: Any, name: str | None = None, draft_model_config: Any = None
+) -> HybridModel:
     """The model an SGLang ``ModelConfig`` serves (its ``hf_config``, ``text_config`` nested
-    or flat)."""
-    hf_config = _get(model_config, "hf_config")
-    to_dict = getattr(hf_config, "to_dict", None)
-    if not callable(to_dict):
-        raise _refuse(
-            "model_config.hf_config",
-            "no Hugging Face config (an object with to_dict())",
-            "pass the engine's ModelConfig",
-        )
-    config = to_dict()
-    if not isinstance(config, Mapping):
-        raise _refuse("model_config.hf_config", "to_dict() is not a mapping", "pass a ModelConfig")
+    or flat), with the DSpark draft's dense K/V layers when the draft runner's
+    ``ModelConfig`` is given (SGLang's draft pool shares the budget)."""
+    config = config_of(_get(model_config, "hf_config"), "hf_config", "model_config")
     label = name or _get(model_config, "model_path") or "sglang-model"
-    return model_from_config(config, name=str(label), source="SGLang")
+    target = model_from_config(config, name=str(label), source="SGLang")
+    if draft_model_config is None:
+        return target
+    draft = _draft_layers(
+        config_of(_get(draft_model_config, "hf_config"), "hf_config", "draft_model_config")
+    )
+    return HybridModel(
+        name=target.name,
+        model_type=target.model_type,
+        layers=target.layers,
+        draft_layers=draft,
+        drafter="dspark",
+        context_tokens=target.context_tokens,
+    )
+
+
+def _draft_int(config: Mapping[str, object], key: str, default: object = None) -> int:
+    value = config.get(key, default)
+    if type(value) is not int or value < 1:
+        raise _refuse(
+            f"draft_model_config.hf_config.{key}",
+            f"{value!r} is not a positive integer",
+            "pass the DSpark draft runner's ModelConfig",
+        )
+    return value
+
+
+def _draft_layers(config: Mapping[str, object]) -> tuple[GQALayer, ...]:
+    """SGLang's DSpark draft as GQA layers: ``num_hidden_layers`` of ``num_key_value_heads``
+    K and V heads of ``head_dim`` (its pool's ``head_dim + v_head_dim`` per head)."""
+    heads = _draft_int(config, "num_attention_heads")
+    kv_heads = _draft_int(config, "num_key_value_heads", heads)
+    hidden = config.get("hidden_size")
+    head_dim = _draft_int(config, "head_dim", hidden // heads if type(hidden) is int else None)
+    if config.get("v_head_dim", head_dim) != head_dim:
+        raise _refuse(
+            "draft_model_config.hf_config.v_head_dim",
+            f"{config.get('v_head_dim')!r} differs from head_dim={head_dim}: the planner's GQA "
+            "layer keeps K and V rows of one head size",
+            "give the draft equal K and V head sizes",
+        )
+    layer = GQALayer(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
+    return (layer,) * _draft_int(config, "num_hidden_layers")
 
 
 def deployment_from_sglang(server_args: Any, gpu: str = DEFAULT_GPU) -> Deployment:
     """The deployment a ``ServerArgs`` describes (engine ``sglang``) on ``gpu``.
 
-    Attention DP (``--enable-dp-attention``) splits TP into ``dp`` attention TP groups of
-    ``tp / dp``; speculative decoding runs ``speculative_num_draft_tokens - 1`` tokens per
-    step; ``--disable-radix-cache`` is ``prefix_caching=False``."""
+    Attention DP (``attn_dp_size``, or the deprecated ``--enable-dp-attention --dp-size``)
+    splits TP into ``dp`` attention TP groups of ``tp / dp``; speculative decoding runs
+    ``speculative_num_draft_tokens - 1`` tokens per step (as SGLang resolved it:
+    ``resolved_dict()``, where the flag was left to SGLang); ``--disable-radix-cache`` is
+    ``prefix_caching=False``."""
     expect("gpu", gpu, str)
-    tp = int(_get(server_args, "tp_size", 1) or 1)
-    dp = 1
-    if _get(server_args, "enable_dp_attention"):
-        dp = int(_get(server_args, "dp_size", 1) or 1)
-    dtype = str(_get(server_args, "kv_cache_dtype", "auto") or "auto")
+    resolved = _resolved(server_args)
+
+    def arg(name: str, default: Any = None) -> Any:
+        value = resolved.get(name)
+        return value if value is not None else _get(server_args, name, default)
+
+    tp = int(arg("tp_size", 1) or 1)
+    dp = int(arg("attn_dp_size", 1) or 1)  # SGLang 0.5.23's spelling
+    if dp == 1 and arg("enable_dp_attention"):
+        dp = int(arg("dp_size", 1) or 1)  # the deprecated --enable-dp-attention --dp-size
+    dtype = str(arg("kv_cache_dtype", "auto") or "auto")
     if dtype not in _KV_DTYPES:
         raise _refuse(
             "kv_cache_dtype",
@@ -87,20 +130,22 @@ def deployment_from_sglang(server_args: Any, gpu: str = DEFAULT_GPU) -> Deployme
             f"use one of {sorted(_KV_DTYPES)}",
             kv_cache_dtype=dtype,
         )
-    draft_tokens = _get(server_args, "speculative_num_draft_tokens")
+    draft_tokens = arg("speculative_num_draft_tokens")
     spec = 0
-    if _get(server_args, "speculative_algorithm") and draft_tokens:
+    if arg("speculative_algorithm") and draft_tokens:
         spec = int(draft_tokens) - 1
     fields: dict[str, Any] = {
         "engine": "sglang",
         "gpu": gpu,
         "attn_tp": tp // dp if dp and tp % dp == 0 else tp,
         "attn_dp": dp,
-        "pp": int(_get(server_args, "pp_size", 1) or 1),
-        "dcp": int(_get(server_args, "dcp_size", 1) or 1),
+        "pp": int(arg("pp_size", 1) or 1),
+        "dcp": int(arg("dcp_size", 1) or 1),
         "kv_dtype": _KV_DTYPES[dtype],
         "spec_tokens": spec,
-        "prefix_caching": not _get(server_args, "disable_radix_cache", False),
+        "prefix_caching": not arg("disable_radix_cache", False),
+        # the memory flags as the operator gave them: SGLang's own defaults (the 0.9 ratio,
+        # the 48 running requests of speculative decoding) are the planner's too
         "mamba_full_memory_ratio": _get(server_args, "mamba_full_memory_ratio"),
         "max_running_requests": _get(server_args, "max_running_requests"),
         "max_mamba_cache_size": _get(server_args, "max_mamba_cache_size"),
@@ -108,10 +153,21 @@ def deployment_from_sglang(server_args: Any, gpu: str = DEFAULT_GPU) -> Deployme
     return Deployment.model_validate(fields)
 
 
-def plan_from_sglang(server_args: Any, model_config: Any, gpu: str = DEFAULT_GPU) -> SglangPlan:
+def _resolved(server_args: Any) -> Mapping[str, Any]:
+    """What SGLang resolved its flags to (``ServerArgs.resolved_dict()``), where it says."""
+    resolve = getattr(server_args, "resolved_dict", None)
+    values = resolve() if callable(resolve) else None
+    return values if isinstance(values, Mapping) else {}
+
+
+def plan_from_sglang(
+    server_args: Any, model_config: Any, gpu: str = DEFAULT_GPU, draft_model_config: Any = None
+) -> SglangPlan:
     """Plan the model and deployment an SGLang ``ServerArgs`` and ``ModelConfig`` describe,
-    for engine ``sglang`` on ``gpu``."""
-    return plan_sglang(model_from_sglang(model_config), deployment_from_sglang(server_args, gpu))
+    for engine ``sglang`` on ``gpu`` (with the DSpark draft runner's ``ModelConfig``, where
+    one runs)."""
+    model = model_from_sglang(model_config, draft_model_config=draft_model_config)
+    return plan_sglang(model, deployment_from_sglang(server_args, gpu))
 
 
 def _mismatch(what: str, planned: Any, actual: Any, layer: int | None = None) -> Refusal:
@@ -154,6 +210,15 @@ def _check_tensor(planned: PoolTensor, tensor: Any, layer: int | None) -> None:
             raise _mismatch(f"{planned.name} {what}", want, got, layer)
 
 
+def _attention_ids(pool: Any) -> tuple[int, ...] | None:
+    """The MLA layers a token pool serves, in buffer order: SGLang's
+    ``full_attention_layer_id_mapping`` (layer id -> buffer index), else a plain list."""
+    mapping = _get(pool, "full_attention_layer_id_mapping")
+    if isinstance(mapping, Mapping):
+        return tuple(int(layer) for layer, _ in sorted(mapping.items(), key=lambda kv: kv[1]))
+    return _layer_ids(pool, "full_attention_layer_ids")
+
+
 def _layer_ids(pool: Any, name: str) -> tuple[int, ...] | None:
     ids = _get(pool, name)
     return None if ids is None else tuple(int(i) for i in ids)
@@ -192,11 +257,7 @@ def check_pools(
     planned = pool_tensors(plan, max(num_tokens, 1), num_slots, stage)
     attention = [t for t in planned if t.name.startswith("kv_buffer")]
     mla_layers = tuple(t.layers[0] for t in attention)
-    _check_layers(
-        "full_attention_layer_ids",
-        mla_layers,
-        _layer_ids(token_to_kv_pool, "full_attention_layer_ids"),
-    )
+    _check_layers("full_attention_layer_ids", mla_layers, _attention_ids(token_to_kv_pool))
     if len(kv_buffer) != len(attention):
         wrong = mla_layers[len(kv_buffer)] if len(kv_buffer) < len(attention) else None
         raise _mismatch("kv_buffer count", len(attention), len(kv_buffer), wrong)

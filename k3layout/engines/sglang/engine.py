@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from ..._args import expect_args
 from ...deployment import Deployment
-from ...layouts.pipeline import run_pipeline, with_engine
+from ...layouts.pipeline import plan_with
 from ...layouts.seams import EngineRules, register_engine
 from ...model import HybridModel
 from ...registry import EngineFacts
 from .invariants import sglang_violations
 from .layout import SglangPlan, built_model, check_sglang, group_sglang, pack_sglang
-from .rules import KV_DTYPE_NAMES, PD_REFUSAL_NOTE, stage_bounds
+from .rules import KV_DTYPE_NAMES, PD_REFUSAL_NOTE
 
 SGLANG = register_engine(
     EngineRules(
@@ -24,6 +23,7 @@ SGLANG = register_engine(
             gathers_state=True,  # SGLang pairs prefill TP 8 with decode TP 2
             decode_pp_matches_prefill=True,
             pd_refusal_note=PD_REFUSAL_NOTE,
+            pp_remainder_skips_last=False,  # get_pp_indices: the last stages take the rest
         ),
         plan_type=SglangPlan,
         check=check_sglang,
@@ -31,13 +31,11 @@ SGLANG = register_engine(
         pack=pack_sglang,
         built_model=built_model,
         violations=sglang_violations,
-        stage_bounds=stage_bounds,
     )
 )
 
 
 def plan_sglang(model: HybridModel, deployment: Deployment) -> SglangPlan:
     """:func:`k3layout.plan` with ``engine="sglang"`` whatever the deployment names."""
-    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
-    result: SglangPlan = run_pipeline(model, with_engine(deployment, "sglang"), SGLANG)
+    result: SglangPlan = plan_with(SGLANG, model, deployment)
     return result

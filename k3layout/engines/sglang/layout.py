@@ -44,10 +44,12 @@ VLLM_SETTINGS: tuple[tuple[str, object], ...] = (
     ("block_tokens", None),
     ("conv_layout", "SD"),
     ("replayssm", False),
+    ("dcp_interleave", 1),
 )
 """Deployment fields SGLang does not take, at the values that mean "not set": SGLang picks its
-attention backend and page from the GPU, keeps the conv state time-major and has no
-``align`` block checkpoints."""
+attention backend and page from the GPU, keeps the conv state time-major, has no ``align``
+block checkpoints, and deals a DCP decode's tokens one at a time (its CUDA P/D relayout has
+no interleave)."""
 
 
 class SglangPlan(SelfChecked, LayoutBase):
@@ -121,6 +123,16 @@ class SglangPlan(SelfChecked, LayoutBase):
                     facts={"field": "max_model_len", "model": self.model.name},
                     hint="pass max_model_len (SGLang's --context-length)",
                 )
+        longest = self.model.context_tokens
+        if longest is not None and isinstance(max_model_len, int) and max_model_len > longest:
+            raise Refusal(
+                "invalid_argument",
+                f"max_model_len={max_model_len:,} is over model {self.model.name}'s context "
+                f"({longest:,}, its max_position_embeddings): SGLang refuses a --context-length "
+                "greater than the derived one",
+                facts={"field": "max_model_len", "max_model_len": max_model_len, "bound": longest},
+                hint=f"use max_model_len <= {longest:,}",
+            )
         return sglang_capacity(self, budget_bytes, max_model_len)
 
     def tensor_of(self, layer: int, part: str, stage: int = 0) -> str:

@@ -3,9 +3,8 @@ planning pipeline."""
 
 from __future__ import annotations
 
-from ..._args import expect_args
 from ...deployment import Deployment
-from ...layouts.pipeline import run_pipeline, with_engine
+from ...layouts.pipeline import plan_with
 from ...layouts.seams import EngineRules, register_engine
 from ...model import HybridModel
 from ...registry import EngineFacts
@@ -28,6 +27,5 @@ PARENT = register_engine(
 
 def plan_parent(model: HybridModel, deployment: Deployment) -> ParentPlan:
     """:func:`k3layout.plan` with ``engine="parent"`` whatever the deployment names."""
-    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
-    result: ParentPlan = run_pipeline(model, with_engine(deployment, "parent"), PARENT)
+    result: ParentPlan = plan_with(PARENT, model, deployment)
     return result

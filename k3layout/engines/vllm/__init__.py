@@ -14,9 +14,9 @@ views and the plugin load on first use (PEP 562).
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ..._lazy import lazy_exports
 from .engine import VLLM, plan_vllm
 from .layout import VllmPlan, block_tokens_for, built_model
 from .rules import VLLM_VERSION
@@ -69,15 +69,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name from its module on first use."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY, __all__)

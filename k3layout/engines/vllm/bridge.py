@@ -25,7 +25,7 @@ from typing import Any
 from ..._args import expect, expect_int
 from ...deployment import Deployment
 from ...errors import Refusal
-from ...model import HybridModel, model_from_config
+from ...model import HybridModel, config_of, model_from_config
 from .caches import check_bound_caches
 from .engine import plan_vllm
 from .layout import VllmPlan
@@ -77,17 +77,8 @@ def layer_of(name: str) -> int:
 def model_from_vllm(vllm_config: Any) -> HybridModel:
     """The model a ``VllmConfig`` serves: its HF config, plus the DSpark draft's layers when
     the speculative config names a DSpark draft model."""
-    hf_config = _get(vllm_config, "model_config.hf_config")
-    to_dict = getattr(hf_config, "to_dict", None)
-    if not callable(to_dict):
-        raise _refuse(
-            "model_config.hf_config",
-            "no Hugging Face config (an object with to_dict())",
-            "pass the engine's VllmConfig",
-        )
-    config = to_dict()
-    if not isinstance(config, Mapping):
-        raise _refuse("model_config.hf_config", "to_dict() is not a mapping", "pass a VllmConfig")
+    field = "model_config.hf_config"
+    config = config_of(_get(vllm_config, field), field, "vllm_config")
     speculative = _get(vllm_config, "speculative_config")
     drafts = None
     if speculative is not None and _get(speculative, "method") == "dspark":

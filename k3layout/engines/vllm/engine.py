@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
-from ..._args import expect_args
 from ...deployment import Deployment
-from ...layouts.pipeline import run_pipeline, with_engine
+from ...layouts.pipeline import plan_with
 from ...layouts.seams import EngineRules, register_engine
 from ...model import HybridModel
-from ...registry import EngineFacts
+from ...registry import EngineFacts, LayerNaming
 from .invariants import vllm_violations
 from .layout import VllmPlan, built_model, check_vllm, group_vllm, pack_vllm, serves_pipeline
 from .rules import DENSE_MLA_KV_DTYPES
+
+SOURCE = "vLLM 0.33.0's KVCacheConfig and bound caches (tests/conformance)"
+
+LAYER_NAMING = (
+    LayerNaming(
+        model_types=("kimi_k3",),  # the multimodal checkpoint: its text model is nested
+        attention="language_model.model.layers.{layer}.self_attn",
+        kda="language_model.model.layers.{layer}.self_attn",
+        draft="model.layers.{layer}.self_attn",
+        source=SOURCE,
+    ),
+    LayerNaming(
+        model_types=(),
+        attention="model.layers.{layer}.self_attn",
+        kda="model.layers.{layer}.self_attn",
+        draft="model.layers.{layer}.self_attn",
+        source=SOURCE,
+    ),
+)
+"""The names vLLM 0.33 registers layers under (drafts continue the numbering)."""
 
 VLLM = register_engine(
     EngineRules(
@@ -21,6 +40,7 @@ VLLM = register_engine(
             kv_dtypes=DENSE_MLA_KV_DTYPES,
             package=__package__ or "",
             listing_order=0,
+            layer_naming=LAYER_NAMING,
         ),
         plan_type=VllmPlan,
         check=check_vllm,
@@ -35,6 +55,5 @@ VLLM = register_engine(
 
 def plan_vllm(model: HybridModel, deployment: Deployment) -> VllmPlan:
     """:func:`k3layout.plan` with ``engine="vllm"`` whatever the deployment names."""
-    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
-    result: VllmPlan = run_pipeline(model, with_engine(deployment, "vllm"), VLLM)
+    result: VllmPlan = plan_with(VLLM, model, deployment)
     return result
