@@ -446,3 +446,80 @@ def test_a_context_over_the_models_own_is_refused_as_sglang_refuses_it() -> None
     linear = sglang(LINEAR, attn_tp=8)
     assert refused(lambda: linear.capacity(60 * GIB)).facts["field"] == "max_model_len"
     assert linear.capacity(60 * GIB, 4096).max_running_requests > 0
+
+
+JUNK = (
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 10**20)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=4)
+    | st.lists(st.integers(-2, 70) | st.text(max_size=2), max_size=5)
+    | st.dictionaries(st.integers(-1, 99) | st.text(max_size=2), st.integers(-1, 9), max_size=3)
+    | st.just(object())
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            (
+                "tp_size",
+                "dp_size",
+                "attn_dp_size",
+                "enable_dp_attention",
+                "pp_size",
+                "dcp_size",
+                "kv_cache_dtype",
+                "speculative_algorithm",
+                "speculative_num_draft_tokens",
+                "disable_radix_cache",
+                "max_running_requests",
+                "mamba_full_memory_ratio",
+                "max_mamba_cache_size",
+            )
+        ),
+        JUNK,
+        max_size=5,
+    ),
+    st.sampled_from(("h200", "b200", "tpu", 3)),
+)
+def test_junk_in_sglangs_server_args_is_refused_never_raised(
+    fields: dict[str, Any], gpu: Any
+) -> None:
+    try:
+        deployment_from_sglang(SimpleNamespace(**fields), gpu)
+    except Refusal:
+        pass
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(("shape", "dtype", "stride", "size", "ids", "mapping", "conv", "temporal")),
+    JUNK,
+)
+def test_junk_in_sglangs_pools_is_refused_never_raised(where: str, junk: Any) -> None:
+    p = sglang(attn_tp=8)
+    req, tok = pools_of(p)
+    kv = tok.full_kv_pool.kv_buffer[0]
+    if where == "shape":
+        kv.shape = junk
+    elif where == "dtype":
+        kv.dtype = junk
+    elif where == "stride":
+        kv.stride = lambda: junk
+    elif where == "size":
+        tok.full_kv_pool.size = junk
+    elif where == "ids":
+        req.mamba_pool.mamba_layer_ids = junk
+    elif where == "mapping":
+        tok.full_attention_layer_id_mapping = junk
+    elif where == "conv":
+        req.mamba_pool.mamba_cache.conv = junk
+    else:
+        req.mamba_pool.mamba_cache.temporal = junk
+    try:
+        check_pools(p, req, tok)
+    except Refusal:
+        pass

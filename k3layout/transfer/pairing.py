@@ -84,10 +84,15 @@ def tp_multiple_refusal(
         )
     below = decode_tp // prefill_tp * prefill_tp
     options = [m for m in (below, below + prefill_tp) if m > 0]
+    why = (
+        f"this engine feeds each decode rank from one prefill rank, and a decode rank's KDA "
+        f"heads are those of {prefill_tp // decode_tp} prefill ranks"
+        if prefill_tp % decode_tp == 0
+        else "a decode rank's KDA heads would straddle two prefill ranks"
+    )
     return Refusal(
         "tp_not_multiple",
-        f"decode attn_tp={decode_tp} is not a multiple of prefill attn_tp={prefill_tp}: a "
-        "decode rank's KDA heads would straddle two prefill ranks",
+        f"decode attn_tp={decode_tp} is not a multiple of prefill attn_tp={prefill_tp}: {why}",
         facts={"prefill_tp": prefill_tp, "decode_tp": decode_tp},
         hint=f"use decode attn_tp in {options} (a multiple of {prefill_tp})",
     )

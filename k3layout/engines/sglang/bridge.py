@@ -15,7 +15,7 @@ them with SGLang's own code on CPU).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..._args import expect, expect_int
@@ -118,10 +118,13 @@ def deployment_from_sglang(server_args: Any, gpu: str = DEFAULT_GPU) -> Deployme
         value = resolved.get(name)
         return value if value is not None else _get(server_args, name, default)
 
-    tp = int(arg("tp_size", 1) or 1)
-    dp = int(arg("attn_dp_size", 1) or 1)  # SGLang 0.5.23's spelling
+    def size(name: str) -> int:
+        return _count(f"server_args.{name}", arg(name, 1) or 1)
+
+    tp = size("tp_size")
+    dp = size("attn_dp_size")  # SGLang 0.5.23's spelling
     if dp == 1 and arg("enable_dp_attention"):
-        dp = int(arg("dp_size", 1) or 1)  # the deprecated --enable-dp-attention --dp-size
+        dp = size("dp_size")  # the deprecated --enable-dp-attention --dp-size
     dtype = str(arg("kv_cache_dtype", "auto") or "auto")
     if dtype not in _KV_DTYPES:
         raise _refuse(
@@ -133,14 +136,14 @@ def deployment_from_sglang(server_args: Any, gpu: str = DEFAULT_GPU) -> Deployme
     draft_tokens = arg("speculative_num_draft_tokens")
     spec = 0
     if arg("speculative_algorithm") and draft_tokens:
-        spec = int(draft_tokens) - 1
+        spec = _count("server_args.speculative_num_draft_tokens", draft_tokens) - 1
     fields: dict[str, Any] = {
         "engine": "sglang",
         "gpu": gpu,
         "attn_tp": tp // dp if dp and tp % dp == 0 else tp,
         "attn_dp": dp,
-        "pp": int(arg("pp_size", 1) or 1),
-        "dcp": int(arg("dcp_size", 1) or 1),
+        "pp": size("pp_size"),
+        "dcp": size("dcp_size"),
         "kv_dtype": _KV_DTYPES[dtype],
         "spec_tokens": spec,
         "prefix_caching": not arg("disable_radix_cache", False),
@@ -185,17 +188,33 @@ def _mismatch(what: str, planned: Any, actual: Any, layer: int | None = None) ->
     )
 
 
+def _count(field: str, value: object) -> int:
+    """``value`` as a count, or refused (``invalid_argument``) naming SGLang's ``field``."""
+    if type(value) is not int or value < 0:
+        raise _refuse(field, f"{value!r} is not a count", f"pass SGLang's own {field}")
+    return value
+
+
+def _ints(field: str, values: object) -> tuple[int, ...]:
+    """``values`` as a tuple of ints (a shape, strides, layer ids), or refused naming
+    ``field``."""
+    found = tuple(values) if isinstance(values, Iterable) else None
+    if found is None or not all(type(v) is int for v in found):
+        raise _refuse(field, f"{values!r} is not a sequence of ints", "pass SGLang's own pool")
+    return found
+
+
 def _dtype_name(tensor: Any) -> str:
     return str(_get(tensor, "dtype", "")).removeprefix("torch.")
 
 
 def _shape(tensor: Any) -> tuple[int, ...]:
-    return tuple(int(n) for n in _get(tensor, "shape", ()))
+    return _ints("shape", _get(tensor, "shape", ()))
 
 
 def _strides(tensor: Any) -> tuple[int, ...]:
     stride = getattr(tensor, "stride", None)
-    return tuple(int(n) for n in stride()) if callable(stride) else ()
+    return _ints("stride()", stride()) if callable(stride) else ()
 
 
 def _check_tensor(planned: PoolTensor, tensor: Any, layer: int | None) -> None:
@@ -215,13 +234,14 @@ def _attention_ids(pool: Any) -> tuple[int, ...] | None:
     ``full_attention_layer_id_mapping`` (layer id -> buffer index), else a plain list."""
     mapping = _get(pool, "full_attention_layer_id_mapping")
     if isinstance(mapping, Mapping):
-        return tuple(int(layer) for layer, _ in sorted(mapping.items(), key=lambda kv: kv[1]))
+        order = sorted(mapping.items(), key=lambda kv: kv[1] if type(kv[1]) is int else -1)
+        return _ints("full_attention_layer_id_mapping", (layer for layer, _ in order))
     return _layer_ids(pool, "full_attention_layer_ids")
 
 
 def _layer_ids(pool: Any, name: str) -> tuple[int, ...] | None:
     ids = _get(pool, name)
-    return None if ids is None else tuple(int(i) for i in ids)
+    return None if ids is None else _ints(name, ids)
 
 
 def _check_layers(what: str, planned: tuple[int, ...], actual: tuple[int, ...] | None) -> None:
@@ -253,7 +273,7 @@ def check_pools(
         raise _refuse("kv_buffer", "the token pool has no kv_buffer list", "pass SGLang's pool")
     num_tokens = expect_int("token_to_kv_pool.size", _get(kv_pool, "size", 0))
     mamba = _get(req_to_token_pool, "mamba_pool")
-    num_slots = int(_get(mamba, "size", 1) or 1) if mamba is not None else 1
+    num_slots = _count("mamba_pool.size", _get(mamba, "size", 1)) if mamba is not None else 1
     planned = pool_tensors(plan, max(num_tokens, 1), num_slots, stage)
     attention = [t for t in planned if t.name.startswith("kv_buffer")]
     mla_layers = tuple(t.layers[0] for t in attention)
