@@ -42,8 +42,8 @@ from k3layout import (
 )
 
 try:  # the offload package's memo caches, emptied for a first ride (none before they existed)
+    from k3layout.names import _names_of
     from k3layout.offload.image import _region
-    from k3layout.offload.names import _names_of
     from k3layout.offload.plane_order import _planes, _rider, _share
 
     MEMO_CACHES: tuple[Any, ...] = (_planes, _share, _rider, _region, _names_of)

@@ -4,19 +4,10 @@ From a ``vllm`` plan: the PAGE plane order (:func:`plane_order`), the checkpoint
 boundary (:func:`checkpoint_image`), the aliasing check on the addresses an engine registered
 (:func:`check_aliasing`, on :class:`TensorView` s; :func:`vllm_views` builds the true ones) and
 the ride planner with its startup refusals (:func:`plan_ride`). Layer names follow one
-convention (:mod:`k3layout.offload.names`). Every function takes a pipeline ``stage``.
+convention (:mod:`k3layout.names`). Every function takes a pipeline ``stage``.
 """
 
-from .aliasing import Misplaced, MisplacedBy, aliasing_problems, check_aliasing
-from .image import (
-    CheckpointImage,
-    PageRegion,
-    RegionPart,
-    StateRange,
-    checkpoint_image,
-    page_regions,
-)
-from .names import (
+from ..names import (
     NAMING_RULES,
     LayerNames,
     NamingEngine,
@@ -25,6 +16,15 @@ from .names import (
     index_region_name,
     name_order,
     naming_rule,
+)
+from .aliasing import Misplaced, MisplacedBy, aliasing_problems, check_aliasing
+from .image import (
+    CheckpointImage,
+    PageRegion,
+    RegionPart,
+    StateRange,
+    checkpoint_image,
+    page_regions,
 )
 from .plane_order import PlaneOrder, PlaneShare, plane_order
 from .report import HitReport, RideReport, ride_report

@@ -29,7 +29,7 @@ from .._frozen import Frozen
 from ..constants import MAX_RANKS
 from ..errors import Refusal
 from ..layouts import EngineLayout, LayoutBase
-from .names import LayerNames, engine_layer_names
+from ..names import LayerNames, engine_layer_names
 from .plane_order import check_permutation, stage_attention_names
 from .stage import image_attention_layers, page_bytes, ridable
 from .views import TensorView, views_of

@@ -29,7 +29,7 @@ from .._frozen import Frozen, trusted
 from ..constants import MAX_RANKS
 from ..errors import Refusal
 from ..layouts import EngineLayout, Group, LayoutBase
-from .names import LayerNames, index_region_name
+from ..names import LayerNames, index_region_name
 from .plane_order import PlaneOrder, PlaneShare, plane_order
 from .stage import page_bytes, ridable
 

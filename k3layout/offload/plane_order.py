@@ -32,7 +32,7 @@ from .._frozen import Frozen, trusted
 from ..constants import MAX_RANKS
 from ..errors import Refusal
 from ..layouts import EngineLayout, GroupKind, LayoutBase, PlaneMember, Stage
-from .names import LayerNames, engine_layer_names, sorted_names
+from ..names import LayerNames, engine_layer_names, sorted_names
 from .stage import image_attention_layers, ridable
 from .views import TensorView, views_of
 

@@ -34,8 +34,8 @@ from ..errors import Refusal
 from ..layouts import EngineLayout, GroupKind, LayoutBase, Plan
 from ..limits import check_int64
 from ..model import HybridModel
+from ..names import LayerNames, engine_layer_names
 from .image import CheckpointImage, image_of_order
-from .names import LayerNames, engine_layer_names
 from .plane_order import PlaneOrder, plane_order
 from .stage import ridable
 

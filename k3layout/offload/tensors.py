@@ -41,8 +41,8 @@ from ..constants import INT64_MAX
 from ..deployment import ConvLayout, EngineFlavour
 from ..errors import Refusal
 from ..layouts.protocol import EngineLayout, LayoutBase
+from ..names import LayerNames, engine_layer_names
 from .image import part_region_name
-from .names import LayerNames, engine_layer_names
 
 PartName: TypeAlias = str
 """One tensor a layer registers: a part of its cache spec (``latent``, ``index``, ``conv``,

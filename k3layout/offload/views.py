@@ -17,7 +17,7 @@ from .._frozen import Frozen
 from ..constants import INT64_MAX, MAX_RANKS
 from ..errors import Refusal
 from ..layouts import EngineLayout, LayoutBase
-from .names import LayerNames, engine_layer_names
+from ..names import LayerNames, engine_layer_names
 from .stage import page_bytes, ridable
 
 

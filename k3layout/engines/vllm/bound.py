@@ -25,7 +25,7 @@ from pydantic import NonNegativeInt, PositiveInt
 from ..._args import expect_args, expect_int
 from ..._frozen import Frozen
 from ...errors import Refusal
-from ...offload.names import LayerNames, engine_layer_names
+from ...names import LayerNames, engine_layer_names
 from .layout import VllmPlan
 
 BoundDtype: TypeAlias = Literal["int8", "uint8", "bfloat16", "float16", "float32"]

@@ -32,11 +32,11 @@ from typing import Final, TypeAlias, cast
 
 from pydantic import model_validator
 
-from .._args import expect, expect_args, expect_sequence
-from .._frozen import Frozen, trusted
-from ..errors import Refusal
-from ..model import HybridModel
-from ..registry import engine_names, facts_of
+from ._args import expect, expect_args, expect_sequence
+from ._frozen import Frozen, trusted
+from .errors import Refusal
+from .model import HybridModel
+from .registry import engine_names, facts_of
 
 NamingEngine: TypeAlias = str
 """An engine whose naming rule is known (:data:`NAMING_RULES`): ``atom`` (the seed's ATOM
