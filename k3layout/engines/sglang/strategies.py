@@ -20,7 +20,8 @@ def settings(
     plannable: bool,
 ) -> dict[str, Any]:
     """A GPU SGLang was read on and SGLang's own flags; none of vLLM's settings (SGLang picks
-    its page from the GPU and keeps the conv state time-major) and no ReplaySSM records.
+    its page from the GPU, keeps the conv state time-major and deals DCP tokens one at a time)
+    and no ReplaySSM records.
     Plannable draws keep what SGLang serves: K3's DCP only on Blackwell, a draft only as
     SGLang's dense K/V draft and without PP."""
     gpus = SERVED_GPUS
@@ -31,6 +32,7 @@ def settings(
         "conv_layout": "SD",
         "replayssm": False,
         "block_tokens": None,
+        "dcp_interleave": 1,  # SGLang deals DCP tokens one at a time
         "prefix_caching": draw(st.booleans()),
         "mamba_full_memory_ratio": draw(st.one_of(st.none(), st.sampled_from((0.5, 0.9, 2.0)))),
         "max_running_requests": draw(st.one_of(st.none(), st.integers(1, 512))),
