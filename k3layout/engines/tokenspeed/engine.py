@@ -14,7 +14,10 @@ from .layout import ParentPlan, check_parent, group_parent, pack_parent
 PARENT = register_engine(
     EngineRules(
         facts=EngineFacts(
-            name="parent", spec_conv_rows=True, package=__package__ or "", listing_order=1
+            name="parent",
+            spec_conv_rows=False,  # tokenspeed keeps K - 1 conv rows; drafts verify elsewhere
+            package=__package__ or "",
+            listing_order=1,
         ),
         plan_type=ParentPlan,
         check=check_parent,

@@ -272,13 +272,14 @@ class ParentPlan(SelfChecked, LayoutBase):
     def pages_needed(
         self, group: Group, tokens: int, max_live: int = 1, protected_pages: int = 0
     ) -> int:
-        """Pages ``group`` needs: MLA ``ceil(tokens / 128) + max_live - 1``, each state group
-        ``2 * max_live`` (a running and a checkpoint slot per request), plus protected pages."""
+        """Pages ``group`` needs: MLA ``ceil(tokens / 128) + max_live - 1`` plus the protected
+        pages of overlap scheduling, each state group ``2 * max_live`` (a running and a
+        checkpoint slot per request; tokenspeed protects attention pages only)."""
         expect("group", group, Group)
         _check_load(tokens, max_live, protected_pages)
         if group.kind == "attention":
             return -(-tokens // PARENT_PAGE_TOKENS) + max_live - 1 + protected_pages
-        return 2 * max_live + protected_pages
+        return 2 * max_live
 
     def parents_for(
         self, tokens: int, max_live: int = 1, protected_pages: int = 0, stage: int | None = None
