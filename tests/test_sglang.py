@@ -252,23 +252,21 @@ def test_byte_ranges_sit_inside_the_pool_tensor_that_holds_each_part() -> None:
 
 
 class FakeTensor:
-    """What the bridge reads of a tensor: dtype, shape, stride()."""
+    """What the bridge reads of a tensor: dtype, shape, stride() (contiguous unless given)."""
 
     def __init__(self, dtype: str, shape: tuple[int, ...], strides: tuple[int, ...] | None = None):
         self.dtype = f"torch.{dtype}"
         self.shape = shape
-        self._strides = strides if strides is not None else _contiguous(shape)
+        self._strides = strides
 
     def stride(self) -> tuple[int, ...]:
-        return self._strides
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
+        if self._strides is not None:
+            return self._strides
+        step, strides = 1, []
+        for size in reversed(self.shape):
+            strides.insert(0, step)
+            step *= size
+        return tuple(strides)
 
 
 def pools_of(p: SglangPlan, tokens: int = 64, slots: int = 11) -> tuple[Any, Any]:
