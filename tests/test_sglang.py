@@ -262,7 +262,7 @@ class FakeTensor:
     def stride(self) -> tuple[int, ...]:
         if self._strides is not None:
             return self._strides
-        step, strides = 1, []
+        step, strides = 1, list[int]()
         for size in reversed(self.shape):
             strides.insert(0, step)
             step *= size
