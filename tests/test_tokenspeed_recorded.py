@@ -140,3 +140,40 @@ def test_the_issues_overlap_probe_needs_108_parents_as_tokenspeed_does() -> None
     # 16 live requests, depth 1: 16 protected MLA pages, none in the state groups
     pages = 131_072 // 128 + 16 - 1 + 16
     assert result.parents_for(131_072, 16, 16) == -(-pages // 89) + 3 * 2 * 16 == 108
+
+
+@pytest.mark.parametrize(
+    "cell", capacity_cells(), ids=lambda c: f"tp{c['attn_tp']}-{c['kv_cache_dtype']}"
+)
+def test_a_memory_budget_buys_the_parents_and_tokens_tokenspeeds_setup_gives(
+    cell: dict[str, Any],
+) -> None:
+    dtype = DTYPES.get(cell["kv_cache_dtype"], cell["kv_cache_dtype"])
+    result = planned(cell["attn_tp"], 1, dtype)
+    assert isinstance(result, ParentPlan)
+    for budget in cell["budgets"]:
+        ask = (budget["budget_bytes"], budget["max_bs"])
+        if "refused" in budget:
+            with pytest.raises(Refusal) as caught:
+                result.capacity(*ask, max_total_tokens=budget["max_total_tokens"])
+            assert caught.value.code == "budget_too_small", budget
+            continue
+        got = result.capacity(*ask, max_total_tokens=budget["max_total_tokens"])
+        assert (got.num_parents, got.arena_bytes, got.token_capacity, got.page_counts) == (
+            budget["num_lcm_blocks"],
+            budget["arena_bytes"],
+            budget["token_capacity"],
+            budget["page_counts"],
+        ), budget
+
+
+def test_the_capacity_of_a_budget_refuses_what_it_does_not_model() -> None:
+    result = planned(8, 1, "fp8", spec_tokens=2)
+    assert isinstance(result, ParentPlan)
+    with pytest.raises(Refusal) as caught:
+        result.capacity(100 << 30)
+    assert (caught.value.code, caught.value.facts["field"]) == ("engine_setting", "spec_tokens")
+    plain = planned(8, 1, "fp8")
+    assert isinstance(plain, ParentPlan)
+    with pytest.raises(Refusal):
+        plain.capacity(100 << 30, max_live=0)

@@ -27,6 +27,7 @@ from ...layouts.seams import SGLANG_SETTINGS, refuse_settings
 from ...limits import checked_bytes
 from ...model import HybridModel
 from ...sizes import RankSizes
+from .capacity import ParentCapacity, parent_capacity
 from .report import ParentReport
 
 
@@ -525,6 +526,19 @@ class ParentPlan(SelfChecked, LayoutBase):
             verdict = "chosen" if rule.chosen else f"passed over: {rule.reason}"
             rows.append(("#1152 rule", f"{rule.mla_pages}/{rule.state_pages}, {verdict}"))
         return rows
+
+    def capacity(
+        self,
+        budget_bytes: int,
+        max_live: int = 1,
+        overlap_depth: int = 1,
+        max_total_tokens: int | None = None,
+    ) -> ParentCapacity:
+        """What ``budget_bytes`` per rank serves at ``max_live`` live requests (tokenspeed's
+        ``max_bs``), with overlap scheduling of ``overlap_depth`` (1, tokenspeed's default) and
+        an optional ``max_total_tokens`` cap, as tokenspeed's recipe counts it
+        (:mod:`k3layout.engines.tokenspeed.capacity`)."""
+        return parent_capacity(self, budget_bytes, max_live, overlap_depth, max_total_tokens)
 
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:
         """What ``budget_bytes`` holds, as (label, value) rows."""
