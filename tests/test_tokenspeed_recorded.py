@@ -109,15 +109,22 @@ def capacity_cells() -> list[dict[str, Any]]:
     return [c for c in recorded("capacity.json")["cells"] if c["model"] == "kimi-k3"]
 
 
-@pytest.mark.parametrize(
-    "cell", capacity_cells(), ids=lambda c: f"tp{c['attn_tp']}-{c['kv_cache_dtype']}"
-)
+def capacity_ids(cell: dict[str, Any]) -> str:
+    return f"tp{cell['attn_tp']}-{cell['kv_cache_dtype']}"
+
+
+def plan_of(cell: dict[str, Any]) -> ParentPlan:
+    """The planner's plan of a recorded capacity cell."""
+    result = planned(cell["attn_tp"], 1, DTYPES.get(cell["kv_cache_dtype"], cell["kv_cache_dtype"]))
+    assert isinstance(result, ParentPlan), result
+    return result
+
+
+@pytest.mark.parametrize("cell", capacity_cells(), ids=capacity_ids)
 def test_capacity_with_and_without_overlap_scheduling_is_tokenspeeds(
     cell: dict[str, Any],
 ) -> None:
-    dtype = DTYPES.get(cell["kv_cache_dtype"], cell["kv_cache_dtype"])
-    result = planned(cell["attn_tp"], 1, dtype)
-    assert isinstance(result, ParentPlan)
+    result = plan_of(cell)
     for probe in cell["probes"]:
         live, protected = probe["max_live"], probe["protected_pages"]
         for tokens, parents in probe["parents_needed"].items():
@@ -142,15 +149,11 @@ def test_the_issues_overlap_probe_needs_108_parents_as_tokenspeed_does() -> None
     assert result.parents_for(131_072, 16, 16) == -(-pages // 89) + 3 * 2 * 16 == 108
 
 
-@pytest.mark.parametrize(
-    "cell", capacity_cells(), ids=lambda c: f"tp{c['attn_tp']}-{c['kv_cache_dtype']}"
-)
+@pytest.mark.parametrize("cell", capacity_cells(), ids=capacity_ids)
 def test_a_memory_budget_buys_the_parents_and_tokens_tokenspeeds_setup_gives(
     cell: dict[str, Any],
 ) -> None:
-    dtype = DTYPES.get(cell["kv_cache_dtype"], cell["kv_cache_dtype"])
-    result = planned(cell["attn_tp"], 1, dtype)
-    assert isinstance(result, ParentPlan)
+    result = plan_of(cell)
     for budget in cell["budgets"]:
         ask = (budget["budget_bytes"], budget["max_bs"])
         if "refused" in budget:
