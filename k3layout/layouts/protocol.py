@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import NonNegativeInt
 
-from .._args import expect
+from .._args import expect, expect_args, expect_int
 from ..cache import LayerCacheSpec, PartRange
 from ..deployment import Deployment, EngineFlavour
 from ..errors import Refusal
@@ -150,6 +150,25 @@ class LayoutBase(GroupedLayout):
         expect("group", group, Group)
         block_bytes: int = getattr(self, "block_bytes")  # noqa: B009 - each engine's own
         return block_bytes // self.num_planes
+
+
+def check_non_negative(name: str, value: int) -> None:
+    """Refuse (``invalid_argument``) a count or byte budget ``value`` below 0."""
+    if expect_int(name, value) < 0:
+        raise Refusal("invalid_argument", f"{name}={value} must be >= 0", facts={name: value})
+
+
+def check_block(block: int, num_blocks: int) -> None:
+    """Refuse (``invalid_argument``) a ``block`` that is not one of ``num_blocks`` (the
+    engine's unit of allocation: a vLLM block, an SGLang page or slot)."""
+    expect_args(("block", block, int), ("num_blocks", num_blocks, int))
+    if not 0 <= block < num_blocks:
+        raise Refusal(
+            "invalid_argument",
+            f"block={block} is not one of num_blocks={num_blocks} blocks",
+            facts={"block": block, "num_blocks": num_blocks},
+            hint=f"use 0 <= block < {num_blocks}",
+        )
 
 
 @runtime_checkable

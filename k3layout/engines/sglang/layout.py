@@ -22,19 +22,19 @@ from typing import ClassVar, Literal
 
 from pydantic import PositiveInt, model_validator
 
-from ..._args import expect_args, expect_int
+from ..._args import expect_int
 from ..._derivation import SelfChecked, is_deriving
 from ..._frozen import trusted
 from ...deployment import Deployment
 from ...errors import Refusal
 from ...layouts.groups import Group, Stage
-from ...layouts.protocol import ByteRange, LayoutBase
+from ...layouts.protocol import ByteRange, LayoutBase, check_block, check_non_negative
 from ...layouts.seams import refuse_settings
 from ...model import HybridModel
 from ...sizes import RankSizes
 from .capacity import SglangCapacity, sglang_capacity
 from .report import SglangReport
-from .rules import SGLANG_VERSION, attention_backends, stage_bounds
+from .rules import SGLANG_VERSION, attention_backends
 
 VLLM_SETTINGS: tuple[tuple[str, object], ...] = (
     ("attention_backend", "FLASHMLA"),
@@ -222,8 +222,7 @@ class SglangPlan(SelfChecked, LayoutBase):
 
     def blocks_bytes(self, num_blocks: int, stage: int | None = None) -> int:
         """Bytes ``num_blocks`` pages of the token pool cost on a rank (costliest stage)."""
-        if expect_int("num_blocks", num_blocks) < 0:
-            raise Refusal("invalid_argument", f"num_blocks={num_blocks} must be >= 0")
+        check_non_negative("num_blocks", num_blocks)
         indices = range(len(self.stages)) if stage is None else (stage,)
         return max(num_blocks * self.stage_block_bytes(i) for i in indices)
 
@@ -239,14 +238,7 @@ class SglangPlan(SelfChecked, LayoutBase):
         - KDA layer at position ``j`` of the stage: row ``s`` at ``(j * num_blocks + s) *
           part`` of ``conv[0]`` or ``temporal`` (``num_blocks`` = slots + the padding slot).
         """
-        expect_args(("block", block, int), ("num_blocks", num_blocks, int))
-        if not 0 <= block < num_blocks:
-            raise Refusal(
-                "invalid_argument",
-                f"block={block} is not one of num_blocks={num_blocks} pages (slots)",
-                facts={"block": block, "num_blocks": num_blocks},
-                hint=f"use 0 <= block < {num_blocks}",
-            )
+        check_block(block, num_blocks)
         self.tensor_of(layer, part, stage)  # refuses a draft layer or a missing part
         group, position = self.group_of(layer, stage)
         inner = self.part_range(layer, part)
@@ -402,5 +394,4 @@ __all__ = [
     "check_sglang",
     "group_sglang",
     "pack_sglang",
-    "stage_bounds",
 ]

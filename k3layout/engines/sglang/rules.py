@@ -24,7 +24,6 @@ from typing import Final
 
 from ...errors import Refusal
 from ...gpus import GPUS, GpuName
-from ...placements import pp_stage_bounds
 
 SGLANG_VERSION: Final = "0.5.23"
 """The SGLang release whose rules the ``sglang`` engine follows."""
@@ -98,16 +97,6 @@ def attention_backends(gpu: GpuName, model_type: str, dcp: int = 1) -> tuple[str
         decode = "cutedsl_mla" if dcp > 1 else "trtllm_mla"
         return "trtllm_mla", decode, BLACKWELL_PAGE_TOKENS
     return "flashinfer", "flashinfer", 1
-
-
-def stage_bounds(
-    num_layers: int, pp: int, partition: tuple[int, ...] | None = None
-) -> tuple[tuple[int, int], ...]:
-    """``[start, end)`` module layers of each stage as SGLang splits them
-    (``get_pp_indices``): ``num_layers // pp`` each, the LAST ``num_layers % pp`` stages one
-    more (K3 on PP 2: ``[0, 46)``, ``[46, 93)``); ``partition`` overrides, as
-    ``SGLANG_PP_LAYER_PARTITION`` does."""
-    return pp_stage_bounds(num_layers, pp, partition, remainder_skips_last=False)
 
 
 def state_slots_per_request(radix_cache: bool, overlap: bool = True) -> int:

@@ -29,7 +29,7 @@ from ...constants import MAX_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
 from ...deployment import Deployment
 from ...errors import Refusal
 from ...layouts.groups import Group, Stage, group_kind, group_names, split_strided
-from ...layouts.protocol import ByteRange, LayoutBase
+from ...layouts.protocol import ByteRange, LayoutBase, check_block, check_non_negative
 from ...layouts.seams import SGLANG_SETTINGS, refuse_settings
 from ...limits import check_bound, checked_bytes
 from ...model import HybridModel
@@ -115,7 +115,7 @@ class VllmPlan(SelfChecked, LayoutBase):
     def num_blocks(self, budget_bytes: int, stage: int | None = None) -> int:
         """Blocks a rank allocates from ``budget_bytes`` (``budget // (page * group_size)``);
         with ``stage=None`` the fewest over all stages, as vLLM keeps one count for all."""
-        _check_non_negative("budget_bytes", budget_bytes)
+        check_non_negative("budget_bytes", budget_bytes)
         indices = range(len(self.stages)) if stage is None else (stage,)
         return min(budget_bytes // self.stage_block_bytes(i) for i in indices)
 
@@ -201,7 +201,7 @@ class VllmPlan(SelfChecked, LayoutBase):
 
     def blocks_bytes(self, num_blocks: int, stage: int | None = None) -> int:
         """Bytes ``num_blocks`` blocks cost on a rank (the costliest stage when ``None``)."""
-        _check_non_negative("num_blocks", num_blocks)
+        check_non_negative("num_blocks", num_blocks)
         indices = range(len(self.stages)) if stage is None else (stage,)
         return max(num_blocks * self.stage_block_bytes(i) for i in indices)
 
@@ -223,7 +223,7 @@ class VllmPlan(SelfChecked, LayoutBase):
         """Where module ``layer``'s page of block ``block`` starts in a rank of ``stage``
         holding ``num_blocks`` blocks (vLLM's ``offset + l * layer_stride + b * block_stride``
         of the layer's ``KVCacheTensor``, ``l`` its plane)."""
-        _check_block(block, num_blocks)
+        check_block(block, num_blocks)
         _, position = self.group_of(layer, stage)
         return position * self.layer_stride_bytes(num_blocks, stage) + block * (
             self.block_stride_bytes(stage)
@@ -288,22 +288,6 @@ class VllmPlan(SelfChecked, LayoutBase):
             "kernel_block_tokens": self.kernel_block_tokens,
             "kv_cache_layout": self.deployment.kv_cache_layout,
         }, "block_bytes"
-
-
-def _check_non_negative(name: str, value: int) -> None:
-    if expect_int(name, value) < 0:
-        raise Refusal("invalid_argument", f"{name}={value} must be >= 0", facts={name: value})
-
-
-def _check_block(block: int, num_blocks: int) -> None:
-    expect_args(("block", block, int), ("num_blocks", num_blocks, int))
-    if not 0 <= block < num_blocks:
-        raise Refusal(
-            "invalid_argument",
-            f"block={block} is not one of num_blocks={num_blocks} blocks",
-            facts={"block": block, "num_blocks": num_blocks},
-            hint=f"use 0 <= block < {num_blocks}",
-        )
 
 
 def block_tokens_for(
