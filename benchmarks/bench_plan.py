@@ -127,7 +127,7 @@ def bare_parent(
 def sweep_configs(model: HybridModel) -> list[Deployment]:
     """1,000 deployments: both engines, 10 TPs (some refused), 2 dtypes, spec 0-7, 1-4 stages."""
     grid = itertools.product(
-        ("vllm", "parent"), (1, 2, 3, 4, 5, 6, 8, 16, 32, 64), ("fp8", "bf16"), range(8), (1, 2)
+        ("vllm", "tokenspeed"), (1, 2, 3, 4, 5, 6, 8, 16, 32, 64), ("fp8", "bf16"), range(8), (1, 2)
     )
     configs = [
         Deployment.model_validate(
@@ -179,7 +179,7 @@ def check_bare(dspark: HybridModel, k3: HybridModel) -> None:
     bare = bare_vllm(layer_kinds(dspark), 8, 2, 1)
     assert bare == (vllm.block_tokens, vllm.page_bytes, vllm.num_planes), bare
     for tp in (8, 1):
-        parent = plan(k3, Deployment(engine="parent", attn_tp=tp))
+        parent = plan(k3, Deployment(engine="tokenspeed", attn_tp=tp))
         assert isinstance(parent, ParentPlan)
         packing = parent.packing
         got = bare_parent(layer_kinds(k3), tp, 1, (1, 4))
@@ -192,8 +192,8 @@ def main() -> int:
     check_bare(dspark, k3)
     k3_kinds, dspark_kinds = layer_kinds(k3), layer_kinds(dspark)
     vllm = Deployment(attn_tp=8, spec_tokens=2)
-    parent = Deployment(engine="parent", attn_tp=8)
-    parent_tp1 = Deployment(engine="parent", attn_tp=1)
+    parent = Deployment(engine="tokenspeed", attn_tp=8)
+    parent_tp1 = Deployment(engine="tokenspeed", attn_tp=1)
 
     rows = [
         (

@@ -2,7 +2,7 @@
 
 The architecture reads top to bottom: a :class:`HybridModel` and a :class:`Deployment` give
 per-rank :mod:`~k3layout.sizes`; :func:`plan` lays them out for an engine (``vllm`` or
-``parent``) and returns a frozen, JSON-serialisable plan, or raises :class:`Refusal`. On a
+``tokenspeed``) and returns a frozen, JSON-serialisable plan, or raises :class:`Refusal`. On a
 plan, :mod:`k3layout.offload` rides the KDA state on the PAGE object (:func:`plan_ride`) and
 :mod:`k3layout.transfer` moves a request from a prefill to a decode (:func:`plan_transfer`).
 The planner imports no torch; the adapter lives in ``k3layout.torch``.
@@ -22,7 +22,14 @@ if TYPE_CHECKING:
     from .cache import CachePart, GQALayer, LayerCacheSpec, PartRange, conv_channel_offset
     from .deployment import CONV_LAYOUTS, ConvLayout, Deployment, EngineFlavour
     from .dtypes import DTYPE_BYTES, KV_CACHE_DTYPES, DTypeName, KvCacheDtype
-    from .engines.tokenspeed import Binding, GroupPages, LayerBinding, ParentPlan, plan_parent
+    from .engines.tokenspeed import (
+        Binding,
+        GroupPages,
+        LayerBinding,
+        ParentPlan,
+        plan_parent,
+        plan_tokenspeed,
+    )
     from .engines.vllm import VllmPlan, plan_vllm
     from .errors import Refusal, RefusalCode
     from .gpus import GPU_NAMES, GPUS, Gpu, GpuName
@@ -122,6 +129,7 @@ _LAZY: dict[str, str] = {
     "load_plan": "layouts",
     "plan": "layouts",
     "plan_parent": "engines.tokenspeed",
+    "plan_tokenspeed": "engines.tokenspeed",
     "plan_vllm": "engines.vllm",
     "with_engine": "layouts",
     "GPU_NAMES": "gpus",
@@ -247,6 +255,7 @@ __all__ = [
     "pairing_refusal",
     "plan",
     "plan_parent",
+    "plan_tokenspeed",
     "plan_ride",
     "plan_transfer",
     "plan_vllm",

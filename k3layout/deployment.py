@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, TypeAlias
+from typing import Annotated, Literal, TypeAlias, cast
 
 from pydantic import Field, field_validator, model_validator
 
@@ -19,7 +19,7 @@ from .dtypes import KvCacheDtype
 from .errors import Refusal
 from .gpus import DEFAULT_GPU, GpuName
 from .placements import Interleave
-from .registry import canonical_name
+from .registry import canonical_name, facts_of
 from .settings import (
     AttentionBackend,
     KdaPrefillBackend,
@@ -30,7 +30,7 @@ from .settings import (
 
 EngineFlavour: TypeAlias = str
 """An engine's registered name (:func:`k3layout.registry.engine_names`): ``vllm`` (vLLM's
-hybrid allocator: one page per layer per block, planes shared by groups), ``parent``
+hybrid allocator: one page per layer per block, planes shared by groups), ``tokenspeed``
 (tokenspeed / ATOM native parent blocks: several pages per plane, searched packing),
 ``sglang`` (SGLang's token pool and state pool)."""
 
@@ -55,10 +55,12 @@ class Deployment(Frozen):
     - ``pp``: pipeline stages; ``pp_partition`` overrides vLLM's split (layers per stage, as
       ``VLLM_PP_LAYER_PARTITION`` does). Draft layers live on the last stage.
     - ``dcp`` / ``dcp_interleave``: decode context parallel over the attention TP group.
-    - ``kv_dtype``: attention cache dtype; ``spec_tokens``: speculative tokens per step (the KDA
-      conv state keeps ``K - 1 + spec_tokens`` rows).
+    - ``kv_dtype``: attention cache dtype; ``spec_tokens``: speculative tokens per step (in
+      ``vllm`` the KDA conv state keeps ``K - 1 + spec_tokens`` rows).
+    - ``draft_kv_dtype``: the draft layers' attention cache dtype; ``None`` is what the
+      engine's followed revision does (tokenspeed #1152: bf16; vLLM and SGLang: the target's).
     - ``block_tokens``: requested attention block (``vllm``; raised to fit the KDA state).
-    - ``max_padding``: per-group padding limit of the ``parent`` engine; ``None`` is the
+    - ``max_padding``: per-group padding limit of the ``tokenspeed`` engine; ``None`` is the
       engine's own default (0.25, no limit once draft layers join, as tokenspeed does).
     - ``replayssm``: ATOM ReplaySSM records beside each KDA state slot.
     - ``conv_layout``: the KDA conv state's layout, vLLM's ``VLLM_SSM_CONV_STATE_LAYOUT``
@@ -91,6 +93,7 @@ class Deployment(Frozen):
     dcp_interleave: Tokens = 1
     kv_dtype: KvCacheDtype = "fp8"
     spec_tokens: Annotated[int, Field(ge=0, le=64)] = 0
+    draft_kv_dtype: KvCacheDtype | None = None
     block_tokens: Tokens | None = None
     max_padding: (
         Annotated[float, Field(ge=0.0, le=MAX_PADDING_LIMIT, allow_inf_nan=False)] | None
@@ -126,6 +129,29 @@ class Deployment(Frozen):
                 hint="give one layer count per pipeline stage",
             )
         return self
+
+    @model_validator(mode="after")
+    def _draft_dtype_runs(self) -> Deployment:
+        facts = facts_of(self.engine)
+        chosen = self.draft_kv_dtype
+        if chosen is None or chosen == self.kv_dtype or facts.separate_draft_kv_dtype:
+            return self
+        raise Refusal(
+            "engine_setting",
+            f"draft_kv_dtype={chosen!r}: engine={self.engine} keeps a draft's attention cache "
+            f"in the target's dtype (kv_dtype={self.kv_dtype!r})",
+            facts={"engine": self.engine, "field": "draft_kv_dtype", "kv_dtype": self.kv_dtype},
+            hint=f"leave draft_kv_dtype unset (or {self.kv_dtype!r}) for engine={self.engine}",
+        )
+
+    @property
+    def draft_cache_dtype(self) -> KvCacheDtype:
+        """The draft layers' attention cache dtype the engine runs: ``draft_kv_dtype``, else the
+        engine's own (tokenspeed #1152 keeps bf16; vLLM and SGLang follow ``kv_dtype``)."""
+        if self.draft_kv_dtype is not None:
+            return self.draft_kv_dtype
+        fixed = facts_of(self.engine).draft_kv_dtype
+        return self.kv_dtype if fixed is None else cast(KvCacheDtype, fixed)
 
     @property
     def dcp_placement(self) -> Interleave:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import warnings
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -59,7 +60,12 @@ class EngineFacts:
       one each to the stages before the last (vLLM), or from the last stage back (SGLang);
     - ``layer_naming``: the names it registers layers under, by model family (the first rule
       whose ``model_types`` hold the model's, or are empty, applies);
-    - ``aliases``: other names a deployment may use for it;
+    - ``draft_kv_dtype``: the cache dtype its followed revision gives a draft's attention
+      layers whatever the target's (``None``: the target's own);
+    - ``separate_draft_kv_dtype``: whether a deployment may give the draft a cache dtype of
+      its own (``Deployment.draft_kv_dtype``) other than the target's;
+    - ``aliases``: other names a deployment may use for it, deprecated: using one warns
+      (:class:`DeprecationWarning`);
     - ``listing_order``: where it stands in listings (sweeps, ``--engine`` choices).
     """
 
@@ -73,6 +79,8 @@ class EngineFacts:
     pd_refusal_note: str = ""
     pp_remainder_skips_last: bool = True
     layer_naming: tuple[LayerNaming, ...] = ()
+    draft_kv_dtype: str | None = None
+    separate_draft_kv_dtype: bool = False
     aliases: tuple[str, ...] = field(default=())
     listing_order: int = 100
 
@@ -122,6 +130,12 @@ def canonical_name(name: object) -> str:
         if name in _ENGINES:
             return name
         if name in _ALIASES:
+            warnings.warn(
+                f"engine={name!r} is a deprecated alias of engine={_ALIASES[name]!r}, "
+                "and goes in the next release",
+                DeprecationWarning,
+                stacklevel=2,
+            )
             return _ALIASES[name]
     known = engine_names()
     raise Refusal(

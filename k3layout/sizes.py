@@ -133,18 +133,29 @@ def rank_sizes(model: HybridModel, deployment: Deployment) -> RankSizes:
     expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
     check_heads(model, deployment.attn_tp)
     records, per_layer = model.distinct_layers
+    # A draft's attention cache may keep a dtype of its own (tokenspeed #1152 keeps bf16).
+    draft = deployment
+    if model.draft_layers and deployment.draft_cache_dtype != deployment.kv_dtype:
+        draft = deployment.model_copy(update={"kv_dtype": deployment.draft_cache_dtype})
     specs: list[LayerCacheSpec] = []
-    of_record: list[int] = []
+    built: dict[tuple[int, bool], int] = {}
+    layer_specs_list: list[int] = []
     replay: LayerCacheSpec | None = None
-    for record in records:
-        spec = record.cache_spec(deployment)
-        for side in record.side_specs(deployment):
-            replay = replay or side
-        if spec not in specs:
-            specs.append(spec)
-        of_record.append(specs.index(spec))
-    layer_specs = tuple(map(of_record.__getitem__, per_layer))
-    check_uniform_layers(model, tuple(specs))
+    for layer_id, index in enumerate(per_layer):
+        key = (index, layer_id >= model.num_layers and draft is not deployment)
+        if key not in built:
+            record = records[index]
+            spec = record.cache_spec(draft if key[1] else deployment)
+            for side in record.side_specs(deployment):
+                replay = replay or side
+            if spec not in specs:
+                specs.append(spec)
+            built[key] = specs.index(spec)
+        layer_specs_list.append(built[key])
+    layer_specs = tuple(layer_specs_list)
+    target = {layer_specs[i] for i in range(model.num_layers)}
+    check_uniform_layers(model, tuple(specs[i] for i in sorted(target)))
+    check_uniform_layers(model, tuple(specs[i] for i in sorted(set(layer_specs) - target)))
     # Specs built by the layer kinds from validated records: nothing to re-validate.
     sizes = trusted(
         RankSizes,

@@ -74,7 +74,7 @@ def sweep(
 ) -> tuple[SweepCell, ...]:
     """Plan every (engine, kv_dtype, attn_tp) point; ``base`` supplies the other fields.
 
-    The padding of a ``vllm`` cell is the KDA page padding over ``S``; of a ``parent`` cell the
+    The padding of a ``vllm`` cell is the KDA page padding over ``S``; of a ``tokenspeed`` cell the
     largest group padding.
     """
     fields = {} if base is None else {n: getattr(base, n) for n in Deployment.model_fields}

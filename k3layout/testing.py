@@ -248,6 +248,6 @@ def refused_inputs(draw: st.DrawFn) -> tuple[HybridModel, Deployment, RefusalCod
     tp = draw(st.sampled_from([d for d in _divisors(heads) if d > 1] or [1]))
     return (
         model,
-        Deployment(engine="parent", attn_tp=tp, dcp=tp if tp > 1 else 2),
+        Deployment(engine="tokenspeed", attn_tp=tp, dcp=tp if tp > 1 else 2),
         ("dcp_unsupported" if tp > 1 else "dcp_not_dividing_tp"),
     )

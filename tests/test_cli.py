@@ -46,10 +46,10 @@ def test_plan_json_holds_the_documented_fields_for_vllm() -> None:
 
 
 def test_plan_json_holds_the_documented_fields_for_parent() -> None:
-    run = k3layout("plan", "--engine", "parent", "--attn-tp", "32", "--kv-dtype", "bf16", "--json")
+    run = k3layout("plan", "--engine", "tokenspeed", "--attn-tp", "32", "--kv-dtype", "bf16", "--json")
     assert run.returncode == 0, run.stderr
     data = json.loads(run.stdout)
-    assert data["engine"] == "parent"
+    assert data["engine"] == "tokenspeed"
     assert data["mla_page_bytes"] == 147_456
     assert data["parent_bytes"] == 24 * 3 * 147_456
     assert data["packing"] == {
@@ -98,10 +98,10 @@ def test_sweep_shows_every_engine_and_the_refused_points() -> None:
     cells = {(c["engine"], c["kv_dtype"], c["attn_tp"]): c for c in json.loads(run.stdout)}
     assert len(cells) == 3 * 2 * 3  # vllm, parent, sglang x fp8, bf16 x three TPs
     assert cells[("sglang", "fp8", 8)]["packing"] == "page 1"
-    assert cells[("parent", "bf16", 32)]["packing"] == "3/2"
-    assert cells[("parent", "fp8", 8)]["packing"] == "12/1"
+    assert cells[("tokenspeed", "bf16", 32)]["packing"] == "3/2"
+    assert cells[("tokenspeed", "fp8", 8)]["packing"] == "12/1"
     assert cells[("vllm", "fp8", 8)]["packing"] == "block 1536"
-    engines = ("vllm", "parent", "sglang")
+    engines = ("vllm", "tokenspeed", "sglang")
     assert {cells[(e, d, 5)]["refusal"] for e in engines for d in ("fp8", "bf16")} == {
         "heads_not_divisible"
     }

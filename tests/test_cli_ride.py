@@ -63,7 +63,7 @@ def test_each_startup_setting_is_refused_with_its_code() -> None:
         "mamba_cache_mode": ("--mamba-cache-mode", "all"),
         "prefix_caching_off": ("--no-prefix-caching",),
         "load_failure_policy": ("--kv-load-failure-policy", "fail"),
-        "engine_mismatch": ("--engine", "parent"),
+        "engine_mismatch": ("--engine", "tokenspeed"),
     }
     for code, extra in cases.items():
         run = k3layout("ride", *K3_TP8, *extra, "--json")

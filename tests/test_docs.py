@@ -153,10 +153,10 @@ def test_the_reports_validate_against_their_schemas() -> None:
         preset("kimi-k3"), Deployment(pp=8), Deployment(attn_tp=8, dcp=8), prompt_tokens=512
     )
     documents: dict[str, list[BaseModel]] = {
-        "plan.schema.json": [plan(k3, deployment), plan(k3, Deployment(engine="parent"))],
+        "plan.schema.json": [plan(k3, deployment), plan(k3, Deployment(engine="tokenspeed"))],
         "plan-report.schema.json": [
             report(plan(k3, deployment)),
-            report(plan(k3, Deployment(engine="parent", attn_tp=8))),
+            report(plan(k3, Deployment(engine="tokenspeed", attn_tp=8))),
         ],
         "ride-report.schema.json": [ride_report(plan_ride(plan(k3, deployment)), 5000)],
         "transfer.schema.json": [transfer],

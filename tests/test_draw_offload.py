@@ -97,9 +97,9 @@ def test_a_ride_plan_and_its_image_draw_the_same_cells(k3_dspark: HybridModel) -
 
 def test_a_parent_plan_has_no_image_and_is_refused(k3: HybridModel) -> None:
     with pytest.raises(Refusal) as caught:
-        draw_image(plan(k3, Deployment(engine="parent", attn_tp=8)))
+        draw_image(plan(k3, Deployment(engine="tokenspeed", attn_tp=8)))
     assert caught.value.code == "engine_mismatch"
-    assert caught.value.facts == {"engine": "parent", "required_engine": "vllm"}
+    assert caught.value.facts == {"engine": "tokenspeed", "required_engine": "vllm"}
 
 
 def test_the_plane_order_joins_each_layers_given_and_published_place(

@@ -28,8 +28,8 @@ def test_each_cell_holds_its_points_value_and_a_refused_point_is_masked(k3: Hybr
     assert rows == (
         ("vllm", "fp8"),
         ("vllm", "bf16"),
-        ("parent", "fp8"),
-        ("parent", "bf16"),
+        ("tokenspeed", "fp8"),
+        ("tokenspeed", "bf16"),
         ("sglang", "fp8"),
         ("sglang", "bf16"),
     )
@@ -51,7 +51,7 @@ def test_refused_points_print_their_code_and_planned_points_their_padding(
 
 
 def test_bytes_per_token_is_drawn_when_asked(k3: HybridModel) -> None:
-    cells = sweep(k3, (8,), ("fp8",), ("parent",))
+    cells = sweep(k3, (8,), ("fp8",), ("tokenspeed",))
     labels = texts(draw_sweep(cells, quantity="bytes_per_token"), "cell")
     # A parent of 24 planes of 12 fp8 pages holds 12 x 128 tokens: 24 x 12 x 73,728 / 1,536.
     assert labels["parent.fp8.8"] == f"{24 * 12 * 73_728 / (12 * 128):,.0f}"

@@ -64,7 +64,7 @@ scalars = (
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.sampled_from([0.0, 1e308, -1.0, 128.0, math.nan, math.inf])
     | st.text(max_size=12)
-    | st.sampled_from(["vllm", "parent", "fp8", "bf16", "mla", "kda", "kimi_k3", "align"])
+    | st.sampled_from(["vllm", "tokenspeed", "fp8", "bf16", "mla", "kda", "kimi_k3", "align"])
 )
 json_values = st.recursive(
     scalars,
@@ -87,7 +87,7 @@ small_ints = st.integers(min_value=-1, max_value=9) | st.sampled_from(HUGE)
 deployment_dicts = st.fixed_dictionaries(
     {},
     optional={
-        "engine": st.sampled_from(["vllm", "parent"]) | json_values,
+        "engine": st.sampled_from(["vllm", "tokenspeed"]) | json_values,
         "attn_tp": st.sampled_from([1, 2, 4, 8, 16, 32, 5, 0]) | small_ints,
         "attn_dp": small_ints,
         "pp": st.integers(min_value=0, max_value=100) | small_ints,
@@ -322,7 +322,7 @@ CLI_VALUES = st.one_of(
     st.sampled_from(["0", "1", "2", "8", "-1", "7", "96", "1000000000", str(10**20), str(10**40)]),
     st.sampled_from(["nan", "inf", "-inf", "1e308", "1e400", "0.5", "", "x", "1,2", "pp8xtp1"]),
     st.sampled_from(["tp8xdcp8", "pp2xtp4", "tp3", "kimi-k3", "kimi-k3-dspark", "fp8", "bf16"]),
-    st.sampled_from(["vllm", "parent", "none", "align", "a" * 300, str(FIXTURES)]),
+    st.sampled_from(["vllm", "tokenspeed", "none", "align", "a" * 300, str(FIXTURES)]),
     st.integers(min_value=-5, max_value=10**6).map(str),
     st.text(max_size=8),
 )

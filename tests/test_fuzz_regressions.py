@@ -280,7 +280,7 @@ def test_a_nan_max_padding_is_refused_when_the_deployment_is_built() -> None:
 def test_cli_numbers_out_of_range_exit_2_naming_the_option(
     capsys: pytest.CaptureFixture[str], option: str, value: str
 ) -> None:
-    code, err = cli(["plan", "--engine", "parent", option, value], capsys)
+    code, err = cli(["plan", "--engine", "tokenspeed", option, value], capsys)
     assert code == 2
     assert option in err
 

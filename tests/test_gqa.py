@@ -135,7 +135,7 @@ def test_parent_capacity_both_ways_with_a_draft_of_its_own_pages() -> None:
         assert p.parents_for(tokens) <= parents < p.parents_for(tokens + 128)
 
 
-@pytest.mark.parametrize("engine", ["vllm", "parent"])
+@pytest.mark.parametrize("engine", ["vllm", "tokenspeed"])
 def test_the_adapter_allocates_and_validates_a_gqa_draft(engine: str) -> None:
     pytest.importorskip("torch")
     adapter = importlib.import_module("k3layout.torch")

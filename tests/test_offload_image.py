@@ -157,7 +157,7 @@ def test_a_parent_plan_is_refused(k3_dspark: HybridModel) -> None:
     with pytest.raises(Refusal) as refused:
         checkpoint_image(plan_parent(k3_dspark, Deployment(attn_tp=8, spec_tokens=2)))
     assert refused.value.code == "engine_mismatch"
-    assert refused.value.facts == {"engine": "parent", "required_engine": "vllm"}
+    assert refused.value.facts == {"engine": "tokenspeed", "required_engine": "vllm"}
 
 
 def test_an_image_is_a_frozen_record_that_round_trips(k3_dspark: HybridModel) -> None:

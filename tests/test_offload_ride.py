@@ -176,7 +176,7 @@ def test_the_model_gate_comes_before_the_settings() -> None:
 def test_a_parent_plan_is_refused(k3_dspark: HybridModel) -> None:
     refusal = refused(plan_parent(k3_dspark, Deployment(attn_tp=8, spec_tokens=2)))
     assert refusal.code == "engine_mismatch"
-    assert refusal.facts == {"engine": "parent", "required_engine": "vllm"}
+    assert refusal.facts == {"engine": "tokenspeed", "required_engine": "vllm"}
 
 
 def test_pp_rides_per_stage(k3_dspark: HybridModel) -> None:

@@ -14,7 +14,7 @@ PAGE_BF16 = 128 * 1152  # 147,456
 
 
 def parent(model: HybridModel, **fields: object) -> ParentPlan:
-    return plan_parent(model, Deployment.model_validate({"engine": "parent", **fields}))
+    return plan_parent(model, Deployment.model_validate({"engine": "tokenspeed", **fields}))
 
 
 def test_groups_are_full_attention_and_three_contiguous_state_groups(k3: HybridModel) -> None:
@@ -202,7 +202,7 @@ def test_parent_engine_refuses_dcp(k3: HybridModel) -> None:
     with pytest.raises(Refusal) as refused:
         parent(k3, attn_tp=8, dcp=8)
     assert refused.value.code == "dcp_unsupported"
-    assert refused.value.facts == {"engine": "parent", "dcp": 8}
+    assert refused.value.facts == {"engine": "tokenspeed", "dcp": 8}
 
 
 def test_kimi_linear_state_groups_7_7_6_pad_within_the_limit(kimi_linear: HybridModel) -> None:

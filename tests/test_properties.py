@@ -33,7 +33,7 @@ ALL_TPS = st.integers(1, 128)  # every TP dividing 96 and many that do not
 @settings(max_examples=300)
 @given(
     model=st.sampled_from(("kimi-k3", "kimi-k3-dspark")).map(preset),
-    engine=st.sampled_from(("vllm", "parent")),
+    engine=st.sampled_from(("vllm", "tokenspeed")),
     attn_tp=ALL_TPS,
     kv_dtype=st.sampled_from(("fp8", "bf16")),
     spec_tokens=st.integers(0, 7),
@@ -63,7 +63,7 @@ def test_every_plannable_input_gives_a_consistent_plan_or_a_packing_refusal(
         result = plan(model, deployment)
     except Refusal as refusal:
         # valid parallelism can still be refused by the parent packing's padding limit
-        assert deployment.engine == "parent"
+        assert deployment.engine == "tokenspeed"
         assert refusal.code in {"padding_limit", "packing_search_exhausted"}
         return
     assert plan_invariant_violations(result) == []
@@ -111,7 +111,7 @@ def test_no_input_escapes_as_anything_but_a_refusal(
     assert plan_invariant_violations(result) == []
 
 
-@given(plannable_inputs(engine="parent"), st.integers(0, 2_000_000), st.integers(1, 8))
+@given(plannable_inputs(engine="tokenspeed"), st.integers(0, 2_000_000), st.integers(1, 8))
 def test_parent_capacity_inverts_parents_for(
     inputs: tuple[HybridModel, Deployment], tokens: int, max_live: int
 ) -> None:

@@ -76,7 +76,7 @@ def test_dcp_interleave_must_divide_the_block(k3: HybridModel) -> None:
 
 
 def test_parent_engine_refuses_dcp(k3: HybridModel) -> None:
-    refusal = refusal_of(k3, engine="parent", attn_tp=8, dcp=2)
+    refusal = refusal_of(k3, engine="tokenspeed", attn_tp=8, dcp=2)
     assert refusal.code == "dcp_unsupported"
 
 
@@ -99,14 +99,14 @@ def test_a_partition_of_the_wrong_length_is_a_validation_error() -> None:
 
 
 def test_padding_limit_below_what_any_packing_reaches(k3: HybridModel) -> None:
-    refusal = refusal_of(k3, engine="parent", attn_tp=8, max_padding=0.01)
+    refusal = refusal_of(k3, engine="tokenspeed", attn_tp=8, max_padding=0.01)
     assert refusal.code == "padding_limit"
     assert refusal.facts["group"] == "linear_attention_0"
     assert refusal.facts["layers"] == 23 and refusal.facts["planes"] == 24
 
 
 def test_a_limit_at_the_floor_needs_the_lcm_packing(k3: HybridModel) -> None:
-    p = plan_parent(k3, Deployment(engine="parent", attn_tp=8, max_padding=1 / 23 + 1e-9))
+    p = plan_parent(k3, Deployment(engine="tokenspeed", attn_tp=8, max_padding=1 / 23 + 1e-9))
     # lcm(814,080, 73,728) = 19,537,920 = 265 pages = 24 states: padding exactly 24/23 - 1
     assert (p.packing.mla_pages, p.packing.state_pages) == (265, 24)
     assert p.padding_fraction["linear_attention_0"] == pytest.approx(1 / 23)
@@ -116,7 +116,7 @@ def test_a_search_that_runs_past_its_bound_is_refused(
     k3: HybridModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(packing, "MAX_PAGES_PER_PLANE", 200)
-    refusal = refusal_of(k3, engine="parent", attn_tp=8, max_padding=1 / 23 + 1e-9)
+    refusal = refusal_of(k3, engine="tokenspeed", attn_tp=8, max_padding=1 / 23 + 1e-9)
     assert refusal.code == "packing_search_exhausted"
     assert refusal.facts["bound"] == 200
     assert refusal.facts["best_padding"] is not None
@@ -124,7 +124,7 @@ def test_a_search_that_runs_past_its_bound_is_refused(
 
 def test_fp8_ds_mla_needs_a_latent_in_scale_groups_of_128() -> None:
     model = HybridModel(name="m", model_type="x", layers=(MLALayer(num_heads=8, kv_lora_rank=200),))
-    refusal = refusal_of(model, kv_dtype="fp8_ds_mla", engine="parent")
+    refusal = refusal_of(model, kv_dtype="fp8_ds_mla", engine="tokenspeed")
     assert refusal.code == "dtype_unsupported"
     assert refusal.facts["kv_lora_rank"] == 200
 

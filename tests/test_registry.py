@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_engine_package_registers_itself_in_listing_order() -> None:
-    assert engine_names() == ("vllm", "parent", "sglang")
+    assert engine_names() == ("vllm", "tokenspeed", "sglang")
     for name in engine_names():
         rules = rules_for(name)
         assert rules.facts.name == name
@@ -29,7 +29,7 @@ def test_an_unknown_engine_is_refused_naming_the_registered_ones() -> None:
     with pytest.raises(Refusal) as caught:
         canonical_name("trtllm")
     assert caught.value.code == "invalid_argument"
-    assert caught.value.facts["allowed"] == ("vllm", "parent", "sglang")
+    assert caught.value.facts["allowed"] == ("vllm", "tokenspeed", "sglang")
     with pytest.raises(Refusal):
         facts_of(3)
 

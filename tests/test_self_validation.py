@@ -87,7 +87,7 @@ def vllm_plan(k3_dspark: HybridModel) -> VllmPlan:
 
 @pytest.fixture(scope="module")
 def parent_plan(k3_dspark: HybridModel) -> ParentPlan:
-    result = plan(k3_dspark, K3_TP8.model_validate({**K3_TP8.model_dump(), "engine": "parent"}))
+    result = plan(k3_dspark, K3_TP8.model_validate({**K3_TP8.model_dump(), "engine": "tokenspeed"}))
     assert isinstance(result, ParentPlan)
     return result
 
@@ -99,10 +99,10 @@ def parent_plan(k3_dspark: HybridModel) -> ParentPlan:
     "deployment",
     [
         {"attn_tp": 8, "spec_tokens": 2},
-        {"engine": "parent", "attn_tp": 8, "spec_tokens": 2},
+        {"engine": "tokenspeed", "attn_tp": 8, "spec_tokens": 2},
         {"attn_tp": 8, "dcp": 8, "dcp_interleave": 4},
         {"attn_tp": 4, "pp": 4, "kv_dtype": "bf16"},
-        {"engine": "parent", "attn_tp": 2, "pp": 3, "block_tokens": 256},
+        {"engine": "tokenspeed", "attn_tp": 2, "pp": 3, "block_tokens": 256},
         {"attn_tp": 16, "replayssm": True, "spec_tokens": 3},
     ],
 )
@@ -183,7 +183,7 @@ def test_a_plan_whose_deployment_names_the_other_engine_is_refused(
         data["deployment"]["engine"] = "vllm"
 
     refusal = refused(lambda: load_plan(tampered(parent_plan, edit)), "plan_mismatch", "engine")
-    assert (refusal.facts["stored"], refusal.facts["derived"]) == ("parent", "vllm")
+    assert (refusal.facts["stored"], refusal.facts["derived"]) == ("tokenspeed", "vllm")
 
 
 def test_a_plan_built_by_hand_is_checked_like_a_loaded_one(vllm_plan: VllmPlan) -> None:

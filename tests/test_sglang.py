@@ -208,7 +208,7 @@ def test_what_sglang_does_not_serve_is_refused_by_name(
 
 
 def test_sglangs_flags_on_another_engine_are_refused_not_ignored() -> None:
-    for engine in ("vllm", "parent"):
+    for engine in ("vllm", "tokenspeed"):
         caught = refused(lambda e=engine: plan(K3, Deployment(engine=e, max_running_requests=8)))
         assert (caught.code, caught.facts["field"]) == ("engine_setting", "max_running_requests")
 

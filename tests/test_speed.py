@@ -101,7 +101,7 @@ def test_the_packing_search_is_exact_at_any_size(
     heads: int, head_dim: int, kv_lora_rank: int
 ) -> None:
     model = huge_model(heads, head_dim, kv_lora_rank)
-    result = plan(model, Deployment(engine="parent"))
+    result = plan(model, Deployment(engine="tokenspeed"))
     assert isinstance(result, ParentPlan)
     page = 128 * (kv_lora_rank + 64)
     state = state_bytes(heads, head_dim, 4, 1, 0)
@@ -209,7 +209,7 @@ def test_plans_built_from_trusted_records_round_trip() -> None:
 
     for deployment in (
         Deployment(attn_tp=8, spec_tokens=2, pp=3),
-        Deployment(engine="parent", attn_tp=8, pp=2),
+        Deployment(engine="tokenspeed", attn_tp=8, pp=2),
     ):
         result = plan(preset("kimi-k3-dspark"), deployment)
         assert load_plan(result.model_dump_json()) == result

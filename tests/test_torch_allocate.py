@@ -147,7 +147,7 @@ def test_a_dsa_index_region_follows_the_latent_rows_in_the_page() -> None:
 
 
 def test_flashmla_fp8_rows_are_raw_656_byte_rows() -> None:
-    # vLLM's dense MLA backends refuse fp8_ds_mla; the parent engine's FlashMLA pages take it
+    # vLLM's dense MLA backends refuse fp8_ds_mla; the tokenspeed engine's FlashMLA pages take it
     p = plan_parent(preset("kimi-k3"), Deployment(attn_tp=8, kv_dtype="fp8_ds_mla"))
     (latent,) = allocate(p, num_blocks=1).layers["model.layers.3.self_attn.attn"]
     assert latent.dtype == torch.uint8

@@ -331,7 +331,7 @@ def test_the_checker_catches_dropped_repeated_and_misplaced_copies(
             "dcp": st.integers(1, 10),
             "dcp_interleave": st.integers(1, 300),
             "spec_tokens": st.integers(0, 2),
-            "engine": st.sampled_from(("vllm", "parent")),
+            "engine": st.sampled_from(("vllm", "tokenspeed")),
         }
     ),
     model=small_models(),

@@ -62,7 +62,7 @@ def test_every_view_sits_where_the_plan_puts_its_pages(
 
 
 def test_bad_arguments_are_refused() -> None:
-    parent = plan(preset("kimi-k3"), Deployment(engine="parent", attn_tp=8))
+    parent = plan(preset("kimi-k3"), Deployment(engine="tokenspeed", attn_tp=8))
     for args in ((parent, 4), (plan(preset("kimi-k3"), Deployment()), 0)):
         try:
             vllm_bound_views(*args)

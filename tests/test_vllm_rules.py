@@ -1,6 +1,6 @@
 """vLLM 0.33's rules in the planner: attention backends' kernel blocks, the block raise on
 them, block-outermost layouts, the cache dtypes its dense MLA backends take, and refusals
-of vLLM settings on the parent engine. ``tests/conformance`` runs vLLM itself on the same."""
+of vLLM settings on the tokenspeed engine. ``tests/conformance`` runs vLLM itself on the same."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def test_vllms_dense_mla_backends_refuse_fp8_ds_mla(k3: HybridModel) -> None:
 )
 def test_the_parent_engine_refuses_vllms_settings(k3: HybridModel, field: str, value: str) -> None:
     with pytest.raises(Refusal) as refused:
-        plan(k3, Deployment.model_validate({"engine": "parent", field: value}))
+        plan(k3, Deployment.model_validate({"engine": "tokenspeed", field: value}))
     assert refused.value.code == "engine_setting"
     assert refused.value.facts["field"] == field
 
@@ -130,8 +130,8 @@ def test_without_speculative_tokens_vllm_builds_no_drafter(k3_dspark: HybridMode
     assert bare.num_planes == 24 and not bare.model.draft_layers
     assert bare.model.layers == k3_dspark.layers
     assert plan_vllm(k3_dspark, Deployment(attn_tp=8, spec_tokens=1)).num_planes == 29
-    # the parent engine plans what it is given
-    assert plan(k3_dspark, Deployment(engine="parent", attn_tp=8)).num_planes == 29
+    # the tokenspeed engine plans what it is given
+    assert plan(k3_dspark, Deployment(engine="tokenspeed", attn_tp=8)).num_planes == 29
 
 
 def test_mtp_depth_is_at_most_the_modules_or_a_multiple_of_them(k3: HybridModel) -> None:

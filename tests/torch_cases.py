@@ -58,7 +58,7 @@ def small_plans(
     model = draw(small_models())
     heads = math.gcd(*(layer.num_heads for layer in model.module_layers))
     tp = draw(st.sampled_from(divisors(heads)))
-    flavour = engine or draw(st.sampled_from(("vllm", "parent")))
+    flavour = engine or draw(st.sampled_from(("vllm", "tokenspeed")))
     pp = draw(st.integers(1, 2))
     deployment = Deployment(
         engine=flavour,

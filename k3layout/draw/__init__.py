@@ -4,7 +4,7 @@ Each function takes a plan (or what a plan yields) and returns a matplotlib
 :class:`~matplotlib.figure.Figure` built on the Agg canvas, without ``pyplot``: nothing is
 shown and no window opens. :func:`save` writes it as PNG or SVG by the path's suffix.
 
-- :func:`draw_planes`: the planes of one block (``vllm``) or parent (``parent``), each layer's
+- :func:`draw_planes`: the planes of one block (``vllm``) or parent (``tokenspeed``), each layer's
   page, which KDA group and layer rides on which plane, padding shaded.
 - :func:`draw_image`: the checkpoint image of one boundary, units over planes.
 - :func:`draw_plane_order`: the PAGE publish order, aliased attention layers first.

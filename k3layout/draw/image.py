@@ -37,7 +37,7 @@ def image_of(
     source: CheckpointImage | RidePlan | EngineLayout, stage: int = 0
 ) -> tuple[CheckpointImage, str | None]:
     """The image to draw and the model's name (``None`` for a bare image): a ride's image, a
-    plan's image on ``stage`` (a ``parent`` plan is refused with ``engine_mismatch``)."""
+    plan's image on ``stage`` (a ``tokenspeed`` plan is refused with ``engine_mismatch``)."""
     if isinstance(source, CheckpointImage):
         return source, None
     if isinstance(source, RidePlan):

@@ -32,7 +32,7 @@ def order_of(
     source: PlaneOrder | RidePlan | EngineLayout, stage: int = 0
 ) -> tuple[PlaneOrder, str | None]:
     """The plane order to draw and the model's name (``None`` for a bare order): a ride's
-    order, or a plan's in name order on ``stage`` (a ``parent`` plan is refused)."""
+    order, or a plan's in name order on ``stage`` (a ``tokenspeed`` plan is refused)."""
     if isinstance(source, PlaneOrder):
         return source, None
     if isinstance(source, RidePlan):

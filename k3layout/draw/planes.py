@@ -1,4 +1,4 @@
-"""The planes of a block (``vllm``) or a parent (``parent``): which layer's page sits where.
+"""The planes of a block (``vllm``) or a parent (``tokenspeed``): which layer's page sits where.
 
 One column per plane, one row per group. The cell at (group, plane ``j``) is the page of layer
 ``j`` of that group: vLLM gives each layer one page per block, the parent layout ``p_g`` pages
@@ -75,7 +75,7 @@ def drawn_groups(plan: EngineLayout, stage: int | None = None) -> tuple[Group, .
 
 
 def plane_cells(plan: EngineLayout, stage: int | None = None) -> tuple[PlaneCell, ...]:
-    """Every (group, plane) cell of the planes of one block (``vllm``) or parent (``parent``),
+    """Every (group, plane) cell of the planes of one block (``vllm``) or parent (``tokenspeed``),
     group by group. ``stage=None`` draws the whole model, else that pipeline stage.
 
     >>> from k3layout import Deployment, plan, preset
@@ -115,7 +115,7 @@ def _subtitle(plan: EngineLayout, num_planes: int) -> str:
 
 
 def draw_planes(plan: EngineLayout, *, stage: int | None = None) -> Figure:
-    """The planes of one block (``vllm``) or one parent (``parent``) of ``plan``: a column per
+    """The planes of one block (``vllm``) or one parent (``tokenspeed``) of ``plan``: a column per
     plane, a row per group, each layer's page labelled with its module layer, padding shaded.
 
     ``stage=None`` draws the whole model's groups; an index draws that pipeline stage's.

@@ -2,7 +2,7 @@
 
 One row per (engine, cache dtype), one column per attention TP; each cell is coloured by its
 value and prints it, a refused point is grey and prints its refusal code. Padding is the
-``vllm`` KDA page padding over ``S`` and the ``parent`` layout's largest group padding (see
+``vllm`` KDA page padding over ``S`` and the ``tokenspeed`` layout's largest group padding (see
 :func:`~k3layout.sweep.sweep`); bytes per token are per rank per cached attention token.
 
 Gids: ``heatmap`` (the image), ``cell.<engine>.<dtype>.<attn_tp>`` (a cell's text).

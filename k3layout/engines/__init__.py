@@ -2,7 +2,7 @@
 
 - :mod:`.vllm`: vLLM 0.33's hybrid allocator, its capacity, and the bridge that reads vLLM's
   own config and cache objects (and the startup plugin);
-- :mod:`.tokenspeed`: tokenspeed's parent-block packing (``engine="parent"``);
+- :mod:`.tokenspeed`: tokenspeed's parent-block packing (``engine="tokenspeed"``);
 - :mod:`.sglang`: SGLang 0.5.23's token pool and state pool, capacity, P/D and bridge.
 
 A bridge reads the engine's objects by their attributes and never imports the engine. A new

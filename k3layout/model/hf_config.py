@@ -223,21 +223,39 @@ def model_from_config(
     *,
     name: str | None = None,
     num_draft_layers: int | None = None,
+    draft: Mapping[str, object] | None = None,
     source: str = "<mapping>",
 ) -> HybridModel:
     """Build a :class:`HybridModel` from a parsed Hugging Face config.
 
     ``num_draft_layers`` overrides the config's ``num_nextn_predict_layers`` (K3's DSpark draft
-    is not in its config: pass 5). Refuses with ``code="invalid_config"`` naming the field.
+    is not in its config: pass 5, and its layers copy the target's MLA layer). ``draft`` is a
+    draft model's own parsed ``config.json`` (K3's DSpark: 5 MLA layers of 64 query heads):
+    its layers, heads and latent come from it. Refuses with ``code="invalid_config"`` naming
+    the field.
     """
     expect_args(
         ("config", config, Mapping),
         ("name", name, (str, type(None))),
         ("num_draft_layers", num_draft_layers, (int, type(None))),
+        ("draft", draft, (Mapping, type(None))),
         ("source", source, str),
     )
     try:
-        return _model_from_config(config, name, num_draft_layers, source)
+        model = _model_from_config(config, name, num_draft_layers, source)
+        if draft is None:
+            return model
+        layers = draft_layers(draft, f"{source} draft")
+        if num_draft_layers is not None and num_draft_layers != len(layers):
+            raise Refusal(
+                "invalid_argument",
+                f"num_draft_layers={num_draft_layers}, but the draft config has "
+                f"{len(layers)} layers",
+                facts={"field": "num_draft_layers", "draft_layers": len(layers)},
+                hint="leave num_draft_layers unset when a draft config is given",
+            )
+        fields = {field: getattr(model, field) for field in HybridModel.model_fields}
+        return HybridModel(**{**fields, "draft_layers": layers, "drafter": "dspark"})
     except RecursionError:
         raise Refusal(
             "invalid_config",
@@ -342,6 +360,39 @@ def _model_from_config(
     )
 
 
+def draft_layers(config: Mapping[str, object], source: str = "<draft>") -> tuple[MLALayer, ...]:
+    """A draft model's layers from its own parsed ``config.json``: ``num_hidden_layers`` dense
+    MLA layers with its query heads, latent and q LoRA rank (K3's DSpark: 5 x 64 heads)."""
+    expect_args(("config", config, Mapping), ("source", source, str))
+    try:
+        text = _TextConfig.model_validate(config)
+    except ValidationError as error:
+        raise refusal_from_validation(
+            error,
+            f"config {source}",
+            code="invalid_config",
+            facts={"source": source},
+            hint="pass the draft model's own config.json",
+        ) from None
+    if text.linear_attn_config is not None:
+        raise Refusal(
+            "draft_unsupported",
+            f"config {source}: a draft with KDA layers keeps a state; drafts are dense MLA",
+            facts={"source": source, "field": "linear_attn_config"},
+            hint="pass a dense MLA draft's config.json",
+        )
+    check_bound("num_hidden_layers", text.num_hidden_layers, MAX_MODULE_LAYERS, why="layers")
+    layer = MLALayer(
+        num_heads=text.num_attention_heads,
+        kv_lora_rank=text.kv_lora_rank,
+        qk_rope_head_dim=text.qk_rope_head_dim,
+        qk_nope_head_dim=text.qk_nope_head_dim,
+        v_head_dim=text.v_head_dim,
+        q_lora_rank=text.q_lora_rank,
+    )
+    return (layer,) * text.num_hidden_layers
+
+
 def config_of(hf_config: object, field: str, owner: str) -> Mapping[str, object]:
     """The mapping an engine's Hugging Face config object holds (``to_dict()``); refuses
     (``invalid_config``, naming ``field`` of the engine's ``owner`` record) an object without
@@ -360,15 +411,35 @@ def config_of(hf_config: object, field: str, owner: str) -> Mapping[str, object]
 
 
 def load_config(
-    path: str | PathLike[str], *, name: str | None = None, num_draft_layers: int | None = None
+    path: str | PathLike[str],
+    *,
+    name: str | None = None,
+    num_draft_layers: int | None = None,
+    draft: str | PathLike[str] | None = None,
 ) -> HybridModel:
-    """Read a Hugging Face ``config.json`` (or a folder holding one) into a :class:`HybridModel`.
+    """Read a Hugging Face ``config.json`` (or a folder holding one) into a :class:`HybridModel`;
+    ``draft`` names a draft model's ``config.json`` (or folder), whose layers join the model.
 
     >>> from k3layout import load_config
     >>> load_config("../shared/fixtures/kimi-k3.config.json").num_layers  # doctest: +SKIP
     93
     """
-    expect_args(("path", path, (str, PathLike)))
+    expect_args(("path", path, (str, PathLike)), ("draft", draft, (str, PathLike, type(None))))
+    file, data = _read_json(path)
+    stem = file.name.removesuffix(".json").removesuffix(".config")
+    default_name = file.parent.name if stem == "config" else stem
+    drafted = None if draft is None else _read_json(draft)[1]
+    return model_from_config(
+        data,
+        name=name or default_name,
+        num_draft_layers=num_draft_layers,
+        draft=drafted,
+        source=_short(file),
+    )
+
+
+def _read_json(path: str | PathLike[str]) -> tuple[Path, dict[str, object]]:
+    """A config file (or a folder's ``config.json``) and its top-level JSON object."""
     file = Path(path)
     try:
         if file.is_dir():
@@ -391,11 +462,7 @@ def load_config(
             f"{type(data).__name__}",
             facts={"source": _short(file), "field": "<root>"},
         )
-    stem = file.name.removesuffix(".json").removesuffix(".config")
-    default_name = file.parent.name if stem == "config" else stem
-    return model_from_config(
-        data, name=name or default_name, num_draft_layers=num_draft_layers, source=_short(file)
-    )
+    return file, data
 
 
 def _short(text: object, most: int = 200) -> str:

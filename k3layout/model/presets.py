@@ -19,6 +19,8 @@ from .spec import HybridModel
 
 DSPARK_DRAFT_LAYERS: Final = 5
 """Dense MLA layers of K3's DSpark speculative draft (module layers 93..97)."""
+DSPARK_DRAFT_HEADS = 64
+"""Query heads of each DSpark draft layer (its own config; attention TP must divide them)."""
 
 
 def is_kimi_mla_layer(layer: int, num_layers: int) -> bool:
@@ -62,9 +64,10 @@ def kimi_k3() -> HybridModel:
 
 
 def kimi_k3_dspark() -> HybridModel:
-    """Kimi-K3 with its DSpark draft: 5 dense MLA layers with the target's 576-element latent."""
+    """Kimi-K3 with its DSpark draft: 5 dense MLA layers with the target's 576-element latent
+    and 64 query heads (the draft's own config: tokenspeed's ``KimiK3DSparkConfig``)."""
     target = kimi_k3()
-    draft = next(layer for layer in target.layers if isinstance(layer, MLALayer))
+    draft = MLALayer(num_heads=DSPARK_DRAFT_HEADS, q_lora_rank=1536)
     return HybridModel(
         name="kimi-k3-dspark",
         model_type=target.model_type,

@@ -15,7 +15,7 @@ from ..layouts import EngineLayout, Stage
 
 def ridable(plan: EngineLayout) -> EngineLayout:
     """``plan`` if its state rides the PAGE object; refuses (``engine_mismatch``) a layout
-    whose state pages are not whole attention pages (the ``parent`` engine), and
+    whose state pages are not whole attention pages (the ``tokenspeed`` engine), and
     (``layout_unsupported``) a block-outermost vLLM layout, whose planes the ride's views do
     not describe."""
     layout = plan.deployment.kv_cache_layout

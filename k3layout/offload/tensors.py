@@ -22,7 +22,7 @@ byte 0, the fp32 recurrent state ``[12, 128, 128]`` at 46,080; 832,512 B of stat
 of padding. Every shape and offset comes from the layers' cache specs
 (:mod:`k3layout.cache`); this module only places them on the planes.
 
-``parent`` (tokenspeed / ATOM): one arena of ``bind(n)``, planes laid out plane-major. An MLA
+``tokenspeed`` (tokenspeed / ATOM): one arena of ``bind(n)``, planes laid out plane-major. An MLA
 layer's pages sit at an exact page stride, ``latent [1 + n*p_m, 128, 576]``; a state group's
 pages are ``p_l`` per parent, so its parts are ``[n + 1, p_l, ...]`` with strides (plane, S).
 """
@@ -237,7 +237,7 @@ def cache_spec(
 ) -> CacheSpec:
     """The tensors a rank of pipeline stage ``stage`` registers for ``plan``.
 
-    ``num_blocks`` is vLLM's block count, or the parent engine's usable parents (``bind(n)``).
+    ``num_blocks`` is vLLM's block count, or the tokenspeed engine's usable parents (``bind(n)``).
 
     >>> from k3layout import Deployment, plan, preset
     >>> spec = cache_spec(plan(preset("kimi-k3"), Deployment(attn_tp=8, spec_tokens=2)), 4)

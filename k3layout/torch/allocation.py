@@ -2,7 +2,7 @@
 
 Both engines allocate ONE backing per rank and cut the planes from it, consecutive: plane ``j``
 starts ``j`` plane spans in (vLLM 0.33's one KV-cache tensor, layer-outermost as the plan lays
-it out; the parent engine's ``bind(n)`` arena). ``vllm``: plane ``j`` is ``uint8 [num_blocks,
+it out; the tokenspeed engine's ``bind(n)`` arena). ``vllm``: plane ``j`` is ``uint8 [num_blocks,
 page]`` and every layer's tensors are strided views cut from its plane, so KDA layer ``j`` of
 every group and attention layer ``j`` share plane ``j``'s bytes. One backing also lets the image
 helpers copy a unit's pages of every plane in one strided copy. The views follow
@@ -193,7 +193,7 @@ class Allocation:
     """``vllm``: exactly what vLLM 0.33 binds, by vLLM's layer names: a raw int8 page view
     per KDA layer and the MLA pages in the backend's kernel blocks, views of the one backing
     (:func:`~k3layout.layouts.vllm_bound_views`); :func:`~k3layout.torch.validate` takes it as
-    it takes an engine's. Empty for ``parent``."""
+    it takes an engine's. Empty for ``tokenspeed``."""
 
     @property
     def registered(self) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
@@ -223,7 +223,7 @@ def allocate(
 ) -> Allocation:
     """Allocate ``plan``'s cache for a rank of pipeline stage ``stage``.
 
-    ``num_blocks`` is vLLM's block count, or the parent engine's usable parents. ``fill`` is
+    ``num_blocks`` is vLLM's block count, or the tokenspeed engine's usable parents. ``fill`` is
     the byte every plane starts with (``None``: uninitialised, as ``torch.empty``).
 
     >>> from k3layout import Deployment, plan, preset

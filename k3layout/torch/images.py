@@ -174,7 +174,7 @@ def _check_distinct(blocks: Sequence[int]) -> None:
 
 def _publish_order(layout: LiveLayout) -> tuple[str, ...]:
     """The planes the image and the KV are read in (``layout.published``); refused on a
-    ``parent`` layout (``engine_mismatch``) and on a pipeline stage whose state cannot ride
+    ``tokenspeed`` layout (``engine_mismatch``) and on a pipeline stage whose state cannot ride
     (``aliasing``): more KDA positions than attention layers, so no publish order exists."""
     plan = ridable(layout.plan)
     if layout.published:

@@ -158,7 +158,7 @@ def tp_ranks(
 ) -> tuple[Rank, ...]:
     """Allocate and validate one cache per attention TP rank of ``plan``, registered as
     ``naming``'s engine does: ``vllm`` (a ``vllm`` plan) as vLLM 0.33 binds it, one view per
-    layer under vLLM's names; ``atom`` (and every ``parent`` plan) the adapter's parts under
+    layer under vLLM's names; ``atom`` (and every ``tokenspeed`` plan) the adapter's parts under
     ATOM's names (:data:`~k3layout.offload.NAMING_RULES`)."""
     ranks = []
     for _ in range(plan.deployment.attn_tp):

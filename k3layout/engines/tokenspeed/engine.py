@@ -1,5 +1,5 @@
-"""tokenspeed's parent-block packing registered as ``engine="parent"``: its seams for the
-planning pipeline."""
+"""tokenspeed's Kimi-K3 recipe registered as ``engine="tokenspeed"`` (``parent``, its old
+name, is a deprecated alias): its seams for the planning pipeline."""
 
 from __future__ import annotations
 
@@ -9,26 +9,37 @@ from ...layouts.seams import EngineRules, register_engine
 from ...model import HybridModel
 from ...registry import EngineFacts
 from .invariants import parent_violations
-from .layout import ParentPlan, check_parent, group_parent, pack_parent
+from .layout import ParentPlan, group_tokenspeed, pack_tokenspeed
+from .rules import KV_CACHE_DTYPES, check_tokenspeed
 
-PARENT = register_engine(
+TOKENSPEED = register_engine(
     EngineRules(
         facts=EngineFacts(
-            name="parent",
+            name="tokenspeed",
             spec_conv_rows=False,  # tokenspeed keeps K - 1 conv rows; drafts verify elsewhere
+            kv_dtypes=KV_CACHE_DTYPES,
             package=__package__ or "",
+            draft_kv_dtype="bf16",  # #1152 builds the draft's MLA config in bf16
+            separate_draft_kv_dtype=True,  # a later branch makes the draft follow the target
+            aliases=("parent",),
             listing_order=1,
         ),
         plan_type=ParentPlan,
-        check=check_parent,
-        group=group_parent,
-        pack=pack_parent,
+        check=check_tokenspeed,
+        group=group_tokenspeed,
+        pack=pack_tokenspeed,
         violations=parent_violations,
     )
 )
+PARENT = TOKENSPEED
+"""The same registration under the engine's old name."""
 
 
-def plan_parent(model: HybridModel, deployment: Deployment) -> ParentPlan:
-    """:func:`k3layout.plan` with ``engine="parent"`` whatever the deployment names."""
-    result: ParentPlan = plan_with(PARENT, model, deployment)
+def plan_tokenspeed(model: HybridModel, deployment: Deployment) -> ParentPlan:
+    """:func:`k3layout.plan` with ``engine="tokenspeed"`` whatever the deployment names."""
+    result: ParentPlan = plan_with(TOKENSPEED, model, deployment)
     return result
+
+
+plan_parent = plan_tokenspeed
+"""The old name of :func:`plan_tokenspeed`."""

@@ -1,15 +1,16 @@
-"""Engine layout B: parent-block packing (``engine="parent"``; tokenspeed / ATOM native).
+"""Engine layout B: tokenspeed's parent arena (``engine="tokenspeed"``), as its Kimi-K3 recipe
+at #1152's head lays it out (:mod:`.recipe`).
 
 Groups: ``full_attention`` (MLA layers in module order, then draft layers) and
-``linear_attention_0 ..``: the KDA layers sorted and split *contiguously* into as few groups as
-fit one plane each (K3: 69 -> 23, 23, 23). Plane ``slot.i`` holds the layer at position ``i``
-of every group, so the state rides inside the MLA planes. A parent is one plane of
-``align_up(max(p_m * page, p_l * S), 256)`` bytes per MLA layer (+ draft); the packing
-``(p_m, p_l)`` is searched (:mod:`k3layout.layouts.packing`).
+``linear_attention_0..2``: the KDA layers sorted and split *contiguously* into 3 groups
+(K3: 23, 23, 23). Plane ``slot.j`` holds the layer at position ``j`` of every group, so the
+state rides inside the MLA planes. The packing ``(p_m, p_l)`` is #1152's rule; ``bind(n)``
+and :meth:`ParentPlan.byte_range` give tokenspeed's own addresses.
 """
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import ClassVar, Literal
 
 from pydantic import NonNegativeInt, PositiveInt, model_validator
@@ -17,17 +18,30 @@ from pydantic import NonNegativeInt, PositiveInt, model_validator
 from ..._args import expect, expect_int
 from ..._derivation import SelfChecked, deriving, is_deriving, mismatch
 from ..._frozen import trusted
-from ...constants import DEFAULT_MAX_PADDING_FRACTION, PARENT_PAGE_TOKENS
+from ...cache import PartRange
+from ...constants import PARENT_PAGE_TOKENS
 from ...deployment import Deployment
 from ...errors import Refusal
-from ...layouts.groups import Group, GroupKind, Stage, group_names, num_planes, split_contiguous
-from ...layouts.packing import Packing, PackingFrame, RuleCheck, rule_1152, search_packing
-from ...layouts.protocol import ByteRange, LayoutBase
-from ...layouts.seams import SGLANG_SETTINGS, refuse_settings
+from ...layouts.groups import Group, GroupKind, Stage
+from ...layouts.packing import Packing, RuleCheck
+from ...layouts.protocol import ByteRange, LayoutBase, check_non_negative
 from ...limits import checked_bytes
 from ...model import HybridModel
 from ...sizes import RankSizes
 from .capacity import ParentCapacity, parent_capacity
+from .recipe import (
+    DEFAULT_MAX_PADDING,
+    MAX_KERNEL_PAGE_ID,
+    REVISION_NAME,
+    Arena,
+    field_offsets,
+    pack,
+    payload_bytes,
+    plane_order,
+    plane_starts,
+    recipe_groups,
+    rule_1152,
+)
 from .report import ParentReport
 
 
@@ -52,7 +66,9 @@ class GroupPages(SelfChecked):
 
 
 class LayerBinding(SelfChecked):
-    """Where one layer's pages live in a bound arena (planes laid out plane-major)."""
+    """Where one layer's pages live in a bound arena: its plane starts at ``base_offset``
+    and repeats every ``parent_stride`` (the plane's bytes) per parent; page ``x`` sits at
+    ``base + parent_stride - page_stride + x * page_stride`` (tokenspeed's ``plan.py``)."""
 
     layer: NonNegativeInt
     group: str
@@ -65,33 +81,34 @@ class LayerBinding(SelfChecked):
 
     @model_validator(mode="after")
     def _pages_fit_the_plane(self) -> LayerBinding:
-        if self.pages_per_parent * self.page_stride > self.parent_stride:
+        if self.pages_per_parent * self.page_stride != self.parent_stride:
             raise mismatch(
                 f"layer {self.layer}",
                 "page_stride",
-                "p_g pages fit one plane of a parent",
+                "p_g pages tile one plane of a parent",
                 self.pages_per_parent * self.page_stride,
                 self.parent_stride,
             )
         return self
 
     def page_offset(self, page: int) -> int:
-        """Arena byte offset of page ``page`` of this layer (``page // p`` picks the parent)."""
-        parent, slot = divmod(page, self.pages_per_parent)
-        return self.base_offset + parent * self.parent_stride + slot * self.page_stride
+        """Arena byte offset of page ``page`` of this layer (page 0 is the last slot of the
+        null parent)."""
+        return self.base_offset + self.parent_stride - self.page_stride + page * self.page_stride
 
 
 class Binding(SelfChecked):
     """``bind(n)``: ``n`` usable parents plus the null parent, every layer's page addresses.
 
     Built by hand (or loaded, or ``model_copy``'d), it is refused (``plan_mismatch``) unless
-    every address follows from ``(num_parents, num_planes, plane_bytes)`` and the groups' pages
-    per parent, as :meth:`ParentPlan.bind` lays them out.
+    every address follows from ``(num_parents, plane_bytes)`` and the groups' pages per
+    parent, as :meth:`ParentPlan.bind` lays them out: planes in the sorted order of their ids
+    as strings, each ``(n + 1) x`` its bytes.
     """
 
-    num_parents: NonNegativeInt
-    num_planes: PositiveInt
-    plane_bytes: PositiveInt
+    num_parents: PositiveInt
+    plane_bytes: tuple[PositiveInt, ...]
+    parent_bytes: PositiveInt
     groups: tuple[GroupPages, ...]
     layers: tuple[LayerBinding, ...]
 
@@ -100,6 +117,11 @@ class Binding(SelfChecked):
         if is_deriving():
             return self
         thing = "parent binding"
+        if self.parent_bytes < sum(self.plane_bytes):
+            raise mismatch(
+                thing, "parent_bytes", "a parent holds every plane", self.parent_bytes,
+                sum(self.plane_bytes),
+            )
         per_parent: dict[str, int] = {}
         for index, pages in enumerate(self.groups):
             if pages.page_count != 1 + self.num_parents * pages.pages_per_parent:
@@ -111,15 +133,18 @@ class Binding(SelfChecked):
                     1 + self.num_parents * pages.pages_per_parent,
                 )
             per_parent[pages.group] = pages.pages_per_parent
+        starts = plane_starts(self.plane_bytes, self.num_parents)
         previous = -1
         for index, bound in enumerate(self.layers):
+            plane = bound.plane if bound.plane < len(self.plane_bytes) else 0
+            pages = per_parent.get(bound.group, bound.pages_per_parent)
             expected = (
                 bound.layer if bound.layer > previous else previous + 1,
-                per_parent.get(bound.group, bound.pages_per_parent),
-                bound.plane % self.num_planes,
-                bound.plane * (self.num_parents + 1) * self.plane_bytes,
-                self.plane_bytes,
-                min(bound.page_stride, self.plane_bytes // bound.pages_per_parent),
+                pages,
+                plane,
+                starts[plane],
+                self.plane_bytes[plane],
+                self.plane_bytes[plane] // pages,
             )
             stored = (
                 bound.layer,
@@ -133,8 +158,8 @@ class Binding(SelfChecked):
                 raise mismatch(
                     thing,
                     f"layers[{index}]",
-                    "layers are listed once in order, in a bound group, and page p_g fits the "
-                    "plane at plane * (n + 1) * plane_bytes + parent * plane_bytes "
+                    "layers are listed once in order, in a bound group, on a plane that starts "
+                    "where the string-sorted plane order puts it, with p_g pages per plane "
                     "(layer, p_g, plane, base, parent stride, page stride)",
                     stored,
                     expected,
@@ -143,26 +168,40 @@ class Binding(SelfChecked):
         return self
 
     @property
+    def num_planes(self) -> int:
+        """Planes of one parent."""
+        return len(self.plane_bytes)
+
+    @property
+    def plane_order(self) -> tuple[int, ...]:
+        """Plane indexes in arena order (``slot.0, slot.1, slot.10, ...``)."""
+        return plane_order(self.num_planes)
+
+    @property
+    def plane_starts(self) -> tuple[int, ...]:
+        """Arena offset of every plane, by plane index."""
+        return plane_starts(self.plane_bytes, self.num_parents)
+
+    @property
     def arena_bytes(self) -> int:
         """``(n + 1) * parent``: the arena one rank allocates."""
-        return (self.num_parents + 1) * self.num_planes * self.plane_bytes
+        return (self.num_parents + 1) * self.parent_bytes
 
 
 class ParentPlan(SelfChecked, LayoutBase):
-    """The parent-block layout of one model under one deployment.
+    """The parent-block layout of one model under one deployment, as tokenspeed's Kimi-K3
+    recipe lays it out (:mod:`k3layout.engines.tokenspeed.recipe`, #1152's head).
 
-    ``groups``, ``num_planes`` (one per MLA layer plus one per draft layer: no state group is
-    longer than the attention group), ``packing`` and the padding describe the whole model
-    (the packing is solved once so that every stage agrees); each of ``stages`` holds its
-    projected groups and allocates one plane per position of its longest group
-    (``stage_parent_bytes``).
+    ``groups``, ``num_planes`` (one per MLA layer plus one per draft layer), ``packing``
+    (#1152's rule), each plane's bytes (:attr:`plane_sizes`) and the padding describe one
+    parent; ``stages`` is the one stage (tokenspeed has no pipeline parallelism).
 
     A plan built outside :func:`~k3layout.plan` (by hand, :func:`~k3layout.load_plan`, or
     ``model_copy(update=...)``, which re-validates here) is re-planned from its own ``model``
     and ``deployment`` and refused (``plan_mismatch``) at the first field that differs.
     """
 
-    engine: Literal["parent"] = "parent"
+    engine: Literal["tokenspeed"] = "tokenspeed"
     report_type: ClassVar[type[ParentReport]] = ParentReport
     packing: Packing
     max_padding: float | None
@@ -178,13 +217,18 @@ class ParentPlan(SelfChecked, LayoutBase):
         return self
 
     @property
+    def revision(self) -> str:
+        """The tokenspeed revision this layout follows (#1152's head)."""
+        return REVISION_NAME
+
+    @property
     def page_tokens(self) -> int:
         """Tokens per MLA page (128)."""
         return PARENT_PAGE_TOKENS
 
     @property
     def mla_page_bytes(self) -> int:
-        """One 128-token MLA page: 73,728 B fp8 / 147,456 B bf16 for K3."""
+        """One 128-token MLA page of the target: 73,728 B fp8 / 147,456 B bf16 for K3."""
         return self.sizes.attention_page_bytes(PARENT_PAGE_TOKENS)
 
     @property
@@ -192,34 +236,41 @@ class ParentPlan(SelfChecked, LayoutBase):
         """The attention group (MLA layers, then draft)."""
         return self.groups[0]
 
+    @cached_property
+    def arena(self) -> Arena:
+        """One parent as the recipe packs it: pages per parent, plane bytes, parent bytes."""
+        return _arena(self.groups, self.sizes, self.packing, None)
+
+    @property
+    def plane_sizes(self) -> tuple[int, ...]:
+        """Bytes of every plane of one parent, by plane index (``slot.j``): a draft whose
+        cache dtype is wider than the target's has wider planes."""
+        return self.arena.plane_bytes
+
     @property
     def parent_bytes(self) -> int:
-        """Bytes of one parent: ``num_planes * plane_bytes`` (21,233,664 at K3 tp 8 fp8)."""
-        return self.num_planes * self.packing.plane_bytes
+        """Bytes of one parent: the planes' sum, aligned (21,233,664 at K3 tp 8 fp8)."""
+        return self.arena.parent_bytes
 
-    @property
-    def frame(self) -> PackingFrame:
-        """The packing's inputs, for padding and utilization."""
-        return PackingFrame(
-            mla_page_bytes=self.mla_page_bytes,
-            state_bytes=self.sizes.state_bytes,
-            num_planes=self.num_planes,
-            groups=self.groups,
-            max_padding=self.max_padding,
-            own_pages=own_pages(self.groups, self.sizes),
-        )
+    def layer_payload_bytes(self, layer: int) -> int:
+        """Payload of module layer ``layer`` on one of its pages (its own dtype)."""
+        expect_int("layer", layer)
+        return payload_bytes(self.sizes, layer)
 
     def payload_bytes(self, group: Group) -> int:
-        """Payload of one layer of ``group`` on one of its pages: the MLA page or ``S``."""
+        """Payload of one layer of ``group`` on one page: the group's first layer's (the MLA
+        page, or ``S``); :meth:`layer_payload_bytes` for a draft of its own dtype."""
         expect("group", group, Group)
-        return self.frame.payload_bytes(group)
+        return payload_bytes(self.sizes, group.layers[0]) if group.layers else 0
 
     def pages_per_parent(self, group: Group) -> int:
-        """``p_g``: pages of ``group`` one parent holds (``p_m``, ``p_l``, or as many of a
-        draft's own pages as a plane holds)."""
+        """``p_g``: pages of ``group`` one parent holds (``p_m`` or ``p_l``)."""
         expect("group", group, Group)
-        packing = self.packing
-        return self.frame.pages_per_plane(group, packing.mla_pages, packing.state_pages)
+        return self.arena.packing.get(group.name, 1)
+
+    def raw_bytes(self, group: Group) -> int:
+        """``raw_g``: the payload of every layer of ``group`` on one page."""
+        return sum(payload_bytes(self.sizes, layer) for layer in group.layers)
 
     @property
     def packing_by_group(self) -> dict[str, int]:
@@ -229,10 +280,20 @@ class ParentPlan(SelfChecked, LayoutBase):
     @property
     def padding_fraction(self) -> dict[str, float]:
         """``(parent / p_g - raw_g) / raw_g`` keyed by group name."""
-        frame = self.frame
+        parent = self.parent_bytes
         return {
-            g.name: frame.padding(g, self.packing.mla_pages, self.packing.state_pages)
+            g.name: (parent // self.pages_per_parent(g) - raw) / raw
             for g in self.groups
+            if (raw := self.raw_bytes(g))
+        }
+
+    @property
+    def utilization(self) -> dict[str, float]:
+        """``p_g * raw_g / parent`` keyed by group name: the share of a parent that is payload."""
+        return {
+            g.name: self.pages_per_parent(g) * self.raw_bytes(g) / self.parent_bytes
+            for g in self.groups
+            if g.layers
         }
 
     def report_fields(self) -> tuple[dict[str, object], str]:
@@ -249,22 +310,14 @@ class ParentPlan(SelfChecked, LayoutBase):
         }, "parent_bytes"
 
     @property
-    def utilization(self) -> dict[str, float]:
-        """``p_g * raw_g / parent`` keyed by group name: the share of a parent that is payload."""
-        frame = self.frame
-        return {
-            g.name: self.pages_per_parent(g) * frame.raw_bytes(g) / self.parent_bytes
-            for g in self.groups
-        }
-
-    @property
     def bytes_per_token(self) -> float:
         """Per-rank parent bytes per MLA token it holds: ``parent / (p_m * 128)``."""
         return self.parent_bytes / (self.packing.mla_pages * PARENT_PAGE_TOKENS)
 
     def stage_parent_bytes(self, stage: int) -> int:
-        """Bytes of one parent on a rank of pipeline stage ``stage``."""
-        return self.stage(stage).num_planes * self.packing.plane_bytes
+        """Bytes of one parent on a rank of pipeline stage ``stage`` (the one stage)."""
+        self.stage(stage)
+        return self.parent_bytes
 
     def _frame_groups(self, stage: int | None) -> tuple[Group, ...]:
         groups = self.groups if stage is None else self.stage(stage).groups
@@ -285,7 +338,8 @@ class ParentPlan(SelfChecked, LayoutBase):
     def parents_for(
         self, tokens: int, max_live: int = 1, protected_pages: int = 0, stage: int | None = None
     ) -> int:
-        """Parents a load needs: the sum over groups of ``ceil(pages_g / p_g)``.
+        """Parents a load needs: the sum over groups of ``ceil(pages_g / p_g)``
+        (tokenspeed's ``parents_needed``).
 
         K3 tp 8 fp8, one live request of 131,072 tokens: ceil(1024 / 12) + 3 x 2 = 92.
         """
@@ -300,9 +354,13 @@ class ParentPlan(SelfChecked, LayoutBase):
         max_live: int = 1,
         protected_pages: int = 0,
         stage: int | None = None,
+        upper_bound: int | None = None,
     ) -> int:
         """The most tokens ``num_parents`` parents hold: the inverse of :meth:`parents_for`
-        (``parents_for(token_capacity(n)) <= n < parents_for(token_capacity(n) + 1)``)."""
+        (``parents_for(token_capacity(n)) <= n < parents_for(token_capacity(n) + 1)``), at
+        most ``upper_bound`` (default ``n * p_m * 128``, as tokenspeed bounds its search).
+        Refuses (``budget_too_small``) parents that cannot admit one token."""
+        expect_int("num_parents", num_parents)
         groups = self._frame_groups(stage)
         attention = [g for g in groups if g.kind == "attention"]
         if not attention:
@@ -319,16 +377,20 @@ class ParentPlan(SelfChecked, LayoutBase):
         )
         spare = num_parents - state_parents
         extra = max_live - 1 + protected_pages  # attention pages beyond the tokens' own
-        per_parent = [self.pages_per_parent(g) for g in attention]
-
-        def attention_parents(pages: int) -> int:
-            return sum(-(-(pages + extra) // p) for p in per_parent)
-
-        if spare < 0 or attention_parents(0) > spare:
+        per_parent = self.pages_per_parent(attention[0])
+        # parents_for is monotone in tokens: the most token pages the spare parents hold.
+        pages = spare * per_parent - extra
+        bound = num_parents * per_parent * PARENT_PAGE_TOKENS
+        if upper_bound is not None:
+            bound = min(bound, expect_int("upper_bound", upper_bound))
+        tokens = min(max(pages, 0) * PARENT_PAGE_TOKENS, max(bound, 0))
+        if num_parents < 1 or tokens < 1:
             raise Refusal(
                 "budget_too_small",
-                f"num_parents={num_parents} cannot hold the state of max_live={max_live} "
-                f"requests ({state_parents} state parents) and their first MLA pages",
+                f"num_parents={num_parents} cannot admit one token with max_live={max_live} "
+                f"live requests ({state_parents} state parents) (tokenspeed: "
+                f"num_lcm_blocks={num_parents} cannot admit one token with the configured "
+                "kimi_k3 cache scheduler limits)",
                 facts={
                     "num_parents": num_parents,
                     "state_parents": state_parents,
@@ -336,78 +398,78 @@ class ParentPlan(SelfChecked, LayoutBase):
                 },
                 hint="give the cache more parents or admit fewer live requests",
             )
-        # The most token pages every attention group still has parents for: one group in K3
-        # (``spare * p_m - extra``); with a draft of its own pages, searched (monotone).
-        low, high = 0, spare * max(per_parent)
-        while low < high:
-            middle = (low + high + 1) // 2
-            if attention_parents(middle) <= spare:
-                low = middle
-            else:
-                high = middle - 1
-        pages = low
-        return pages * PARENT_PAGE_TOKENS
+        return tokens
 
     def parents_for_budget(self, budget_bytes: int, stage: int | None = None) -> int:
         """Usable parents in ``budget_bytes`` (one parent is the null parent)."""
-        if expect_int("budget_bytes", budget_bytes) < 0:
-            raise Refusal(
-                "invalid_argument",
-                f"budget_bytes={budget_bytes} must be >= 0",
-                facts={"budget_bytes": budget_bytes},
-            )
+        check_non_negative("budget_bytes", budget_bytes)
         parent = self.parent_bytes if stage is None else self.stage_parent_bytes(stage)
         return max(0, budget_bytes // parent - 1)
 
     def bind(self, num_parents: int, stage: int = 0) -> Binding:
-        """Lay out ``num_parents`` usable parents (+ the null parent 0) plane-major.
+        """Lay out ``num_parents`` usable parents (+ the null parent) as tokenspeed binds them.
 
-        Plane ``k`` spans ``[k, k+1) * (n+1) * plane_bytes``; page ``x`` of a layer on plane
-        ``k`` sits at ``k*(n+1)*plane + (x // p_g)*plane + (x % p_g)*payload``, the payload
-        being the MLA page (exact stride: MLA page ``x`` is at ``x * page``) or the state ``S``.
+        Planes in the sorted order of their ids as strings (``slot.0``, ``slot.1``,
+        ``slot.10``, ...), each spanning ``(n + 1) x`` its bytes; page ``x`` of a layer on
+        plane ``j`` sits at ``start_j + plane_j - plane_j / p_g + x * plane_j / p_g``.
+        Refuses ``num_parents < 1`` and page ids past int32, as tokenspeed does.
         """
-        if num_parents < 0:
+        expect_int("num_parents", num_parents)
+        if num_parents < 1:
             raise Refusal(
                 "invalid_argument",
-                f"num_parents={num_parents} must be >= 0",
+                f"num_parents={num_parents} must be >= 1 (tokenspeed: num_lcm_blocks must be "
+                "a positive integer)",
                 facts={"num_parents": num_parents},
+                hint="bind at least one usable parent",
             )
         held = self.stage(stage)
-        plane = self.packing.plane_bytes
-        plane_span = (num_parents + 1) * plane
+        arena = self.arena
+        for group in held.groups:
+            pages = num_parents * self.pages_per_parent(group)
+            if group.layers and pages > MAX_KERNEL_PAGE_ID:
+                raise Refusal(
+                    "size_limit",
+                    f"num_parents={num_parents}: group {group.name} would number {pages:,} "
+                    f"pages, past the int32 kernel page id {MAX_KERNEL_PAGE_ID:,}",
+                    facts={"field": "num_parents", "group": group.name, "pages": pages},
+                    hint=f"bind at most {MAX_KERNEL_PAGE_ID // self.pages_per_parent(group):,}"
+                    " parents",
+                )
+        starts = plane_starts(arena.plane_bytes, num_parents)
         layers: list[LayerBinding] = []
-        pages: list[GroupPages] = []
+        pages_of: list[GroupPages] = []
         for group in held.groups:
             if not group.layers:
                 continue
             per_parent = self.pages_per_parent(group)
-            payload = self.payload_bytes(group)
-            pages.append(
+            pages_of.append(
                 GroupPages(
                     group=group.name,
                     pages_per_parent=per_parent,
                     page_count=1 + num_parents * per_parent,
                 )
             )
-            layers.extend(
-                LayerBinding(
-                    layer=layer,
-                    group=group.name,
-                    kind=group.kind,
-                    plane=group.plane_of(position),
-                    base_offset=group.plane_of(position) * plane_span,
-                    parent_stride=plane,
-                    page_stride=payload,
-                    pages_per_parent=per_parent,
+            for position, layer in enumerate(group.layers):
+                plane = group.plane_of(position)
+                layers.append(
+                    LayerBinding(
+                        layer=layer,
+                        group=group.name,
+                        kind=group.kind,
+                        plane=plane,
+                        base_offset=starts[plane],
+                        parent_stride=arena.plane_bytes[plane],
+                        page_stride=arena.page_stride(group, plane),
+                        pages_per_parent=per_parent,
+                    )
                 )
-                for position, layer in enumerate(group.layers)
-            )
         with deriving():  # bind's own layout: its checks are for bindings built by hand
             return Binding(
                 num_parents=num_parents,
-                num_planes=held.num_planes,
-                plane_bytes=plane,
-                groups=tuple(pages),
+                plane_bytes=arena.plane_bytes,
+                parent_bytes=arena.parent_bytes,
+                groups=tuple(pages_of),
                 layers=tuple(sorted(layers, key=lambda b: b.layer)),
             )
 
@@ -415,7 +477,7 @@ class ParentPlan(SelfChecked, LayoutBase):
 
     @property
     def block_bytes(self) -> int:
-        """The parent engine's block is its parent: :attr:`parent_bytes`."""
+        """The tokenspeed engine's block is its parent: :attr:`parent_bytes`."""
         return self.parent_bytes
 
     @property
@@ -438,26 +500,61 @@ class ParentPlan(SelfChecked, LayoutBase):
         """Tokens of one attention page (128); 1 for a state group."""
         return 1 if self.group_spec(group).paging == "slot" else PARENT_PAGE_TOKENS
 
+    def plane_bytes_of(self, group: Group) -> int:
+        """Bytes of the plane of ``group``'s first layer (:meth:`plane_bytes_at` per plane)."""
+        expect("group", group, Group)
+        return self.arena.plane_bytes[group.plane_of(0)]
+
+    def plane_bytes_at(self, plane: int) -> int:
+        """Bytes of plane ``plane`` of one parent."""
+        return self.arena.plane_bytes[self._plane(plane)]
+
     def page_stride_bytes(self, group: Group) -> int:
-        """Bytes between consecutive pages of one layer inside a parent: its payload (the exact
-        page stride of MLA pages, ``S`` for state)."""
-        return self.payload_bytes(group)
+        """Bytes between consecutive pages of one layer of ``group``: ``plane / p_g`` (the
+        MLA page exactly; for state the plane's share, not ``S``)."""
+        expect("group", group, Group)
+        return self.arena.page_stride(group, group.plane_of(0))
+
+    def page_stride_at(self, group: Group, plane: int) -> int:
+        """Bytes between consecutive pages of ``group``'s layer on plane ``plane``."""
+        expect("group", group, Group)
+        return self.arena.page_stride(group, self._plane(plane))
+
+    def page_origin_bytes(self, group: Group, plane: int) -> int:
+        """Where page 0 of ``group``'s layer on ``plane`` starts inside the plane: the last
+        slot of the null parent, ``plane - plane / p_g``."""
+        return self.plane_bytes_at(plane) - self.page_stride_at(group, plane)
+
+    def plane_start(self, plane: int, num_blocks: int) -> int:
+        """Arena offset of plane ``plane`` in ``bind(num_blocks)`` (string-sorted order)."""
+        expect_int("num_blocks", num_blocks)
+        return plane_starts(self.arena.plane_bytes, num_blocks)[self._plane(plane)]
+
+    def plane_span_at(self, plane: int, num_blocks: int) -> int:
+        """Bytes of plane ``plane`` of ``bind(num_blocks)``: its usable parents and the null."""
+        expect_int("num_blocks", num_blocks)
+        return (num_blocks + 1) * self.plane_bytes_at(plane)
+
+    def _plane(self, plane: int) -> int:
+        if not 0 <= expect_int("plane", plane) < self.num_planes:
+            raise Refusal(
+                "invalid_argument",
+                f"plane={plane} is not one of the {self.num_planes} planes",
+                facts={"plane": plane, "num_planes": self.num_planes},
+                hint=f"use 0 <= plane < {self.num_planes}",
+            )
+        return plane
 
     def page_axes(self, group: Group, num_blocks: int) -> tuple[tuple[int, int], ...]:
-        """How one layer's pages repeat on its plane of ``bind(num_blocks)``: attention pages
-        at the exact page stride (``1 + n * p_g`` of them, parents back to back), state pages
-        ``p_l`` per parent at stride ``S``."""
+        """How one layer's pages repeat on its plane of ``bind(num_blocks)``: ``1 + n * p_g``
+        pages at stride ``plane / p_g``, from :meth:`page_origin_bytes`."""
         expect_int("num_blocks", num_blocks)
-        payload = self.payload_bytes(group)
-        per_parent = self.pages_per_parent(group)
-        if self.group_spec(group).paging == "token":
-            return ((1 + num_blocks * per_parent, payload),)
-        return ((num_blocks + 1, self.packing.plane_bytes), (per_parent, payload))
+        return ((1 + num_blocks * self.pages_per_parent(group), self.page_stride_bytes(group)),)
 
     def plane_span_bytes(self, num_blocks: int) -> int:
-        """Bytes of one plane of ``bind(num_blocks)``: the usable parents and the null one."""
+        """Bytes of plane 0 of ``bind(num_blocks)`` (:meth:`plane_span_at` per plane)."""
         expect_int("num_blocks", num_blocks)
-        return (num_blocks + 1) * self.packing.plane_bytes
+        return (num_blocks + 1) * self.arena.plane_bytes[0]
 
     def span_tokens(self, group: Group) -> int:
         """Tokens one page covers: 128 for attention; a state page holds one request."""
@@ -477,11 +574,26 @@ class ParentPlan(SelfChecked, LayoutBase):
         parent = self.parent_bytes if stage is None else self.stage_parent_bytes(stage)
         return (num_blocks + 1) * parent
 
+    def part_range_list(self, layer: int) -> tuple[PartRange, ...]:
+        """Every part's byte range inside one page of ``layer``, as tokenspeed lays its
+        fields: back to back, each aligned to its element."""
+        self.sizes.spec_of(layer)
+        return tuple(
+            trusted(PartRange, part=part, offset_bytes=offset, size_bytes=size)
+            for part, offset, size in field_offsets(self.sizes, layer)
+        )
+
+    def part_range(self, layer: int, part: str) -> PartRange:
+        """Where ``part`` lies inside one page of ``layer``."""
+        self.sizes.spec_of(layer).part(part)  # refuses a part the layer does not have
+        return next(r for r in self.part_range_list(layer) if r.part == part)
+
     def byte_range(
         self, layer: int, part: str, block: int, num_blocks: int, stage: int = 0
     ) -> ByteRange:
         """Where ``part`` of page ``block`` of module ``layer`` lies in the arena of
-        ``bind(num_blocks)`` on a rank of ``stage`` (page 0 is the null page)."""
+        ``bind(num_blocks)`` (page 0 is the null page): what tokenspeed's
+        ``field_page_byte_offset`` gives."""
         expect_int("block", block)
         self.group_of(layer, stage)  # refuses a layer the stage does not hold
         binding = next(b for b in self.bind(num_blocks, stage).layers if b.layer == layer)
@@ -506,25 +618,29 @@ class ParentPlan(SelfChecked, LayoutBase):
         """One parent in words, for pictures."""
         expect_int("num_planes", num_planes)
         packing = self.packing
+        widths = sorted(set(self.plane_sizes))
+        planes = " + ".join(
+            f"{self.plane_sizes.count(w)} x {w:,} B" for w in widths
+        )
         return (
             f"one parent: packing p_m/p_l {packing.mla_pages}/{packing.state_pages}, "
-            f"{packing.plane_bytes:,} B planes x {num_planes} = "
-            f"{num_planes * packing.plane_bytes:,} B"
+            f"planes {planes} = {self.parent_bytes:,} B"
         )
 
     def summary(self) -> list[tuple[str, str]]:
         """The layout's numbers as (label, value) rows."""
+        widths = sorted(set(self.plane_sizes))
         rows = [
             ("planes", f"{self.num_planes:,}"),
-            ("packing p_m / p_l", f"{self.packing.mla_pages} / {self.packing.state_pages}"),
-            ("plane bytes", f"{self.packing.plane_bytes:,}"),
+            ("packing p_m / p_l (#1152)", f"{self.packing.mla_pages} / {self.packing.state_pages}"),
+            (
+                "plane bytes",
+                ", ".join(f"{w:,} x {self.plane_sizes.count(w)}" for w in widths),
+            ),
             ("parent bytes", f"{self.parent_bytes:,}"),
             ("padding limit", "none" if self.max_padding is None else f"{self.max_padding:g}"),
+            ("followed revision", REVISION_NAME),
         ]
-        rule = self.rule_1152
-        if rule is not None:
-            verdict = "chosen" if rule.chosen else f"passed over: {rule.reason}"
-            rows.append(("#1152 rule", f"{rule.mla_pages}/{rule.state_pages}, {verdict}"))
         return rows
 
     def capacity(
@@ -535,20 +651,19 @@ class ParentPlan(SelfChecked, LayoutBase):
         max_total_tokens: int | None = None,
     ) -> ParentCapacity:
         """What ``budget_bytes`` per rank serves at ``max_live`` live requests (tokenspeed's
-        ``max_bs``), with overlap scheduling of ``overlap_depth`` (1, tokenspeed's default) and
-        an optional ``max_total_tokens`` cap, as tokenspeed's recipe counts it
+        ``max_bs``), with overlap scheduling of ``overlap_depth`` (0 or 1; 1 is tokenspeed's
+        default) and an optional ``--max-total-tokens`` cap, as tokenspeed's recipe counts
+        it, speculative verify workspace included
         (:mod:`k3layout.engines.tokenspeed.capacity`)."""
         return parent_capacity(self, budget_bytes, max_live, overlap_depth, max_total_tokens)
 
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:
         """What ``budget_bytes`` holds, as (label, value) rows."""
-        parents = self.parents_for_budget(budget_bytes)
+        got = self.capacity(budget_bytes, max_live)
         return [
-            ("parents in budget (+1 null)", f"{parents:,}"),
-            (
-                f"token capacity (max_live {max_live})",
-                f"{self.token_capacity(parents, max_live):,}",
-            ),
+            ("verify workspace bytes", f"{got.workspace_bytes:,}"),
+            ("parents in budget (+1 null)", f"{got.num_parents:,}"),
+            (f"token capacity (max_live {max_live})", f"{got.token_capacity:,}"),
         ]
 
     def group_columns(self) -> dict[str, dict[str, str]]:
@@ -561,6 +676,7 @@ class ParentPlan(SelfChecked, LayoutBase):
                 "utilization": f"{utilization[g.name]:.3f}",
             }
             for g in self.groups
+            if g.layers
         }
 
 
@@ -570,7 +686,7 @@ def _check_load(tokens: int, max_live: int, protected_pages: int) -> None:
         ("max_live", max_live, 1),
         ("protected_pages", protected_pages, 0),
     ):
-        if value < least:
+        if expect_int(name, value) < least:
             raise Refusal(
                 "invalid_argument",
                 f"{name}={value} must be >= {least}",
@@ -578,57 +694,21 @@ def _check_load(tokens: int, max_live: int, protected_pages: int) -> None:
             )
 
 
-def own_pages(groups: tuple[Group, ...], sizes: RankSizes) -> tuple[tuple[str, int], ...]:
-    """The attention groups whose 128-token page is not the target attention's (a GQA
-    draft), with their page bytes."""
-    primary = sizes.attention
-    pages: list[tuple[str, int]] = []
-    for group in groups:
-        if group.kind != "attention" or not group.layers:
-            continue
-        spec = sizes.spec_of(group.layers[0])
-        if spec != primary:
-            pages.append((group.name, spec.payload_bytes(sizes.attn_tp, PARENT_PAGE_TOKENS)))
-    return tuple(pages)
+def _arena(
+    groups: tuple[Group, ...], sizes: RankSizes, packing: Packing, max_padding: float | None
+) -> Arena:
+    by_group = {
+        g.name: packing.mla_pages if g.kind == "attention" else packing.state_pages
+        for g in groups
+        if g.layers
+    }
+    return pack(groups, sizes, by_group, max_padding)
 
 
-def group_parent(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
-    """``full_attention`` (MLA then draft) and the KDA layers split contiguously into
-    ``ceil(kda / planes)`` groups (K3: 69 over 24 planes -> 23, 23, 23).
-
-    Draft layers of another attention kind (a GQA draft) form a group of their own,
-    ``full_attention_<kind>``, on the planes after the target's: one plane per attention
-    layer, as tokenspeed lays out draft planes."""
-    attention = model.attention_layer_ids
-    primary = sizes.attention
-    target = tuple(i for i in attention if sizes.spec_of(i) == primary)
-    # Module layer ids and tokenspeed's names: built here, nothing to re-validate.
-    groups = [trusted(Group, name="full_attention", kind="attention", layers=target)]
-    first_plane = len(target)
-    others: dict[str, list[int]] = {}
-    for layer in attention:
-        spec = sizes.spec_of(layer)
-        if spec != primary:
-            others.setdefault(spec.kind, []).append(layer)
-    for kind, layers in others.items():
-        groups.append(
-            trusted(
-                Group,
-                name=f"full_attention_{kind}",
-                kind="attention",
-                layers=tuple(layers),
-                first_plane=first_plane,
-            )
-        )
-        first_plane += len(layers)
-    kda = model.kda_layer_ids
-    if kda:
-        splits = split_contiguous(kda, -(-len(kda) // len(attention)))
-        names = group_names("kda", len(splits))
-        groups.extend(
-            trusted(Group, name=n, kind="kda", layers=s) for n, s in zip(names, splits, strict=True)
-        )
-    return tuple(groups)
+def group_tokenspeed(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
+    """tokenspeed's groups: ``full_attention`` (target MLA layers, then the draft's) and the
+    KDA layers in 3 contiguous runs (K3: 23, 23, 23)."""
+    return recipe_groups(model.attention_layer_ids, model.kda_layer_ids)
 
 
 def default_max_padding(model: HybridModel, deployment: Deployment) -> float | None:
@@ -636,53 +716,46 @@ def default_max_padding(model: HybridModel, deployment: Deployment) -> float | N
     (their planes carry no state, so tokenspeed lifts the limit for them)."""
     if deployment.max_padding is not None:
         return deployment.max_padding
-    return None if model.draft_layers else DEFAULT_MAX_PADDING_FRACTION
+    return None if model.draft_layers else DEFAULT_MAX_PADDING
 
 
-def check_parent(model: HybridModel, deployment: Deployment) -> HybridModel:
-    """Refuse what the parent engine does not run: decode context parallel, and vLLM's own
-    settings (an attention backend or KV-cache layout other than the defaults), which would
-    otherwise be ignored silently."""
-    refuse_settings(deployment, SGLANG_SETTINGS, "SGLang")
-    for name, default in (("attention_backend", "FLASHMLA"), ("kv_cache_layout", "LBNHC")):
-        value = getattr(deployment, name)
-        if value != default:
-            raise Refusal(
-                "engine_setting",
-                f"{name}={value!r} is a vLLM setting; engine=parent lays out its own pages "
-                f"(FlashMLA 64-token pages, layer-outermost)",
-                facts={"engine": "parent", "field": name, name: value},
-                hint=f"leave {name} at {default!r} for engine=parent, or use engine=vllm",
-            )
-    if deployment.dcp > 1:
-        raise Refusal(
-            "dcp_unsupported",
-            f"engine=parent has no decode context parallel (dcp={deployment.dcp})",
-            facts={"engine": "parent", "dcp": deployment.dcp},
-            hint="use dcp=1, or engine=vllm for a DCP decode",
-        )
-    return model
-
-
-def pack_parent(
+def pack_tokenspeed(
     model: HybridModel,
     deployment: Deployment,
     sizes: RankSizes,
     groups: tuple[Group, ...],
     stages: tuple[Stage, ...],
 ) -> ParentPlan:
-    """Search the packing for the whole model, report #1152's beside it, build the plan."""
-    # Sizes and groups the pipeline already validated: nothing to re-validate.
-    frame = trusted(
-        PackingFrame,
-        mla_page_bytes=sizes.attention_page_bytes(PARENT_PAGE_TOKENS),
-        state_bytes=sizes.state_bytes,
-        num_planes=num_planes(groups),
-        groups=groups,
-        max_padding=default_max_padding(model, deployment),
-        own_pages=own_pages(groups, sizes),
+    """#1152's packing, the recipe's planes and its padding check; build the plan."""
+    page = sizes.attention_page_bytes(PARENT_PAGE_TOKENS)
+    state = sizes.state_bytes
+    mla_pages, state_pages = rule_1152(page, state)
+    limit = default_max_padding(model, deployment)
+    packing = trusted(
+        Packing, mla_pages=mla_pages, state_pages=state_pages, plane_bytes=mla_pages * page
     )
-    packing = search_packing(frame)
+    arena = _arena(groups, sizes, packing, limit)
+    packing = trusted(
+        Packing, mla_pages=mla_pages, state_pages=state_pages, plane_bytes=arena.plane_bytes[0]
+    )
+    worst = max(
+        (g for g in groups if g.layers),
+        key=lambda g: (arena.parent_bytes // arena.packing[g.name] - (raw := sum(
+            payload_bytes(sizes, layer) for layer in g.layers))) / raw,
+    )
+    raw = sum(payload_bytes(sizes, layer) for layer in worst.layers)
+    rule = trusted(
+        RuleCheck,
+        mla_pages=mla_pages,
+        state_pages=state_pages,
+        plane_bytes=arena.plane_bytes[0],
+        parent_bytes=arena.parent_bytes,
+        exact_stride=True,
+        worst_group=worst.name,
+        worst_padding=(arena.parent_bytes // arena.packing[worst.name] - raw) / raw,
+        chosen=True,
+        reason=None,
+    )
     return checked_bytes(
         ParentPlan(
             model=model,
@@ -690,8 +763,8 @@ def pack_parent(
             groups=groups,
             stages=stages,
             packing=packing,
-            max_padding=frame.max_padding,
-            rule_1152=rule_1152(frame, packing),
+            max_padding=limit,
+            rule_1152=rule,
         ),
         "parent_bytes",
     )

@@ -1,4 +1,4 @@
-"""``k3layout plan --engine parent --json``: a parent plan's report."""
+"""``k3layout plan --engine tokenspeed --json``: a parent plan's report."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from ...layouts.report import PlanReport, StageReport
 
 
 class ParentStageReport(StageReport):
-    """One pipeline stage of a ``parent`` plan, with the bytes of one of its parents."""
+    """One pipeline stage of a ``tokenspeed`` plan, with the bytes of one of its parents."""
 
     parent_bytes: int
 
 
 class ParentReport(PlanReport):
-    """``k3layout plan --engine parent --json``."""
+    """``k3layout plan --engine tokenspeed --json``."""
 
-    engine: Literal["parent"] = "parent"
+    engine: Literal["tokenspeed"] = "tokenspeed"
     mla_page_bytes: int
     plane_bytes: int
     parent_bytes: int
