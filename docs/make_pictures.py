@@ -39,11 +39,11 @@ def _sweep() -> Figure:
 
 PICTURES: dict[str, Callable[[], Figure]] = {
     "planes-vllm-k3-dspark-tp8.png": lambda: draw_planes(plan(preset("kimi-k3-dspark"), K3_DECODE)),
-    "planes-parent-k3-tp8.png": lambda: draw_planes(
+    "planes-tokenspeed-k3-tp8.png": lambda: draw_planes(
         plan(preset("kimi-k3"), Deployment(engine="tokenspeed", attn_tp=8))
     ),
-    "planes-parent-k3-tp32-bf16.png": lambda: draw_planes(
-        plan(preset("kimi-k3"), Deployment(engine="tokenspeed", attn_tp=32, kv_dtype="bf16"))
+    "planes-tokenspeed-k3-dspark-tp8.png": lambda: draw_planes(
+        plan(preset("kimi-k3-dspark"), Deployment(engine="tokenspeed", attn_tp=8, spec_tokens=8))
     ),
     "image-k3-dspark-tp8.png": lambda: draw_image(
         plan_ride(plan(preset("kimi-k3-dspark"), K3_DECODE))

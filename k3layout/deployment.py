@@ -145,6 +145,13 @@ class Deployment(Frozen):
         )
 
     @property
+    def conv_layout_run(self) -> ConvLayout:
+        """The KDA conv state layout the engine runs: its own where it has one (tokenspeed's is
+        channel-major, ``DS``), else ``conv_layout``."""
+        fixed = facts_of(self.engine).conv_layout
+        return self.conv_layout if fixed is None else cast(ConvLayout, fixed)
+
+    @property
     def draft_cache_dtype(self) -> KvCacheDtype:
         """The draft layers' attention cache dtype the engine runs: ``draft_kv_dtype``, else the
         engine's own (tokenspeed #1152 keeps bf16; vLLM and SGLang follow ``kv_dtype``)."""

@@ -20,6 +20,7 @@ __all__ = [
     "EngineFacts",
     "LayerNaming",
     "canonical_name",
+    "engine_aliases",
     "engine_names",
     "facts_of",
     "lookup",
@@ -64,6 +65,8 @@ class EngineFacts:
       layers whatever the target's (``None``: the target's own);
     - ``separate_draft_kv_dtype``: whether a deployment may give the draft a cache dtype of
       its own (``Deployment.draft_kv_dtype``) other than the target's;
+    - ``conv_layout``: the KDA conv state layout it always runs (``None``: the deployment's
+      ``conv_layout``, vLLM's ``VLLM_SSM_CONV_STATE_LAYOUT``);
     - ``aliases``: other names a deployment may use for it, deprecated: using one warns
       (:class:`DeprecationWarning`);
     - ``listing_order``: where it stands in listings (sweeps, ``--engine`` choices).
@@ -80,6 +83,7 @@ class EngineFacts:
     pp_remainder_skips_last: bool = True
     layer_naming: tuple[LayerNaming, ...] = ()
     draft_kv_dtype: str | None = None
+    conv_layout: str | None = None
     separate_draft_kv_dtype: bool = False
     aliases: tuple[str, ...] = field(default=())
     listing_order: int = 100
@@ -119,6 +123,12 @@ def engine_names() -> tuple[str, ...]:
     """The registered engines' names in listing order (aliases not included)."""
     _discover()
     return tuple(sorted(_ENGINES, key=lambda name: (_ENGINES[name].facts.listing_order, name)))
+
+
+def engine_aliases() -> dict[str, str]:
+    """Every deprecated alias and the engine it names (``parent`` -> ``tokenspeed``)."""
+    _discover()
+    return dict(_ALIASES)
 
 
 def canonical_name(name: object) -> str:

@@ -224,9 +224,20 @@ def plannable_inputs(
     engine: EngineFlavour | None = None,
     layouts: tuple[KvCacheLayout, ...] = ("LBNHC",),
 ) -> tuple[HybridModel, Deployment]:
-    """A model and a deployment whose parallelism is valid for it."""
-    model = draw(models())
+    """A model and a deployment whose parallelism is valid for it, of a model the engine
+    serves (its package's ``strategies.serves``, where it has one)."""
+    engine = engine or draw(st.sampled_from(engine_names()))
+    model = draw(models().filter(lambda drawn: _serves(engine, drawn)))
     return model, draw(deployments(model, engine=engine, layouts=layouts))
+
+
+def _serves(engine: EngineFlavour, model: HybridModel) -> bool:
+    package = rules_for(engine).facts.package
+    name = f"{package}.strategies"
+    if not package or importlib.util.find_spec(name) is None:
+        return True
+    serves = getattr(importlib.import_module(name), "serves", None)
+    return True if serves is None else bool(serves(model))
 
 
 @st.composite

@@ -45,8 +45,10 @@ def test_plan_json_holds_the_documented_fields_for_vllm() -> None:
     ]
 
 
-def test_plan_json_holds_the_documented_fields_for_parent() -> None:
-    run = k3layout("plan", "--engine", "tokenspeed", "--attn-tp", "32", "--kv-dtype", "bf16", "--json")
+def test_plan_json_holds_the_documented_fields_for_tokenspeed() -> None:
+    run = k3layout(
+        "plan", "--engine", "tokenspeed", "--attn-tp", "16", "--kv-dtype", "bf16", "--json"
+    )
     assert run.returncode == 0, run.stderr
     data = json.loads(run.stdout)
     assert data["engine"] == "tokenspeed"
@@ -54,12 +56,22 @@ def test_plan_json_holds_the_documented_fields_for_parent() -> None:
     assert data["parent_bytes"] == 24 * 3 * 147_456
     assert data["packing"] == {
         "full_attention": 3,
-        "linear_attention_0": 2,
-        "linear_attention_1": 2,
-        "linear_attention_2": 2,
+        "linear_attention_0": 1,
+        "linear_attention_1": 1,
+        "linear_attention_2": 1,
     }
     assert round(data["padding_fraction"]["linear_attention_0"], 3) == 0.134
-    assert data["rule_1152"]["chosen"] is False
+    assert data["rule_1152"]["chosen"] is True
+    refused = k3layout("plan", "--engine", "tokenspeed", "--attn-tp", "32", "--kv-dtype", "bf16")
+    assert refused.returncode == 2
+    assert "padding fraction 0.512059 exceeds limit 0.250000" in refused.stderr
+
+
+def test_the_old_engine_name_still_plans_and_says_it_is_deprecated() -> None:
+    run = k3layout("plan", "--engine", "parent", "--attn-tp", "8", "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["engine"] == "tokenspeed"
+    assert "--engine parent is deprecated" in run.stderr and "--engine tokenspeed" in run.stderr
 
 
 def test_plan_reads_a_config_path() -> None:
@@ -96,9 +108,9 @@ def test_sweep_shows_every_engine_and_the_refused_points() -> None:
     run = k3layout("sweep", "--tps", "5,8,32", "--json")
     assert run.returncode == 0, run.stderr
     cells = {(c["engine"], c["kv_dtype"], c["attn_tp"]): c for c in json.loads(run.stdout)}
-    assert len(cells) == 3 * 2 * 3  # vllm, parent, sglang x fp8, bf16 x three TPs
+    assert len(cells) == 3 * 2 * 3  # vllm, tokenspeed, sglang x fp8, bf16 x three TPs
     assert cells[("sglang", "fp8", 8)]["packing"] == "page 1"
-    assert cells[("tokenspeed", "bf16", 32)]["packing"] == "3/2"
+    assert cells[("tokenspeed", "bf16", 32)]["refusal"] == "padding_limit"
     assert cells[("tokenspeed", "fp8", 8)]["packing"] == "12/1"
     assert cells[("vllm", "fp8", 8)]["packing"] == "block 1536"
     engines = ("vllm", "tokenspeed", "sglang")

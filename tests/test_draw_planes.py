@@ -95,7 +95,7 @@ def test_a_kda_page_shades_the_page_minus_the_state_and_an_attention_page_none(
     assert set(unused) == {f"linear_attention_{g}.{j}" for g in range(3) for j in range(23, 29)}
 
 
-@pytest.mark.parametrize(("attn_tp", "kv_dtype"), [(8, "fp8"), (32, "bf16"), (1, "fp8")])
+@pytest.mark.parametrize(("attn_tp", "kv_dtype"), [(8, "fp8"), (16, "bf16"), (1, "fp8")])
 def test_a_parent_row_shades_exactly_the_groups_padding(
     k3: HybridModel, attn_tp: int, kv_dtype: KvCacheDtype
 ) -> None:
@@ -107,30 +107,27 @@ def test_a_parent_row_shades_exactly_the_groups_padding(
         for key, rect in rectangles(figure, prefix).items():
             name = key.rsplit(".", 1)[0]
             shaded[name] = shaded.get(name, 0.0) + shaded_bytes(rect.get_height(), plane)
-    frame = result.frame
     for group in result.groups:
         per_parent = result.pages_per_parent(group)
         # padding_fraction = (parent / p_g - raw_g) / raw_g, so a parent wastes
         # padding_fraction * p_g * raw_g bytes on the group: what its row shades.
-        expected = result.padding_fraction[group.name] * per_parent * frame.raw_bytes(group)
+        expected = result.padding_fraction[group.name] * per_parent * result.raw_bytes(group)
         assert shaded.get(group.name, 0.0) == pytest.approx(expected, rel=1e-9, abs=1e-3)
 
 
-def test_the_1152_counterexample_draws_3_mla_pages_and_2_state_slots_per_plane(
-    k3: HybridModel,
-) -> None:
-    result = plan_parent(k3, Deployment(attn_tp=32, kv_dtype="bf16"))
+def test_tp96_bf16_draws_one_mla_page_and_2_state_slots_per_plane(k3: HybridModel) -> None:
+    result = plan_parent(k3, Deployment(attn_tp=96, kv_dtype="bf16"))
     cells = {(c.group, c.layer): c for c in plane_cells(result)}
-    assert cells[("full_attention", 3)].pages == 3  # 3 x 147,456 B bf16 pages = the plane
-    assert cells[("linear_attention_0", 0)].pages == 2  # 2 x 203,520 B states
-    # The plane: 3 x 128 tokens x 1,152 B; the state at TP 32: 3 x 384 x 3 x 2 + 3 x 128^2 x 4.
-    assert cells[("linear_attention_0", 0)].padding_bytes == 3 * 128 * 1152 - 2 * (
-        3 * 96 * 128 // 32 * 3 * 2 + 96 // 32 * 128 * 128 * 4
+    assert cells[("full_attention", 3)].pages == 1  # one 147,456 B bf16 page = the plane
+    assert cells[("linear_attention_0", 0)].pages == 2  # 2 x 67,840 B states
+    # The plane: 128 tokens x 1,152 B; the state at TP 96: 3 x 128 x 3 x 2 + 128^2 x 4.
+    assert cells[("linear_attention_0", 0)].padding_bytes == 128 * 1152 - 2 * (
+        3 * 96 * 128 // 96 * 3 * 2 + 96 // 96 * 128 * 128 * 4
     )
     dividers = [a for a in draw_planes(result).findobj() if a.get_gid() == "dividers"]
     assert isinstance(dividers[0], LineCollection)
-    # A line between pages inside a cell: 24 MLA cells x (3 - 1) + 69 state cells x (2 - 1).
-    assert len(dividers[0].get_segments()) == 24 * 2 + 69 * 1
+    # A line between pages inside a cell: 24 MLA cells x (1 - 1) + 69 state cells x (2 - 1).
+    assert len(dividers[0].get_segments()) == 69 * 1
 
 
 def test_a_pipeline_stage_draws_its_own_planes_and_layers(k3: HybridModel) -> None:
@@ -150,7 +147,7 @@ def test_every_plannable_input_draws_one_column_per_plane_and_one_page_per_layer
     try:
         result = plan(*inputs)
     except Refusal as refusal:  # valid parallelism, yet a packing over the padding limit
-        assert refusal.code in {"padding_limit", "packing_search_exhausted"}
+        assert refusal.code in {"padding_limit", "layout_unsupported"}
         return
     figure = draw_planes(result)
     assert len(by_gid(figure, "plane")) == result.num_planes

@@ -45,16 +45,16 @@ def test_refused_points_print_their_code_and_planned_points_their_padding(
 ) -> None:
     labels = texts(draw_sweep(sweep(k3, TPS)), "cell")
     # 96 heads do not split over 5 ranks, on either engine and dtype.
-    assert labels["vllm.fp8.5"] == labels["parent.bf16.5"] == "heads\nnot_divisible"
-    # bf16 at attention TP 32 packs 3/2 with padding 0.134 (#1152's 2/1 would pad 0.512).
-    assert labels["parent.bf16.32"] == "0.134"
+    assert labels["vllm.fp8.5"] == labels["tokenspeed.bf16.5"] == "heads\nnot_divisible"
+    # bf16 at attention TP 32: tokenspeed's #1152 packing pads 0.512, over the 0.25 limit.
+    assert labels["tokenspeed.bf16.32"] == "padding\nlimit"
 
 
 def test_bytes_per_token_is_drawn_when_asked(k3: HybridModel) -> None:
     cells = sweep(k3, (8,), ("fp8",), ("tokenspeed",))
     labels = texts(draw_sweep(cells, quantity="bytes_per_token"), "cell")
     # A parent of 24 planes of 12 fp8 pages holds 12 x 128 tokens: 24 x 12 x 73,728 / 1,536.
-    assert labels["parent.fp8.8"] == f"{24 * 12 * 73_728 / (12 * 128):,.0f}"
+    assert labels["tokenspeed.fp8.8"] == f"{24 * 12 * 73_728 / (12 * 128):,.0f}"
     assert cells[0].bytes_per_token == 24 * 12 * 73_728 / (12 * 128)
 
 

@@ -359,7 +359,7 @@ def test_records_refuse_bad_values_naming_the_record_and_field() -> None:
     assert refusal.facts == {"record": "Deployment", "field": "attn_tp"}
     assert "greater than 0" in str(refusal)
     refusal = refused(lambda: Deployment.model_validate({"engine": "trtllm"}))
-    assert refusal.facts["field"] == "engine" and "known: vllm, parent" in str(refusal)
+    assert refusal.facts["field"] == "engine" and "known: vllm, tokenspeed, sglang" in str(refusal)
     refusal = refused(lambda: Deployment.model_validate_json('{"pp": 2, "pp_partition": [1]}'))
     assert refusal.facts["field"] == "pp_partition"
     refusal = refused(

@@ -108,34 +108,14 @@ def test_gqa_rows_transfer_between_tps_and_every_byte_lands_once(
     assert k_rows.size_bytes == 100 * max(1, KV_HEADS // decode_tp) * HEAD_DIM
 
 
-@pytest.mark.parametrize("tp", [1, 2, 8, 16])
-def test_the_parent_engine_gives_a_gqa_draft_planes_after_the_target_at_an_exact_stride(
-    tp: int,
-) -> None:
-    p = plan_parent(k3_with_gqa_draft(), Deployment(attn_tp=tp, spec_tokens=2))
-    target, draft = p.group("full_attention"), p.group("full_attention_gqa")
-    assert (target.first_plane, len(target.layers)) == (0, 24)
-    assert (draft.first_plane, draft.layers) == (24, (93, 94, 95, 96, 97))
-    assert p.num_planes == 24 + 5  # one plane per attention layer
-    gqa_page = 128 * 2 * max(1, KV_HEADS // tp) * HEAD_DIM  # 128 tokens of K and V rows
-    assert p.payload_bytes(draft) == gqa_page
-    plane = p.packing.plane_bytes
-    assert plane == p.packing.mla_pages * 128 * 576  # the MLA pages' exact stride
-    assert plane % gqa_page == 0  # and the draft's pages tile the plane exactly too
-    assert p.pages_per_parent(draft) == plane // gqa_page
-    binding = p.bind(2)
-    layer_95 = next(b for b in binding.layers if b.layer == 95)
-    assert layer_95.plane == 24 + 2 and layer_95.page_stride == gqa_page
+def test_tokenspeed_refuses_a_gqa_draft_its_k3_recipe_cannot_page() -> None:
+    # tokenspeed's recipe lays every attention layer out as a 576-element MLA latent page
+    with pytest.raises(Refusal) as caught:
+        plan_parent(k3_with_gqa_draft(), Deployment(attn_tp=8, spec_tokens=2))
+    assert (caught.value.code, caught.value.facts["kind"]) == ("draft_unsupported", "gqa")
 
 
-def test_parent_capacity_both_ways_with_a_draft_of_its_own_pages() -> None:
-    p = plan_parent(k3_with_gqa_draft(), Deployment(attn_tp=8, spec_tokens=2))
-    for parents in (10, 100, 1000):
-        tokens = p.token_capacity(parents)
-        assert p.parents_for(tokens) <= parents < p.parents_for(tokens + 128)
-
-
-@pytest.mark.parametrize("engine", ["vllm", "tokenspeed"])
+@pytest.mark.parametrize("engine", ["vllm"])
 def test_the_adapter_allocates_and_validates_a_gqa_draft(engine: str) -> None:
     pytest.importorskip("torch")
     adapter = importlib.import_module("k3layout.torch")

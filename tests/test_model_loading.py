@@ -50,8 +50,27 @@ def test_dspark_adds_five_mla_layers_after_the_target(k3_dspark: HybridModel) ->
 
 
 def test_config_draft_layers_join_a_loaded_model() -> None:
-    model = load_config(FIXTURES / "kimi-k3.config.json", name="kimi-k3-dspark", num_draft_layers=5)
+    # the draft's own config.json gives its layers and heads: K3's DSpark preset
+    model = load_config(
+        FIXTURES / "kimi-k3.config.json",
+        name="kimi-k3-dspark",
+        draft=FIXTURES / "kimi-k3-dspark-draft",
+    )
     assert model == get_preset("kimi-k3-dspark")
+    assert {layer.num_heads for layer in model.draft_layers} == {64}
+    # a bare count copies the target's MLA layer (96 heads)
+    counted = load_config(FIXTURES / "kimi-k3.config.json", num_draft_layers=5)
+    assert counted.draft_layers == (counted.mla_layers[0],) * 5
+    with pytest.raises(Refusal) as caught:
+        load_config(
+            FIXTURES / "kimi-k3.config.json",
+            num_draft_layers=4,
+            draft=FIXTURES / "kimi-k3-dspark-draft",
+        )
+    assert caught.value.facts["field"] == "num_draft_layers"
+    with pytest.raises(Refusal) as caught:
+        load_config(FIXTURES / "kimi-k3.config.json", draft=FIXTURES / "kimi-linear-48b-a3b.config.json")
+    assert caught.value.code == "draft_unsupported"
 
 
 def test_text_config_nesting_and_flat_configs_load_alike() -> None:

@@ -29,10 +29,7 @@ def test_the_docstring_examples_hold(name: str) -> None:
 
 
 def test_the_worked_examples_exist() -> None:
-    attempted = sum(
-        doctest.testmod(importlib.import_module(name)).attempted
-        for name in MODULES
-    )
+    attempted = sum(doctest.testmod(importlib.import_module(name)).attempted for name in MODULES)
     assert attempted >= 5 * 2  # plane_order, image, aliasing, ride, names: two lines or more
 
 

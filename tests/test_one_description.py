@@ -75,7 +75,6 @@ def test_the_adapters_tensors_sit_at_the_byte_ranges_the_plan_gives(
         assert caught.value.code == "engine_mismatch"
         return
     spec = cache_spec(p, num_blocks)
-    span = spec.plane_span_bytes
     tp = p.deployment.attn_tp
     for layer in spec.layers:
         group = p.group(layer.group)
@@ -97,7 +96,7 @@ def test_the_adapters_tensors_sit_at_the_byte_ranges_the_plan_gives(
                     rest //= count
                 index.reverse()
                 offset = (
-                    layer.plane * span
+                    spec.plane_starts[layer.plane]
                     + part.offset_bytes
                     + sum(
                         i * s * part.elem_bytes for i, s in zip(index, part.strides, strict=False)

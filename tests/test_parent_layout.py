@@ -62,50 +62,35 @@ def test_tp8_state_padding_is_0_134_and_mla_padding_0(k3: HybridModel) -> None:
     assert p.utilization["linear_attention_0"] == pytest.approx(raw_state / 21_233_664)
 
 
-def test_bf16_tp32_plans_3_2_where_the_1152_rule_refuses(k3: HybridModel) -> None:
-    p = parent(k3, attn_tp=32, kv_dtype="bf16")
-    assert (p.packing.mla_pages, p.packing.state_pages) == (3, 2)
+def test_bf16_tp32_is_refused_as_tokenspeeds_1152_rule_refuses_it(k3: HybridModel) -> None:
+    with pytest.raises(Refusal) as refused:
+        parent(k3, attn_tp=32, kv_dtype="bf16")
+    # ceil(203,520 / 147,456) = 2; max(1, 2 * 147,456 // 203,520) = 1: padding 0.512 > 0.25
+    assert refused.value.code == "padding_limit"
+    assert refused.value.facts["group"] == "linear_attention_0"
+    assert refused.value.facts["padding"] == pytest.approx(0.512059, abs=1e-6)
+    assert "padding fraction 0.512059 exceeds limit 0.250000" in str(refused.value)
+    # a limit of its own lets the rule's 2/1 plan
+    lifted = parent(k3, attn_tp=32, kv_dtype="bf16", max_padding=0.6)
+    assert (lifted.packing.mla_pages, lifted.packing.state_pages) == (2, 1)
     raw = 23 * 203_520  # 23 x S(32, 0)
-    assert p.padding_fraction["linear_attention_2"] == pytest.approx(
-        (24 * 3 * PAGE_BF16 / 2 - raw) / raw
-    )
-    assert round(p.padding_fraction["linear_attention_2"], 3) == 0.134
-    rule = p.rule_1152
-    assert rule is not None
-    # ceil(203,520 / 147,456) = 2; max(1, 2 * 147,456 // 203,520) = 1
-    assert (rule.mla_pages, rule.state_pages) == (2, 1)
-    assert round(rule.worst_padding, 3) == 0.512
-    assert not rule.chosen
-    assert rule.reason is not None and "0.512" in rule.reason and "0.25" in rule.reason
-
-
-def test_the_older_pinned_12_8_packing_also_passes_bf16_tp32(k3: HybridModel) -> None:
-    frame = parent(k3, attn_tp=32, kv_dtype="bf16").frame
-    assert frame.plane_bytes(12, 8) == 12 * PAGE_BF16  # 8 x 203,520 fits: exact stride kept
-    assert round(max(frame.padding(g, 12, 8) for g in frame.groups), 3) == 0.134
-
-
-def test_searched_packing_is_the_smallest_parent_within_the_limit(k3: HybridModel) -> None:
-    p = parent(k3, attn_tp=32, kv_dtype="bf16")
-    frame = p.frame
-    for smaller in range(1, p.packing.mla_pages):
-        best = smaller * PAGE_BF16 // 203_520
-        feasible = best >= 1 and all(frame.padding(g, smaller, best) <= 0.25 for g in frame.groups)
-        assert not feasible
+    assert lifted.padding_fraction["linear_attention_2"] == (24 * 2 * PAGE_BF16 - raw) / raw
 
 
 def test_state_padding_never_goes_below_one_in_23(k3: HybridModel) -> None:
     for tp in (1, 2, 4, 8, 16, 32):
         for kv_dtype in ("fp8", "bf16"):
+            if (tp, kv_dtype) == (32, "bf16"):
+                continue  # refused: padding 0.512
             p = parent(k3, attn_tp=tp, kv_dtype=kv_dtype)
             assert min(p.padding_fraction[f"linear_attention_{i}"] for i in range(3)) > 1 / 23
 
 
-def test_a_padding_limit_below_the_floor_is_refused_with_the_floor(k3: HybridModel) -> None:
+def test_a_padding_limit_below_the_state_padding_is_refused_naming_it(k3: HybridModel) -> None:
     with pytest.raises(Refusal) as refused:
         parent(k3, attn_tp=8, max_padding=0.04)
     assert refused.value.code == "padding_limit"
-    assert refused.value.facts["padding_floor"] == pytest.approx(24 / 23 - 1, abs=1e-6)
+    assert refused.value.facts["padding"] == pytest.approx(0.134044, abs=1e-6)
     assert refused.value.facts["max_padding"] == 0.04
 
 
@@ -117,7 +102,7 @@ def test_draft_planes_lift_the_default_limit_as_tokenspeed_does(k3_dspark: Hybri
     with pytest.raises(Refusal) as refused:
         parent(k3_dspark, attn_tp=8, max_padding=0.25)
     assert refused.value.code == "padding_limit"
-    assert refused.value.facts["planes"] == 29 and refused.value.facts["layers"] == 23
+    assert refused.value.facts["group"] == "linear_attention_0"
 
 
 def test_one_live_request_of_131072_tokens_needs_92_parents_at_tp8(k3: HybridModel) -> None:
@@ -158,7 +143,7 @@ def test_budget_keeps_one_null_parent(k3: HybridModel) -> None:
     assert p.parents_for_budget(100) == 0
 
 
-def test_bind_lays_planes_out_plane_major_with_the_exact_mla_stride(k3: HybridModel) -> None:
+def test_bind_lays_planes_out_in_tokenspeeds_order_and_page_slots(k3: HybridModel) -> None:
     p = parent(k3, attn_tp=8)
     n = 4
     binding = p.bind(n)
@@ -169,24 +154,29 @@ def test_bind_lays_planes_out_plane_major_with_the_exact_mla_stride(k3: HybridMo
         "full_attention": 1 + n * 12,
         **{f"linear_attention_{i}": 1 + n for i in range(3)},
     }
+    # slot.0, slot.1, slot.10, ..., slot.19, slot.2, slot.20, ...: plane 2 is the 13th
+    assert binding.plane_order[:4] == (0, 1, 10, 11)
+    assert binding.plane_starts[2] == 12 * (n + 1) * plane
     by_layer = {b.layer: b for b in binding.layers}
     first_mla = by_layer[3]
     assert first_mla.plane == 0 and first_mla.base_offset == 0
-    for page in range(1 + n * 12):  # MLA page x of plane 0 starts at x * page: exact stride
-        assert first_mla.page_offset(page) == page * PAGE_FP8
+    # the null page 0 is the last slot of the null parent; page x at (x + 11) * page
+    for page in range(1 + n * 12):
+        assert first_mla.page_offset(page) == (page + 11) * PAGE_FP8
     last_state = by_layer[k3.kda_layer_ids[-1]]  # position 22 of linear_attention_2
     assert last_state.plane == 22
-    assert last_state.page_offset(3) == 22 * (n + 1) * plane + 3 * plane
+    assert last_state.base_offset == binding.plane_starts[22] == 15 * (n + 1) * plane
+    assert last_state.page_offset(3) == last_state.base_offset + 3 * plane
     assert len(binding.layers) == 93
 
 
 def test_bind_never_overlaps_two_pages_of_one_group(k3: HybridModel) -> None:
-    p = parent(k3, attn_tp=32, kv_dtype="bf16")  # two state pages per plane
+    p = parent(k3, attn_tp=16, kv_dtype="bf16")
     binding = p.bind(3)
     pages = {g.group: g.page_count for g in binding.groups}
     by_group: dict[str, list[tuple[int, int]]] = {}
     for layer in binding.layers:
-        size = p.mla_page_bytes if layer.kind == "attention" else p.sizes.kda_state_bytes
+        size = p.layer_payload_bytes(layer.layer)
         by_group.setdefault(layer.group, []).extend(
             (layer.page_offset(x), size) for x in range(pages[layer.group])
         )
@@ -205,16 +195,19 @@ def test_parent_engine_refuses_dcp(k3: HybridModel) -> None:
     assert refused.value.facts == {"engine": "tokenspeed", "dcp": 8}
 
 
-def test_kimi_linear_state_groups_7_7_6_pad_within_the_limit(kimi_linear: HybridModel) -> None:
-    p = parent(kimi_linear, attn_tp=4)
-    assert [len(g.layers) for g in p.groups] == [7, 7, 7, 6]
-    assert max(p.padding_fraction.values()) <= 0.25
-    assert p.padding_fraction["linear_attention_2"] >= 7 / 6 - 1
+def test_kimi_linear_is_refused_as_tokenspeeds_recipe_refuses_it(
+    kimi_linear: HybridModel,
+) -> None:
+    with pytest.raises(Refusal) as refused:
+        parent(kimi_linear, attn_tp=4)
+    assert refused.value.code == "layout_unsupported"
+    assert (
+        "Kimi-K3 cache requires the KDA layer count to divide into 3 state groups, got 20"
+        in str(refused.value)
+    )
 
 
-def test_stage_parents_use_the_global_packing(k3: HybridModel) -> None:
-    p = parent(k3, attn_tp=8, pp=4)
-    for stage in p.stages:
-        assert p.stage_parent_bytes(stage.index) == stage.num_planes * p.packing.plane_bytes
-    whole = parent(k3, attn_tp=8)
-    assert p.packing == whole.packing
+def test_tokenspeed_has_no_pipeline_stages(k3: HybridModel) -> None:
+    with pytest.raises(Refusal) as refused:
+        parent(k3, attn_tp=8, pp=4)
+    assert (refused.value.code, refused.value.facts["field"]) == ("engine_setting", "pp")

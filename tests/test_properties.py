@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -44,13 +46,18 @@ def test_k3_plans_or_refuses_with_a_code_for_every_tp_dtype_and_spec_depth(
     deployment = Deployment.model_validate(
         {"engine": engine, "attn_tp": attn_tp, "kv_dtype": kv_dtype, "spec_tokens": spec_tokens}
     )
+    # the DSpark draft's 64 query heads must divide the attention TP too
+    heads = math.gcd(K3_HEADS, *(layer.num_heads for layer in model.draft_layers))
     try:
         result = plan(model, deployment)
     except Refusal as refusal:
-        assert K3_HEADS % attn_tp != 0
+        if (engine, kv_dtype, attn_tp, model.draft_layers) == ("tokenspeed", "bf16", 32, ()):
+            assert refusal.code == "padding_limit"  # #1152's 2/1 pads 0.512
+            return
+        assert heads % attn_tp != 0
         assert refusal.code == "heads_not_divisible"
         return
-    assert K3_HEADS % attn_tp == 0, "an attention TP that does not divide the heads planned"
+    assert heads % attn_tp == 0, "an attention TP that does not divide the heads planned"
     assert plan_invariant_violations(result) == []
 
 
@@ -64,7 +71,7 @@ def test_every_plannable_input_gives_a_consistent_plan_or_a_packing_refusal(
     except Refusal as refusal:
         # valid parallelism can still be refused by the parent packing's padding limit
         assert deployment.engine == "tokenspeed"
-        assert refusal.code in {"padding_limit", "packing_search_exhausted"}
+        assert refusal.code in {"padding_limit", "layout_unsupported"}
         return
     assert plan_invariant_violations(result) == []
 
@@ -111,7 +118,7 @@ def test_no_input_escapes_as_anything_but_a_refusal(
     assert plan_invariant_violations(result) == []
 
 
-@given(plannable_inputs(engine="tokenspeed"), st.integers(0, 2_000_000), st.integers(1, 8))
+@given(plannable_inputs(engine="tokenspeed"), st.integers(1, 2_000_000), st.integers(1, 8))
 def test_parent_capacity_inverts_parents_for(
     inputs: tuple[HybridModel, Deployment], tokens: int, max_live: int
 ) -> None:

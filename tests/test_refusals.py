@@ -19,7 +19,6 @@ from k3layout import (
     plan_vllm,
     pp_stage_bounds,
 )
-from k3layout.layouts import packing
 
 
 def refusal_of(model: HybridModel, **fields: object) -> Refusal:
@@ -98,35 +97,28 @@ def test_a_partition_of_the_wrong_length_is_a_validation_error() -> None:
         Deployment(pp=2, pp_partition=(10, 10, 7))
 
 
-def test_padding_limit_below_what_any_packing_reaches(k3: HybridModel) -> None:
+def test_a_padding_limit_below_the_rules_padding_is_refused_naming_the_group(
+    k3: HybridModel,
+) -> None:
     refusal = refusal_of(k3, engine="tokenspeed", attn_tp=8, max_padding=0.01)
     assert refusal.code == "padding_limit"
     assert refusal.facts["group"] == "linear_attention_0"
-    assert refusal.facts["layers"] == 23 and refusal.facts["planes"] == 24
-
-
-def test_a_limit_at_the_floor_needs_the_lcm_packing(k3: HybridModel) -> None:
-    p = plan_parent(k3, Deployment(engine="tokenspeed", attn_tp=8, max_padding=1 / 23 + 1e-9))
-    # lcm(814,080, 73,728) = 19,537,920 = 265 pages = 24 states: padding exactly 24/23 - 1
-    assert (p.packing.mla_pages, p.packing.state_pages) == (265, 24)
-    assert p.padding_fraction["linear_attention_0"] == pytest.approx(1 / 23)
-
-
-def test_a_search_that_runs_past_its_bound_is_refused(
-    k3: HybridModel, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(packing, "MAX_PAGES_PER_PLANE", 200)
-    refusal = refusal_of(k3, engine="tokenspeed", attn_tp=8, max_padding=1 / 23 + 1e-9)
-    assert refusal.code == "packing_search_exhausted"
-    assert refusal.facts["bound"] == 200
-    assert refusal.facts["best_padding"] is not None
+    assert refusal.facts["padding"] == pytest.approx(0.134044, abs=1e-6)
 
 
 def test_fp8_ds_mla_needs_a_latent_in_scale_groups_of_128() -> None:
-    model = HybridModel(name="m", model_type="x", layers=(MLALayer(num_heads=8, kv_lora_rank=200),))
-    refusal = refusal_of(model, kv_dtype="fp8_ds_mla", engine="tokenspeed")
-    assert refusal.code == "dtype_unsupported"
-    assert refusal.facts["kv_lora_rank"] == 200
+    layer = MLALayer(num_heads=8, kv_lora_rank=200)
+    with pytest.raises(Refusal) as caught:
+        layer.cache_spec(Deployment(kv_dtype="fp8_ds_mla"))
+    assert caught.value.code == "dtype_unsupported"
+    assert caught.value.facts["kv_lora_rank"] == 200
+
+
+@pytest.mark.parametrize("engine", ["vllm", "tokenspeed", "sglang"])
+def test_no_engine_serves_flashmlas_packed_fp8_row_for_k3(k3: HybridModel, engine: str) -> None:
+    refusal = refusal_of(k3, engine=engine, attn_tp=8, kv_dtype="fp8_ds_mla")
+    assert refusal.code in {"dtype_unsupported", "kernel_unsupported", "engine_setting"}
+    assert "fp8_ds_mla" in str(refusal)
 
 
 def test_negative_budgets_and_loads_are_refused(k3: HybridModel) -> None:

@@ -102,7 +102,7 @@ def parent_plan(k3_dspark: HybridModel) -> ParentPlan:
         {"engine": "tokenspeed", "attn_tp": 8, "spec_tokens": 2},
         {"attn_tp": 8, "dcp": 8, "dcp_interleave": 4},
         {"attn_tp": 4, "pp": 4, "kv_dtype": "bf16"},
-        {"engine": "tokenspeed", "attn_tp": 2, "pp": 3, "block_tokens": 256},
+        {"engine": "tokenspeed", "attn_tp": 2, "draft_kv_dtype": "fp8"},
         {"attn_tp": 16, "replayssm": True, "spec_tokens": 3},
     ],
 )
@@ -437,4 +437,3 @@ def test_the_plan_invariants_import_and_run_without_hypothesis() -> None:
 
 def test_testing_re_exports_the_same_invariant_checks() -> None:
     assert testing.plan_invariant_violations is invariants.plan_invariant_violations
-

@@ -8,7 +8,6 @@ import math
 import os
 import subprocess
 import sys
-from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,6 @@ from k3layout import (
     HybridModel,
     KDALayer,
     MLALayer,
-    ParentPlan,
-    Refusal,
     VllmPlan,
     load_plan,
     plan,
@@ -34,10 +31,8 @@ from k3layout._frozen import (
     trusted_variant,
     trusted_variants,
 )
-from k3layout.constants import MAX_PAGES_PER_PLANE, PARENT_ALIGNMENT_BYTES
-from k3layout.engines.tokenspeed.layout import group_parent
+from k3layout.engines.tokenspeed.layout import group_tokenspeed
 from k3layout.engines.vllm.layout import group_vllm
-from k3layout.layouts.packing import PackingFrame, search_packing
 from k3layout.transfer import Segment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,67 +68,6 @@ def test_a_state_near_2_to_the_62_raises_the_block_exactly() -> None:
     assert result.kda_page_padding_bytes == block * per_token - state
 
 
-def reference_packing(
-    page: int, state: int, planes: int, lengths: list[int], limit: Fraction
-) -> tuple[int, int, int]:
-    """The packing rule written plainly, with exact fractions: the smallest p_m whose plane is
-    exactly p_m pages (256-aligned), p_l = plane // S, every group's padding within the limit."""
-    for mla_pages in range(1, MAX_PAGES_PER_PLANE + 1):
-        plane = mla_pages * page
-        if plane % PARENT_ALIGNMENT_BYTES:
-            continue
-        state_pages = plane // state
-        if not state_pages:
-            continue
-        parent = planes * plane
-        paddings = [Fraction(parent, mla_pages * planes * page) - 1]
-        paddings += [Fraction(parent, state_pages * n * state) - 1 for n in lengths]
-        if max(paddings) <= limit:
-            return mla_pages, state_pages, plane
-    raise AssertionError("no packing")
-
-
-@pytest.mark.parametrize(
-    ("heads", "head_dim", "kv_lora_rank"),
-    [(3, (1 << 19) + 1, (1 << 20) - 64), (5, (1 << 19) + 3, (1 << 20) - 128), (96, 128, 512)],
-)
-def test_the_packing_search_is_exact_at_any_size(
-    heads: int, head_dim: int, kv_lora_rank: int
-) -> None:
-    model = huge_model(heads, head_dim, kv_lora_rank)
-    result = plan(model, Deployment(engine="tokenspeed"))
-    assert isinstance(result, ParentPlan)
-    page = 128 * (kv_lora_rank + 64)
-    state = state_bytes(heads, head_dim, 4, 1, 0)
-    expected = reference_packing(page, state, 1, [1], Fraction(1, 4))
-    packing = result.packing
-    assert (packing.mla_pages, packing.state_pages, packing.plane_bytes) == expected
-    assert result.parent_bytes == expected[2]
-
-
-def test_paddings_are_compared_exactly_and_reported_from_exact_integers() -> None:
-    frame = PackingFrame(
-        mla_page_bytes=1 << 60,
-        state_bytes=(1 << 60) - 1,
-        num_planes=1,
-        groups=(
-            Group(name="full_attention", kind="attention", layers=(1,)),
-            Group(name="linear_attention_0", kind="kda", layers=(0,)),
-        ),
-        max_padding=0.0,
-    )
-    # (2^60 - (2^60 - 1)) / (2^60 - 1) > 0 exactly; a float quotient would round it to 0.
-    state_group = frame.groups[1]
-    assert frame.padding_ratio(state_group, 1, 1) == (1, (1 << 60) - 1)
-    assert frame.padding(state_group, 1, 1) == 1 / ((1 << 60) - 1)
-    assert frame.worst(1, 1) == ("linear_attention_0", 1 / ((1 << 60) - 1))
-    # Every p_m pads the state by p_m bytes: no packing meets a limit of 0 (a float search
-    # would take p_m = 1, its padding rounded to 0).
-    with pytest.raises(Refusal) as caught:
-        search_packing(frame)
-    assert caught.value.code == "packing_search_exhausted"
-
-
 def reference_vllm_groups(model: HybridModel) -> list[tuple[str, tuple[int, ...]]]:
     """vLLM's grouping written plainly: buckets by kind in order of first appearance."""
     buckets: dict[str, list[int]] = {}
@@ -160,7 +94,7 @@ def test_grouping_from_cached_layer_ids_matches_its_definition(pattern: str, dra
     sizes = rank_sizes(model, Deployment())
     groups = group_vllm(model, sizes)
     assert [(g.kind, g.layers) for g in groups] == reference_vllm_groups(model)
-    for group in (*groups, *group_parent(model, sizes)):
+    for group in (*groups, *group_tokenspeed(model, sizes)):
         assert group == Group.model_validate(group.model_dump())
 
 
@@ -209,7 +143,7 @@ def test_plans_built_from_trusted_records_round_trip() -> None:
 
     for deployment in (
         Deployment(attn_tp=8, spec_tokens=2, pp=3),
-        Deployment(engine="tokenspeed", attn_tp=8, pp=2),
+        Deployment(engine="tokenspeed", attn_tp=8, spec_tokens=8),
     ):
         result = plan(preset("kimi-k3-dspark"), deployment)
         assert load_plan(result.model_dump_json()) == result

@@ -100,7 +100,9 @@ def draft_heads_refused(model: str, attn_tp: int) -> bool:
 
 
 @pytest.mark.parametrize("item", sweep_cells(), ids=cell_id)
-def test_every_recorded_cell_is_tokenspeeds_field_by_field(item: tuple[str, dict[str, Any]]) -> None:
+def test_every_recorded_cell_is_tokenspeeds_field_by_field(
+    item: tuple[str, dict[str, Any]],
+) -> None:
     model, cell = item
     result = planned(model, cell["attn_tp"], cell["attn_dp"], SPELLINGS[cell["kv_cache_dtype"]])
     if cell["status"] != "ok":
@@ -152,7 +154,8 @@ def test_every_recorded_cell_is_tokenspeeds_field_by_field(item: tuple[str, dict
         for field, variants in fields.items():
             listed = variants if isinstance(variants, list) else [variants]
             want = {
-                (v["field_offset_bytes"], v["page_stride_bytes"], v["payload_bytes"]) for v in listed
+                (v["field_offset_bytes"], v["page_stride_bytes"], v["payload_bytes"])
+                for v in listed
             }
             got = set()
             for position, layer in enumerate(held.layers):
@@ -216,9 +219,9 @@ def test_bind_and_byte_range_give_tokenspeeds_addresses(cell: dict[str, Any]) ->
     binding = result.bind(count)
     assert binding.parent_bytes == cell["parent_bytes"]
     assert binding.arena_bytes == cell["arena_bytes"]
-    assert [
-        (g.group, g.pages_per_parent, g.page_count) for g in binding.groups
-    ] == [(g["group"], g["pages_per_parent"], g["page_count"]) for g in cell["groups"]]
+    assert [(g.group, g.pages_per_parent, g.page_count) for g in binding.groups] == [
+        (g["group"], g["pages_per_parent"], g["page_count"]) for g in cell["groups"]
+    ]
     starts = binding.plane_starts
     for plane in cell["planes"]:
         index = int(plane["plane"].removeprefix("slot."))

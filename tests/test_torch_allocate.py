@@ -147,11 +147,11 @@ def test_a_dsa_index_region_follows_the_latent_rows_in_the_page() -> None:
 
 
 def test_flashmla_fp8_rows_are_raw_656_byte_rows() -> None:
-    # vLLM's dense MLA backends refuse fp8_ds_mla; the tokenspeed engine's FlashMLA pages take it
-    p = plan_parent(preset("kimi-k3"), Deployment(attn_tp=8, kv_dtype="fp8_ds_mla"))
-    (latent,) = allocate(p, num_blocks=1).layers["model.layers.3.self_attn.attn"]
-    assert latent.dtype == torch.uint8
-    assert latent.shape[2] == 512 + 512 // 128 * 4 + 64 * 2  # fp8 latent, fp32 scales, bf16 rope
+    # no engine here serves fp8_ds_mla for K3; the layer's own spec still describes the row
+    layer = preset("kimi-k3").mla_layers[0]
+    latent = layer.cache_spec(Deployment(attn_tp=8, kv_dtype="fp8_ds_mla")).part("latent")
+    assert latent.dtype == "uint8"
+    assert latent.engine_shape(8) == (512 + 512 // 128 * 4 + 64 * 2,)  # fp8, fp32 scales, rope
 
 
 def test_the_parent_arena_is_laid_out_by_bind() -> None:
@@ -166,11 +166,8 @@ def test_the_parent_arena_is_laid_out_by_bind() -> None:
     for bound in binding.layers:
         first = cache.layers[names.name(bound.layer)][0]
         for page in range(page_counts[bound.group]):  # page 0 is the null page
-            if bound.kind == "attention":  # exact page stride: page x at x * page
-                address = first[page].data_ptr()
-            else:  # p_l states a parent: (parent, slot)
-                address = first[divmod(page, bound.pages_per_parent)].data_ptr()
-            assert address == arena + bound.page_offset(page)
+            # every group's pages sit plane / p_g apart, from the null parent's last slot
+            assert first[page].data_ptr() == arena + bound.page_offset(page)
 
 
 @settings(max_examples=100, deadline=None)
@@ -183,17 +180,19 @@ def test_every_part_sits_at_its_offset_on_its_plane_back_to_back_inside_one_page
     validate(p, cache.registered, stage=stage)  # what allocation builds, validation accepts
     for layer in cache.spec.layers:
         plane = cache.planes[layer.plane]
-        # page axes: a block (vllm, parent MLA pages) or (parent, page in parent) for state
-        page_axes = 2 if isinstance(p, ParentPlan) and layer.kind == "kda" else 1
-        end = layer.parts[0].offset_bytes
+        # page 0 starts at the plane (vllm) or the null parent's last slot (tokenspeed)
+        origin = p.page_origin_bytes(p.group(layer.group), layer.plane)
         for part, tensor in zip(layer.parts, cache.layers[layer.name], strict=True):
-            assert tensor.data_ptr() - plane.data_ptr() == part.offset_bytes == end
-            end += math.prod(tensor.shape[page_axes:]) * tensor.element_size()
-        if layer.kind == "kda":
-            assert end == p.sizes.kda_state_bytes  # conv (q|k|v), recurrent: S, nothing else
+            inner = p.part_range(layer.module_layer, part.part)
+            assert tensor.data_ptr() - plane.data_ptr() == part.offset_bytes
+            assert part.offset_bytes == origin + inner.offset_bytes
+            assert math.prod(tensor.shape[1:]) * tensor.element_size() == inner.size_bytes
+        ranges = p.part_range_list(layer.module_layer)
+        if layer.kind == "kda":  # conv (q|k|v), recurrent: S, nothing else
+            assert sum(r.size_bytes for r in ranges) == p.sizes.kda_state_bytes
         first = cache.layers[layer.name][0]
-        # a page's parts never spill into the next page (vllm: the page; parent: p_l states)
-        assert end <= first.stride(page_axes - 1) * first.element_size()
+        # a page's parts never spill into the next page
+        assert ranges[-1].end_bytes <= first.stride(0) * first.element_size()
 
 
 def test_refuses_a_block_count_below_one_and_an_unknown_conv_layout(k3_plan: VllmPlan) -> None:

@@ -192,7 +192,8 @@ def test_a_dcp_prefill_is_refused(k3: HybridModel) -> None:
          {"kind": "KDA", "num_heads": 96, "attn_tp": 5}),
         ({"pp": 100}, {"attn_tp": 8}, "pp_too_deep", {"pp": 100, "num_layers": 93}),
         ({}, {"attn_tp": 8, "dcp": 3}, "dcp_not_dividing_tp", {"dcp": 3, "attn_tp": 8}),
-        ({}, {"attn_tp": 8, "dcp": 8, "engine": "tokenspeed"}, "dcp_unsupported",
+        ({"engine": "tokenspeed"}, {"attn_tp": 8, "dcp": 8, "engine": "tokenspeed"},
+         "dcp_unsupported",
          {"engine": "tokenspeed", "dcp": 8}),
     ],
 )  # fmt: skip

@@ -65,9 +65,9 @@ class KDALayer(Frozen):
         return self.conv_kernel - 1 + extra
 
     def cache_spec(self, deployment: Deployment) -> LayerCacheSpec:
-        """The conv state (one tensor, ``deployment.conv_layout``) then the recurrent state."""
+        """The conv state (one tensor, ``deployment.conv_layout_run``) then the recurrent state."""
         return _kda_spec(
-            self.num_heads, self.head_dim, self.conv_rows(deployment), deployment.conv_layout
+            self.num_heads, self.head_dim, self.conv_rows(deployment), deployment.conv_layout_run
         )
 
     def side_specs(self, deployment: Deployment) -> tuple[LayerCacheSpec, ...]:

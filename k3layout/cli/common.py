@@ -15,7 +15,7 @@ from ..engines.vllm.rules import ATTENTION_BACKENDS, KDA_PREFILL_BACKENDS, KV_CA
 from ..errors import Refusal
 from ..gpus import DEFAULT_GPU, GPU_NAMES
 from ..model import PRESETS, HybridModel, load_config, preset
-from ..registry import engine_names
+from ..registry import engine_aliases, engine_names
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -46,10 +46,24 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def engine_option(text: str) -> str:
+    """``--engine``'s value: an engine's name, or a deprecated alias, resolved with a note on
+    stderr (``parent`` is ``tokenspeed``)."""
+    aliases = engine_aliases()
+    if text in aliases:
+        print(
+            f"k3layout: --engine {text} is deprecated and goes in the next release; "
+            f"use --engine {aliases[text]}",
+            file=sys.stderr,
+        )
+        return aliases[text]
+    return text
+
+
 def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = True) -> None:
     """The deployment's fields as options."""
     if engine:
-        parser.add_argument("--engine", choices=engine_names(), default="vllm")
+        parser.add_argument("--engine", type=engine_option, choices=engine_names(), default="vllm")
     parser.add_argument(
         "--gpu",
         choices=GPU_NAMES,

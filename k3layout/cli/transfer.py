@@ -28,6 +28,7 @@ from .common import (
     add_conv_layout_option,
     add_model_options,
     console,
+    engine_option,
     model_from_args,
     new_table,
     run_refusing,
@@ -66,7 +67,11 @@ def add_transfer_options(parser: argparse.ArgumentParser) -> None:
         help="prompt tokens of the request (default 4096)",
     )
     parser.add_argument(
-        "--engine", choices=engine_names(), default="vllm", help="both sides' engine"
+        "--engine",
+        type=engine_option,
+        choices=engine_names(),
+        default="vllm",
+        help="both sides' engine",
     )
     parser.add_argument(
         "--gpu", choices=GPU_NAMES, default=DEFAULT_GPU, help="both sides' GPU (sglang)"

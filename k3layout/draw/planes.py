@@ -92,21 +92,21 @@ def plane_cells(plan: EngineLayout, stage: int | None = None) -> tuple[PlaneCell
         )
     cells: list[PlaneCell] = []
     for group in drawn_groups(plan, stage):
-        plane_bytes = plan.plane_bytes_of(group)  # one block's (or parent's) plane
-        unit = plan.payload_bytes(group)
-        pages = plane_bytes // plan.page_stride_bytes(group)
-        cells.extend(
-            PlaneCell(
-                plane=group.plane_of(j),
-                group=group.name,
-                kind=group.kind,
-                layer=layer,
-                pages=pages,
-                payload_bytes=unit,
-                plane_bytes=plane_bytes,
+        for j, layer in enumerate(group.layers):
+            plane = group.plane_of(j)
+            plane_bytes = plan.plane_bytes_in(group, plane)  # one block's (or parent's) plane
+            stride = plan.page_stride_at(group, plane)
+            cells.append(
+                PlaneCell(
+                    plane=plane,
+                    group=group.name,
+                    kind=group.kind,
+                    layer=layer,
+                    pages=plane_bytes // stride,
+                    payload_bytes=plan.layer_payload_bytes(layer),
+                    plane_bytes=plane_bytes,
+                )
             )
-            for j, layer in enumerate(group.layers)
-        )
     return tuple(cells)
 
 

@@ -3,7 +3,7 @@ packing search, the planning pipeline (each engine's seams come from its own pac
 :mod:`k3layout.engines`), invariants and reports."""
 
 from .groups import Group, GroupedLayout, GroupKind, PlaneMember, Stage, project_stages
-from .packing import Packing, PackingFrame, RuleCheck
+from .packing import Packing, RuleCheck
 from .pipeline import Plan, load_plan, plan, with_engine
 from .protocol import ByteRange, EngineLayout, LayoutBase
 
@@ -15,7 +15,6 @@ __all__ = [
     "GroupedLayout",
     "LayoutBase",
     "Packing",
-    "PackingFrame",
     "Plan",
     "PlaneMember",
     "RuleCheck",

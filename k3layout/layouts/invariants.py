@@ -30,9 +30,14 @@ def _common_violations(result: EngineLayout) -> list[str]:
         wrong = [i for i in group.layers if model.module_layers[i].paging != wanted]
         if wrong:
             problems.append(f"group {group.name} ({group.kind}) holds layers {wrong}")
-        specs = {result.sizes.layer_specs[i] for i in group.layers}
-        if len(specs) > 1:
-            problems.append(f"group {group.name} mixes {len(specs)} cache specs")
+        # one spec for the group's target layers, one for its draft layers (a draft may keep
+        # a cache dtype of its own: tokenspeed #1152's bf16 draft)
+        for side in (False, True):
+            specs = {
+                result.sizes.layer_specs[i] for i in group.layers if (i >= model.num_layers) == side
+            }
+            if len(specs) > 1:
+                problems.append(f"group {group.name} mixes {len(specs)} cache specs")
     if result.num_planes != num_planes(result.groups):
         problems.append(f"num_planes {result.num_planes} != longest group")
     bounds = stage_bounds(model, result.deployment)

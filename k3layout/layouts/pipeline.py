@@ -29,7 +29,8 @@ from .seams import EngineRules, rules_for
 def _engine_plan(value: Any) -> Any:
     """A plan's record (a mapping tagged by ``engine``) validated as that engine's plan."""
     if isinstance(value, dict) and "engine" in value:
-        return rules_for(value["engine"]).plan_type.model_validate(value)
+        rules = rules_for(value["engine"])  # an alias (a plan stored as "parent") resolved
+        return rules.plan_type.model_validate({**value, "engine": rules.facts.name})
     return value
 
 

@@ -145,11 +145,59 @@ class LayoutBase(GroupedLayout):
 
     def plane_bytes_of(self, group: Group) -> int:
         """Bytes of one block's plane under ``group``'s layers: every plane of a block is
-        the same size where planes are shared (vLLM, parent); an engine whose layers each
-        have their own tensor says per group."""
+        the same size where planes are shared (vLLM); an engine whose layers each have their
+        own tensor says per group, and tokenspeed per plane (:meth:`plane_bytes_at`)."""
         expect("group", group, Group)
         block_bytes: int = getattr(self, "block_bytes")  # noqa: B009 - each engine's own
         return block_bytes // self.num_planes
+
+    def plane_bytes_in(self, group: Group, plane: int) -> int:
+        """Bytes of plane ``plane`` under ``group``'s layer on it: :meth:`plane_bytes_of`,
+        unless an engine's planes differ in size (tokenspeed's draft planes)."""
+        expect_int("plane", plane)
+        return self.plane_bytes_of(group)
+
+    def layer_payload_bytes(self, layer: int) -> int:
+        """Payload of module layer ``layer`` on one of its pages (its group's, unless an
+        engine keeps a draft in a dtype of its own)."""
+        group, _ = self.group_of(layer)
+        payload: int = getattr(self, "payload_bytes")(group)  # noqa: B009 - each engine's own
+        return payload
+
+    def page_stride_at(self, group: Group, plane: int) -> int:
+        """Bytes between pages of ``group``'s layer on plane ``plane`` (the group's stride,
+        unless an engine's planes differ)."""
+        expect_int("plane", plane)
+        stride: int = getattr(self, "page_stride_bytes")(group)  # noqa: B009 - each engine's own
+        return stride
+
+    def page_axes_on(
+        self, group: Group, plane: int, num_blocks: int
+    ) -> tuple[tuple[int, int], ...]:
+        """How the pages of ``group``'s layer on ``plane`` repeat: the group's page axes,
+        unless an engine's planes differ in size."""
+        expect_int("plane", plane)
+        axes: tuple[tuple[int, int], ...] = getattr(self, "page_axes")(group, num_blocks)  # noqa: B009
+        return axes
+
+    def page_origin_bytes(self, group: Group, plane: int) -> int:
+        """Where page 0 of ``group``'s layer on ``plane`` starts inside the plane (0, unless
+        an engine puts it elsewhere: tokenspeed's null page is the null parent's last slot)."""
+        expect("group", group, Group)
+        expect_int("plane", plane)
+        return 0
+
+    def plane_start(self, plane: int, num_blocks: int) -> int:
+        """Offset of plane ``plane`` in a rank's one allocation of ``num_blocks`` blocks:
+        planes back to back in plane order, unless an engine orders them otherwise."""
+        span: int = getattr(self, "plane_span_bytes")(num_blocks)  # noqa: B009 - each engine's own
+        return expect_int("plane", plane) * span
+
+    def plane_span_at(self, plane: int, num_blocks: int) -> int:
+        """Bytes plane ``plane`` spans in an allocation of ``num_blocks`` blocks."""
+        expect_int("plane", plane)
+        span: int = getattr(self, "plane_span_bytes")(num_blocks)  # noqa: B009 - each engine's own
+        return span
 
 
 def check_non_negative(name: str, value: int) -> None:
@@ -223,6 +271,15 @@ class EngineLayout(Protocol):
     def group_of(self, layer: int, stage: int | None = None) -> tuple[Group, int]: ...
     def tokens_per_page(self, group: Group) -> int: ...
     def plane_bytes_of(self, group: Group) -> int: ...
+    def plane_bytes_in(self, group: Group, plane: int) -> int: ...
+    def layer_payload_bytes(self, layer: int) -> int: ...
+    def page_stride_at(self, group: Group, plane: int) -> int: ...
+    def page_axes_on(
+        self, group: Group, plane: int, num_blocks: int
+    ) -> tuple[tuple[int, int], ...]: ...
+    def page_origin_bytes(self, group: Group, plane: int) -> int: ...
+    def plane_start(self, plane: int, num_blocks: int) -> int: ...
+    def plane_span_at(self, plane: int, num_blocks: int) -> int: ...
     def payload_bytes(self, group: Group) -> int: ...
     def page_stride_bytes(self, group: Group) -> int: ...
     def span_tokens(self, group: Group) -> int: ...

@@ -50,9 +50,7 @@ class EngineRules:
     plan_type: type[LayoutBase]
     check: Callable[[HybridModel, Deployment], HybridModel]
     group: Callable[[HybridModel, RankSizes], tuple[Group, ...]]
-    pack: Callable[
-        [HybridModel, Deployment, RankSizes, tuple[Group, ...], tuple[Stage, ...]], Any
-    ]
+    pack: Callable[[HybridModel, Deployment, RankSizes, tuple[Group, ...], tuple[Stage, ...]], Any]
     built_model: Callable[[HybridModel, Deployment], HybridModel] = _builds_all
     violations: Callable[[Any], list[str]] = _no_violations
     pipeline_ok: Callable[[HybridModel, int], bool] = _any_pipeline

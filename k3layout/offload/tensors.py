@@ -22,9 +22,11 @@ byte 0, the fp32 recurrent state ``[12, 128, 128]`` at 46,080; 832,512 B of stat
 of padding. Every shape and offset comes from the layers' cache specs
 (:mod:`k3layout.cache`); this module only places them on the planes.
 
-``tokenspeed`` (tokenspeed / ATOM): one arena of ``bind(n)``, planes laid out plane-major. An MLA
-layer's pages sit at an exact page stride, ``latent [1 + n*p_m, 128, 576]``; a state group's
-pages are ``p_l`` per parent, so its parts are ``[n + 1, p_l, ...]`` with strides (plane, S).
+``tokenspeed``: one arena of ``bind(n)``, each plane ``(n + 1) x`` its bytes, in the sorted
+order of the plane ids as strings (``slot.0, slot.1, slot.10, ...``). Every layer's pages sit
+``plane / p_g`` apart from ``plane - plane / p_g`` (the null page is the null parent's last
+slot): ``latent [1 + n*p_m, 128, 576]`` at the exact page stride, a state's parts
+``[1 + n*p_l, ...]``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pydantic import NonNegativeInt, PositiveInt
 from .._args import expect_args
 from .._frozen import Frozen
 from .._validation import describe
-from ..cache import ElementDtype, LayerCacheSpec, element_bytes
+from ..cache import ElementDtype, element_bytes
 from ..constants import INT64_MAX
 from ..deployment import ConvLayout, EngineFlavour
 from ..errors import Refusal
@@ -106,6 +108,8 @@ class CacheSpec(Frozen):
     page_bytes: PositiveInt
     num_planes: PositiveInt
     plane_span_bytes: PositiveInt
+    plane_starts: tuple[NonNegativeInt, ...]
+    plane_spans: tuple[PositiveInt, ...]
     layers: tuple[LayerSpec, ...]
 
     @property
@@ -122,7 +126,8 @@ class CacheSpec(Frozen):
     @property
     def allocation_bytes(self) -> int:
         """Bytes the rank allocates: every plane."""
-        return self.num_planes * self.plane_span_bytes
+        ends = zip(self.plane_starts, self.plane_spans, strict=True)
+        return max(start + span for start, span in ends)
 
     def layer(self, name: str) -> LayerSpec:
         """The spec registered as ``name``."""
@@ -178,24 +183,28 @@ def _part(
 
 def _spec_parts(
     plan: EngineLayout,
-    spec: LayerCacheSpec,
-    tokens: int,
+    layer: int,
     page_axes: tuple[tuple[int, int], ...],
     where: str,
+    *,
+    origin: int = 0,
 ) -> tuple[PartSpec, ...]:
-    """Every part of one page (``tokens`` rows of an attention spec, or one state slot), cut
-    at the byte range its spec gives it."""
+    """Every part of one page of module ``layer`` (its rows of an attention spec, or one state
+    slot), cut at the byte range the plan gives it, page 0 ``origin`` bytes into the plane."""
     tp = plan.deployment.attn_tp
+    spec = plan.sizes.spec_of(layer)
+    group, _ = plan.group_of(layer)
+    tokens = plan.tokens_per_page(group)
     return tuple(
         _part(
             r.part,
             spec.part(r.part).dtype,
             page_axes,
             spec.page_shape(r.part, tp, tokens),
-            offset_bytes=r.offset_bytes,
+            offset_bytes=origin + r.offset_bytes,
             where=where,
         )
-        for r in spec.ranges(tp, tokens)
+        for r in plan.part_range_list(layer)
     )
 
 
@@ -212,8 +221,7 @@ def _check_count(name: str, value: int) -> None:
 def _check_allocation_bytes(plan: EngineLayout, num_blocks: int, num_planes: int) -> None:
     """Refuse (``size_limit``) a block count whose planes would not fit an int64 byte count
     (what torch and the engines size a tensor with)."""
-    span = plan.plane_span_bytes(num_blocks)
-    if num_planes * span <= INT64_MAX:
+    if sum(plan.plane_span_at(j, num_blocks) for j in range(num_planes)) <= INT64_MAX:
         return
     # a plane spans fixed + num_blocks x per_block bytes in both engines
     per_block = plan.plane_span_bytes(2) - plan.plane_span_bytes(1)
@@ -274,11 +282,11 @@ def cache_spec(
     layers: list[LayerSpec] = []
     for group in held.groups:
         spec = plan.group_spec(group)
-        tokens = plan.tokens_per_page(group)
         for position, module_layer in enumerate(group.layers):
-            axes = plan.page_axes(group, num_blocks)
+            axes = plan.page_axes_on(group, group.plane_of(position), num_blocks)
             name = names.name(module_layer)
-            parts = _spec_parts(plan, spec, tokens, axes, f"layer {name}")
+            origin = plan.page_origin_bytes(group, group.plane_of(position))
+            parts = _spec_parts(plan, module_layer, axes, f"layer {name}", origin=origin)
             where = {
                 "module_layer": module_layer,
                 "group": group.name,
@@ -297,10 +305,13 @@ def cache_spec(
                 )
                 for i, part in enumerate(parts)
             )
+    planes = range(held.num_planes)
     return CacheSpec(
+        plane_starts=tuple(plan.plane_start(j, num_blocks) for j in planes),
+        plane_spans=tuple(plan.plane_span_at(j, num_blocks) for j in planes),
         engine=plan.engine,
         stage=stage,
-        conv_layout=plan.deployment.conv_layout,
+        conv_layout=plan.deployment.conv_layout_run,
         num_blocks=num_blocks,
         page_bytes=plan.page_stride_bytes(plan.groups_of("attention")[0]),
         num_planes=held.num_planes,

@@ -248,10 +248,12 @@ def allocate(
     where = _device(device)
     spec = cache_spec(plan, num_blocks, stage=stage, names=names)
     # one backing, planes consecutive (vLLM 0.33's one KV-cache tensor; the parent's arena)
-    backing = _buffer((spec.num_planes, spec.plane_span_bytes), fill, where)
+    backing = _buffer((1, spec.allocation_bytes), fill, where)[0]
+    ranges = zip(spec.plane_starts, spec.plane_spans, strict=True)
+    planes = tuple(backing[start : start + span] for start, span in ranges)
     if spec.pages_tile_planes:
+        planes = tuple(plane.view(spec.num_blocks, spec.page_bytes) for plane in planes)
         backing = backing.view(spec.num_planes, spec.num_blocks, spec.page_bytes)
-    planes = tuple(backing[j] for j in range(spec.num_planes))
     layers = {
         layer.name: tuple(_cut(planes[layer.plane], part) for part in layer.parts)
         for layer in spec.layers

@@ -371,10 +371,10 @@ def _plane_bases(spec: CacheSpec, parts: dict[str, tuple[torch.Tensor, ...]]) ->
     """
     span = spec.plane_span_bytes
     implied = _implied_bases(spec, parts)
-    starts = Counter(base - layer.plane * span for layer, base in implied)
+    starts = Counter(base - spec.plane_starts[layer.plane] for layer, base in implied)
     start, votes = starts.most_common(1)[0]
     if not spec.pages_tile_planes or 2 * votes > len(implied):
-        return tuple(start + j * span for j in range(spec.num_planes))
+        return tuple(start + spec.plane_starts[j] for j in range(spec.num_planes))
     candidates: dict[int, Counter[int]] = {j: Counter() for j in range(spec.num_planes)}
     aligned: set[int] = set()
     for layer, base in implied:
@@ -398,15 +398,15 @@ def _check_addresses(
 ) -> None:
     order = sorted(range(spec.num_planes), key=lambda j: bases[j])
     for left, right in pairwise(order):
-        if bases[left] + spec.plane_span_bytes > bases[right]:
+        if bases[left] + spec.plane_spans[left] > bases[right]:
             raise _refuse(
                 "aliasing",
                 _plane_owner(spec, right),
                 f"plane {right} starts {bases[right] - bases[left]} B after plane {left}, inside "
-                f"its {spec.plane_span_bytes} B",
+                f"its {spec.plane_spans[left]} B",
                 "give every plane its own num_blocks x page bytes",
                 other_plane=left,
-                plane_span_bytes=spec.plane_span_bytes,
+                plane_span_bytes=spec.plane_spans[left],
             )
     for layer in spec.layers:
         for part, tensor in zip(layer.parts, parts[layer.name], strict=True):
@@ -414,7 +414,7 @@ def _check_addresses(
             if address == bases[layer.plane] + part.offset_bytes:
                 continue
             found = next(
-                (j for j in order if bases[j] <= address < bases[j] + spec.plane_span_bytes), None
+                (j for j in order if bases[j] <= address < bases[j] + spec.plane_spans[j]), None
             )
             offset = 0 if found is None else address - bases[found]
             on = "no plane" if found is None else f"plane {found}, {offset} B past its start"

@@ -51,8 +51,8 @@ from .tier import Tier
 
 
 def _check_conv_layout(transfer: TransferPlan, layout: LiveLayout, side: str) -> None:
-    theirs = transfer.decode.conv_layout
-    ours = layout.plan.deployment.conv_layout
+    theirs = transfer.decode.conv_layout_run
+    ours = layout.plan.deployment.conv_layout_run
     if theirs != ours:
         raise Refusal(
             "tensor_mismatch",

@@ -214,7 +214,7 @@ class _Step:
     @property
     def sd(self) -> bool:
         """Whether the conv state is time-major (vLLM's default ``SD``)."""
-        return self.plan.deployment.conv_layout == "SD"
+        return self.plan.deployment.conv_layout_run == "SD"
 
     @property
     def layer_spec(self) -> LayerCacheSpec:

@@ -64,8 +64,9 @@ MATCHED_FIELDS: tuple[str, ...] = (
     "replayssm_cache_len",
 )
 """Deployment fields both sides must share: the latent row (``kv_dtype``), the conv rows and
-record length (``spec_tokens``), the conv state's layout (``conv_layout``), and whether and
-how long ReplaySSM records are kept."""
+record length (``spec_tokens``), the conv state's layout the engines run (``conv_layout``, as
+:attr:`~k3layout.Deployment.conv_layout_run` resolves it), and whether and how long ReplaySSM
+records are kept."""
 
 
 class RankPair(Frozen):
@@ -269,7 +270,10 @@ def check_matching_deployments(prefill: Deployment, decode: Deployment) -> None:
     :data:`MATCHED_FIELDS` field, naming both values."""
     expect_args(("prefill", prefill, Deployment), ("decode", decode, Deployment))
     for field in MATCHED_FIELDS:
-        ours, theirs = getattr(prefill, field), getattr(decode, field)
+        # a field an engine may fix (the conv layout) is compared as the engines run it
+        ran = f"{field}_run"
+        ours = getattr(prefill, ran, getattr(prefill, field))
+        theirs = getattr(decode, ran, getattr(decode, field))
         if ours != theirs:
             raise Refusal(
                 "model_mismatch",

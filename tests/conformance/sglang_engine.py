@@ -94,26 +94,61 @@ DSPARK_DRAFT = FIXTURES / "kimi-k3-dspark-draft"
 # The facts SGLang's platform probes would report on each GPU (``runtime_context.
 # _PLATFORM_PROBES`` / ``_PLATFORM_VALUES``), and the GPU's memory as ``nvidia-smi`` reports it
 # (MiB). FlashInfer is part of SGLang's CUDA install, so ``has_flashinfer`` is true.
-_NOT_ELSEWHERE = dict(is_cuda=True, is_hip=False, is_npu=False, is_xpu=False, is_musa=False,
-                      is_mps=False, has_amx=False, has_flashinfer=True)
+_NOT_ELSEWHERE = dict(
+    is_cuda=True,
+    is_hip=False,
+    is_npu=False,
+    is_xpu=False,
+    is_musa=False,
+    is_mps=False,
+    has_amx=False,
+    has_flashinfer=True,
+)
 GPUS: dict[str, dict[str, Any]] = {
     "h100": dict(
         mem_mib=81559.0,
-        facts=dict(_NOT_ELSEWHERE, is_sm90=True, is_sm100=False, is_sm100_or_sm110=False,
-                   is_sm110=False, is_sm120=False, is_blackwell=False,
-                   is_hopper_with_cuda_12_3=True, device_sm=90, device_capability=(9, 0)),
+        facts=dict(
+            _NOT_ELSEWHERE,
+            is_sm90=True,
+            is_sm100=False,
+            is_sm100_or_sm110=False,
+            is_sm110=False,
+            is_sm120=False,
+            is_blackwell=False,
+            is_hopper_with_cuda_12_3=True,
+            device_sm=90,
+            device_capability=(9, 0),
+        ),
     ),
     "h200": dict(
         mem_mib=143771.0,
-        facts=dict(_NOT_ELSEWHERE, is_sm90=True, is_sm100=False, is_sm100_or_sm110=False,
-                   is_sm110=False, is_sm120=False, is_blackwell=False,
-                   is_hopper_with_cuda_12_3=True, device_sm=90, device_capability=(9, 0)),
+        facts=dict(
+            _NOT_ELSEWHERE,
+            is_sm90=True,
+            is_sm100=False,
+            is_sm100_or_sm110=False,
+            is_sm110=False,
+            is_sm120=False,
+            is_blackwell=False,
+            is_hopper_with_cuda_12_3=True,
+            device_sm=90,
+            device_capability=(9, 0),
+        ),
     ),
     "b200": dict(
         mem_mib=183359.0,
-        facts=dict(_NOT_ELSEWHERE, is_sm90=False, is_sm100=True, is_sm100_or_sm110=True,
-                   is_sm110=False, is_sm120=False, is_blackwell=True,
-                   is_hopper_with_cuda_12_3=False, device_sm=100, device_capability=(10, 0)),
+        facts=dict(
+            _NOT_ELSEWHERE,
+            is_sm90=False,
+            is_sm100=True,
+            is_sm100_or_sm110=True,
+            is_sm110=False,
+            is_sm120=False,
+            is_blackwell=True,
+            is_hopper_with_cuda_12_3=False,
+            device_sm=100,
+            device_capability=(10, 0),
+        ),
     ),
 }
 # Ours -> SGLang's ``--kv-cache-dtype`` spelling; SGLang's own spellings pass through.
@@ -233,8 +268,11 @@ class SGLangRefused(Exception):
 
 def _where(error: BaseException) -> str:
     """``file:function`` of the innermost SGLang frame that raised."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if "sglang" in f.filename
-              and "sglang_engine" not in f.filename]
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if "sglang" in f.filename and "sglang_engine" not in f.filename
+    ]
     if not frames:
         return ""
     frame = frames[-1]
@@ -399,14 +437,21 @@ class _StageRun:
         parallel = rc.get_parallel()
         tp_size = parallel.tp_size
         # The launcher's rank bundle for TP rank 0 of this stage (WORLD = tp * pp_rank + tp_rank).
-        rc.publish(server_args, role="scheduler",
-                   ranks=rc.SpawnRanks(world_rank=tp_size * pp_rank, dp_rank=None, gpu_id=0))
+        rc.publish(
+            server_args,
+            role="scheduler",
+            ranks=rc.SpawnRanks(world_rank=tp_size * pp_rank, dp_rank=None, gpu_id=0),
+        )
         parallel = rc.get_parallel()
         # Stand-in groups: the only reader on this path is the PP all_reduce (patched, below)
         # and ``get_available_gpu_memory(distributed=...)`` (patched, below).
-        group = types.SimpleNamespace(world_size=parallel.pp_size, rank_in_group=pp_rank,
-                                      cpu_group=None, is_first_rank=pp_rank == 0,
-                                      is_last_rank=pp_rank == parallel.pp_size - 1)
+        group = types.SimpleNamespace(
+            world_size=parallel.pp_size,
+            rank_in_group=pp_rank,
+            cpu_group=None,
+            is_first_rank=pp_rank == 0,
+            is_last_rank=pp_rank == parallel.pp_size - 1,
+        )
         parallel.override_permanently(world_group=types.SimpleNamespace(cpu_group=None))
         self.model_config = s.mc.ModelConfig.from_server_args(server_args)
         mc = self.model_config
@@ -427,13 +472,20 @@ class _StageRun:
         start, end = s.dist_utils.get_pp_indices(mc.num_hidden_layers, pp_rank, parallel.pp_size)
         self.model = types.SimpleNamespace(start_layer=start, end_layer=end)
         self.layer_info = s.layer_setup.resolve_layer_indices(
-            model=self.model, model_config=mc, is_draft_worker=False)
+            model=self.model, model_config=mc, is_draft_worker=False
+        )
         aux = s.spec_aux.resolve_spec_aux_hidden_state_config(
-            server_args=server_args, model_config=mc, spec_algorithm=self.spec_algorithm,
-            is_draft_worker=False)
+            server_args=server_args,
+            model_config=mc,
+            spec_algorithm=self.spec_algorithm,
+            is_draft_worker=False,
+        )
         post_capture = s.kv_pool_runtime.is_post_capture_kv_active(
-            server_args=server_args, is_draft_worker=False, spec_algorithm=self.spec_algorithm,
-            token_to_kv_pool_allocator=None)
+            server_args=server_args,
+            is_draft_worker=False,
+            spec_algorithm=self.spec_algorithm,
+            token_to_kv_pool_allocator=None,
+        )
         self.kvc = s.kvc.KVCacheConfigurator(
             device=device,
             gpu_id=0,
@@ -482,8 +534,9 @@ class _StageRun:
                 tensor.fill_(min(reduce_min, int(tensor.item())))
 
         with (
-            mock.patch.object(self.s.kvc, "get_available_gpu_memory",
-                              lambda *a, **k: budget_bytes / GIB),
+            mock.patch.object(
+                self.s.kvc, "get_available_gpu_memory", lambda *a, **k: budget_bytes / GIB
+            ),
             mock.patch.object(torch.distributed, "all_reduce", all_reduce),
             # ``_profile_available_bytes`` runs ``gc.collect()`` so the GPU's free memory is
             # measured without weight-loading garbage; the memory here is the stand-in above,
@@ -502,7 +555,8 @@ def _layer_report(run: _StageRun) -> dict[str, Any]:
     out: dict[str, Any] = {"start_layer": li.start_layer, "end_layer": li.end_layer}
     if mamba_cfg is not None:
         out["full_attention_layer_ids"] = [
-            i for i in mamba_cfg.full_attention_layer_ids if li.start_layer <= i < li.end_layer]
+            i for i in mamba_cfg.full_attention_layer_ids if li.start_layer <= i < li.end_layer
+        ]
         out["mamba_layer_ids"] = kvc._get_mamba_layer_ids_for_req_pool()
     return out
 
@@ -512,8 +566,11 @@ def _pool_report(pools: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     req = pools.req_to_token_pool
     kv = pools.token_to_kv_pool
-    out["req_to_token_pool"] = {"class": type(req).__name__, "size": req.size,
-                                "req_to_token": _tensor(req.req_to_token)}
+    out["req_to_token_pool"] = {
+        "class": type(req).__name__,
+        "size": req.size,
+        "req_to_token": _tensor(req.req_to_token),
+    }
     mamba = getattr(req, "mamba_pool", None)
     if mamba is not None:
         cache = mamba.mamba_cache
@@ -532,13 +589,18 @@ def _pool_report(pools: Any) -> dict[str, Any]:
                 m[name] = _tensor(value)
         m["bytes"] = cache.mem_usage_bytes()
         out["mamba_pool"] = m
-    kvd: dict[str, Any] = {"class": type(kv).__name__, "size": kv.size,
-                           "page_size": kv.page_size, "dtype": _dtype_name(kv.dtype)}
+    kvd: dict[str, Any] = {
+        "class": type(kv).__name__,
+        "size": kv.size,
+        "page_size": kv.page_size,
+        "dtype": _dtype_name(kv.dtype),
+    }
     full = getattr(kv, "full_kv_pool", None)
     inner = full if full is not None else kv
     if full is not None:
-        kvd["full_attention_layer_ids"] = list(getattr(kv, "full_attention_layer_id_mapping",
-                                                       {}) or [])
+        kvd["full_attention_layer_ids"] = list(
+            getattr(kv, "full_attention_layer_id_mapping", {}) or []
+        )
         kvd["full_kv_pool_class"] = type(full).__name__
     buffers = getattr(inner, "kv_buffer", None)
     if buffers is not None:
@@ -547,18 +609,20 @@ def _pool_report(pools: Any) -> dict[str, Any]:
         kvd["kv_buffer"] = [_tensor(b) for b in buffers]
         kvd["bytes"] = sum(b.numel() * b.element_size() for b in buffers)
     out["token_to_kv_pool"] = kvd
-    out["allocator"] = {"class": type(pools.token_to_kv_pool_allocator).__name__,
-                        "size": pools.token_to_kv_pool_allocator.size}
+    out["allocator"] = {
+        "class": type(pools.token_to_kv_pool_allocator).__name__,
+        "size": pools.token_to_kv_pool_allocator.size,
+    }
     return out
 
 
 def _init_pools(run: _StageRun, *, max_total_num_tokens: int, max_running_requests: int) -> Any:
     s = run.s
     config = s.pool_configurator.MemoryPoolConfig(
-        max_total_num_tokens=max_total_num_tokens, max_running_requests=max_running_requests)
+        max_total_num_tokens=max_total_num_tokens, max_running_requests=max_running_requests
+    )
     sizes = run.kvc._derive_pool_sizes(config=config)
-    return run.kvc._init_pools(sizes=sizes, req_to_token_pool=None,
-                               token_to_kv_pool_allocator=None)
+    return run.kvc._init_pools(sizes=sizes, req_to_token_pool=None, token_to_kv_pool_allocator=None)
 
 
 def _stage_report(run: _StageRun, config: Any, *, pools: bool) -> dict[str, Any]:
@@ -575,7 +639,8 @@ def _stage_report(run: _StageRun, config: Any, *, pools: bool) -> dict[str, Any]
     out["contributed_max_total_num_tokens"] = run.contributed[0] if run.contributed else None
     out["max_total_num_tokens"] = config.max_total_num_tokens
     out["logical_max_total_num_tokens"] = kvc.logical_token_capacity(
-        max_total_num_tokens=config.max_total_num_tokens)
+        max_total_num_tokens=config.max_total_num_tokens
+    )
     out["max_running_requests"] = config.max_running_requests
     if kvc.mambaish_config is not None:
         params = kvc.mambaish_config.mamba2_cache_params
@@ -590,8 +655,11 @@ def _stage_report(run: _StageRun, config: Any, *, pools: bool) -> dict[str, Any]
             "num_layers_all_stages": len(params.layers),
         }
     if pools:
-        built = _init_pools(run, max_total_num_tokens=config.max_total_num_tokens,
-                            max_running_requests=config.max_running_requests)
+        built = _init_pools(
+            run,
+            max_total_num_tokens=config.max_total_num_tokens,
+            max_running_requests=config.max_running_requests,
+        )
         out["pools"] = _pool_report(built)
         mp = out["pools"].get("mamba_pool")
         if mp is not None:
@@ -599,7 +667,8 @@ def _stage_report(run: _StageRun, config: Any, *, pools: bool) -> dict[str, Any]
             out["bytes_per_state_slot"] = per_slot // (mp["size"] + 1)
             if "intermediate_ssm" in mp or "intermediate_conv_window" in mp:
                 scratch = mp.get("intermediate_ssm", {}).get("bytes", 0) + sum(
-                    c["bytes"] for c in mp.get("intermediate_conv_window", []))
+                    c["bytes"] for c in mp.get("intermediate_conv_window", [])
+                )
                 out["verify_scratch_bytes"] = scratch
     return out
 
@@ -635,11 +704,20 @@ def sglang_case(
     try:
         with _session(gpu, flashinfer=dcp > 1) as s:
             sa = _server_args(
-                s, config_path, tp=tp, dp=dp, enable_dp_attention=enable_dp_attention, pp=pp,
-                dcp=dcp, kv_dtype=kv_dtype, spec=spec,
+                s,
+                config_path,
+                tp=tp,
+                dp=dp,
+                enable_dp_attention=enable_dp_attention,
+                pp=pp,
+                dcp=dcp,
+                kv_dtype=kv_dtype,
+                spec=spec,
                 max_running_requests=max_running_requests,
                 mamba_full_memory_ratio=mamba_full_memory_ratio,
-                max_mamba_cache_size=max_mamba_cache_size, extra=server_args)
+                max_mamba_cache_size=max_mamba_cache_size,
+                extra=server_args,
+            )
             try:
                 s.rc.publish(sa, role="scheduler", ranks=s.rc.SpawnRanks(world_rank=0, gpu_id=0))
             except Exception as error:  # resolution refused the flags
@@ -663,8 +741,11 @@ def sglang_case(
             except Exception as error:  # SGLang's sizing refused the case
                 if not _where(error):
                     raise
-                return {"refused": f"{type(error).__name__}: {error}", "where": _where(error),
-                        "resolved": _jsonable(resolved)}
+                return {
+                    "refused": f"{type(error).__name__}: {error}",
+                    "where": _where(error),
+                    "resolved": _jsonable(resolved),
+                }
     except Exception as error:
         if not _where(error):
             raise
@@ -731,11 +812,17 @@ def _resolved(s: types.SimpleNamespace, sa: Any) -> dict[str, Any]:
     out["is_multimodal"] = bool(model_config.is_multimodal)
     out["multimodal_reservation_gib"] = s.kvc.mm_runtime_reservation_gb(
         is_multimodal=model_config.is_multimodal,
-        mm_feature_transport=rc.get_mm().mm_feature_transport)
+        mm_feature_transport=rc.get_mm().mm_feature_transport,
+    )
     _, dtype = s.kv_cache_dtype.configure_kv_cache_dtype(
-        server_args_kv_cache_dtype=rc.get_model().kv_cache_dtype, model=None,
-        model_dtype=model_config.dtype, is_draft_worker=False, is_dflash=False,
-        speculative_draft_attention_backend=None, speculative_draft_kv_cache_dtype=None)
+        server_args_kv_cache_dtype=rc.get_model().kv_cache_dtype,
+        model=None,
+        model_dtype=model_config.dtype,
+        is_draft_worker=False,
+        is_dflash=False,
+        speculative_draft_attention_backend=None,
+        speculative_draft_kv_cache_dtype=None,
+    )
     out["kv_cache_torch_dtype"] = _dtype_name(dtype)
     return out
 
@@ -762,10 +849,20 @@ def sglang_server_args(
     on a case it refuses. (The draft runner's config: :func:`sglang_draft_model_config`.)"""
     with _session(gpu, flashinfer=dcp > 1) as s:
         sa = _server_args(
-            s, config_path, tp=tp, dp=dp, enable_dp_attention=enable_dp_attention, pp=pp,
-            dcp=dcp, kv_dtype=kv_dtype, spec=spec, max_running_requests=max_running_requests,
+            s,
+            config_path,
+            tp=tp,
+            dp=dp,
+            enable_dp_attention=enable_dp_attention,
+            pp=pp,
+            dcp=dcp,
+            kv_dtype=kv_dtype,
+            spec=spec,
+            max_running_requests=max_running_requests,
             mamba_full_memory_ratio=mamba_full_memory_ratio,
-            max_mamba_cache_size=max_mamba_cache_size, extra=server_args)
+            max_mamba_cache_size=max_mamba_cache_size,
+            extra=server_args,
+        )
         s.rc.publish(sa, role="scheduler", ranks=s.rc.SpawnRanks(world_rank=0, gpu_id=0))
         model_config = s.mc.ModelConfig.from_server_args(sa)
         return sa, model_config
@@ -808,14 +905,27 @@ def sglang_allocate(
     give (``max_mamba_cache_size`` through the runtime context, as SGLang itself sets it)."""
     with _session(gpu, flashinfer=dcp > 1) as s:
         sa = _server_args(
-            s, config_path, tp=tp, dp=dp, enable_dp_attention=enable_dp_attention, pp=pp,
-            dcp=dcp, kv_dtype=kv_dtype, spec=spec, max_running_requests=max_running_requests,
-            mamba_full_memory_ratio=None, max_mamba_cache_size=max_mamba_cache_size,
-            extra=server_args)
+            s,
+            config_path,
+            tp=tp,
+            dp=dp,
+            enable_dp_attention=enable_dp_attention,
+            pp=pp,
+            dcp=dcp,
+            kv_dtype=kv_dtype,
+            spec=spec,
+            max_running_requests=max_running_requests,
+            mamba_full_memory_ratio=None,
+            max_mamba_cache_size=max_mamba_cache_size,
+            extra=server_args,
+        )
         s.rc.publish(sa, role="scheduler", ranks=s.rc.SpawnRanks(world_rank=0, gpu_id=0))
         run = _StageRun(s, sa, pp_rank=pp_rank, device=device)
-        pools = _init_pools(run, max_total_num_tokens=max_total_num_tokens,
-                            max_running_requests=max_running_requests)
+        pools = _init_pools(
+            run,
+            max_total_num_tokens=max_total_num_tokens,
+            max_running_requests=max_running_requests,
+        )
         req = pools.req_to_token_pool
         kv = pools.token_to_kv_pool
         inner = getattr(kv, "full_kv_pool", None) or kv

@@ -357,10 +357,12 @@ def test_the_planner_resolves_the_attention_backends_and_page_sglang_resolves(
     if both is None:
         return
     answer, mine = both
-    got = (mine.plan.prefill_attention_backend, mine.plan.attention_backend,
-           mine.plan.page_tokens)
-    want = (answer["prefill_attention_backend"], answer["decode_attention_backend"],
-            answer["page_size"])
+    got = (mine.plan.prefill_attention_backend, mine.plan.attention_backend, mine.plan.page_tokens)
+    want = (
+        answer["prefill_attention_backend"],
+        answer["decode_attention_backend"],
+        answer["page_size"],
+    )
     assert got == want, f"{case}: (prefill, decode, page) planned {got}, SGLang {want}"
     assert mine.plan.deployment.attn_tp == answer["attn_tp_size"]
     assert mine.plan.deployment.attn_dp == answer["attn_dp_size"]
@@ -382,8 +384,12 @@ def test_each_stage_holds_the_layers_and_cell_size_sglang_gives_it(case: Case) -
             f"{case} stage {i}: layers planned {target_layers[0]}..{target_layers[-1]}, "
             f"SGLang [{theirs['start_layer']}, {theirs['end_layer']})"
         )
-        mla = tuple(layer for g in p.stage(i).groups_of("attention")
-                    if g.name == "full_attention" for layer in g.layers)
+        mla = tuple(
+            layer
+            for g in p.stage(i).groups_of("attention")
+            if g.name == "full_attention"
+            for layer in g.layers
+        )
         kda = tuple(layer for g in p.groups_of("kda", i) for layer in g.layers)
         assert mla == tuple(theirs["full_attention_layer_ids"]), f"{case} stage {i}: MLA layers"
         assert kda == tuple(theirs["mamba_layer_ids"]), f"{case} stage {i}: KDA layers"
@@ -446,7 +452,8 @@ def test_the_planned_pool_tensors_are_the_tensors_sglang_allocates(case: Case) -
         mamba = pools["mamba_pool"]
         # SGLang's pools are the sizes the planner gives.
         assert (kv["size"], mamba["size"]) == (
-            cap.max_total_num_tokens, cap.max_mamba_cache_size
+            cap.max_total_num_tokens,
+            cap.max_mamba_cache_size,
         ), f"{case} stage {i}: pool sizes"
         assert kv["page_size"] == p.page_tokens
         planned = pool_tensors(p, kv["size"], mamba["size"], i)

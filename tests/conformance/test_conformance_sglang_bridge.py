@@ -53,30 +53,76 @@ EAGLE3 = {"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 1, "num_draft_toke
 # (id, model, gpu, sglang_server_args flags, the Deployment written by hand)
 LAUNCHES: list[tuple[str, str, str, dict[str, Any], dict[str, Any]]] = [
     ("tp8", "kimi-k3", "h200", {"tp": 8}, {"attn_tp": 8}),
-    ("tp1-bf16", "kimi-k3", "h100", {"tp": 1, "kv_dtype": "bf16"},
-     {"attn_tp": 1, "kv_dtype": "bf16"}),
-    ("kv-auto", "kimi-k3", "h200", {"tp": 8, "kv_dtype": "auto"},
-     {"attn_tp": 8, "kv_dtype": "bf16"}),
-    ("tp8-dp8-enable-dp-attention", "kimi-k3", "h200",
-     {"tp": 8, "dp": 8, "enable_dp_attention": True}, {"attn_tp": 1, "attn_dp": 8}),
-    ("tp16-dp2-enable-dp-attention", "kimi-k3", "h200",
-     {"tp": 16, "dp": 2, "enable_dp_attention": True}, {"attn_tp": 8, "attn_dp": 2}),
-    ("tp8-attn-dp-size8", "kimi-k3", "h200",
-     {"tp": 8, "server_args": {"attn_dp_size": 8}}, {"attn_tp": 1, "attn_dp": 8}),
+    (
+        "tp1-bf16",
+        "kimi-k3",
+        "h100",
+        {"tp": 1, "kv_dtype": "bf16"},
+        {"attn_tp": 1, "kv_dtype": "bf16"},
+    ),
+    (
+        "kv-auto",
+        "kimi-k3",
+        "h200",
+        {"tp": 8, "kv_dtype": "auto"},
+        {"attn_tp": 8, "kv_dtype": "bf16"},
+    ),
+    (
+        "tp8-dp8-enable-dp-attention",
+        "kimi-k3",
+        "h200",
+        {"tp": 8, "dp": 8, "enable_dp_attention": True},
+        {"attn_tp": 1, "attn_dp": 8},
+    ),
+    (
+        "tp16-dp2-enable-dp-attention",
+        "kimi-k3",
+        "h200",
+        {"tp": 16, "dp": 2, "enable_dp_attention": True},
+        {"attn_tp": 8, "attn_dp": 2},
+    ),
+    (
+        "tp8-attn-dp-size8",
+        "kimi-k3",
+        "h200",
+        {"tp": 8, "server_args": {"attn_dp_size": 8}},
+        {"attn_tp": 1, "attn_dp": 8},
+    ),
     ("pp2", "kimi-k3", "h200", {"tp": 8, "pp": 2}, {"attn_tp": 8, "pp": 2}),
     ("pp4", "kimi-k3", "b200", {"tp": 8, "pp": 4}, {"attn_tp": 8, "pp": 4}),
     ("dcp8", "kimi-k3", "b200", {"tp": 8, "dcp": 8}, {"attn_tp": 8, "dcp": 8}),
     ("eagle3", "kimi-k3", "h200", {"tp": 8, "spec": EAGLE3}, {"attn_tp": 8, "spec_tokens": 3}),
-    ("dspark", "kimi-k3", "h200",
-     {"tp": 8, "spec": {"algorithm": "DSPARK", "draft_model_path": DSPARK_DRAFT}},
-     {"attn_tp": 8, "spec_tokens": 7}),
-    ("no-radix", "kimi-k3", "h200", {"tp": 8, "server_args": {"disable_radix_cache": True}},
-     {"attn_tp": 8, "prefix_caching": False}),
-    ("memory-flags", "kimi-k3", "h200",
-     {"tp": 8, "max_running_requests": 64, "mamba_full_memory_ratio": 0.5,
-      "max_mamba_cache_size": 200},
-     {"attn_tp": 8, "max_running_requests": 64, "mamba_full_memory_ratio": 0.5,
-      "max_mamba_cache_size": 200}),
+    (
+        "dspark",
+        "kimi-k3",
+        "h200",
+        {"tp": 8, "spec": {"algorithm": "DSPARK", "draft_model_path": DSPARK_DRAFT}},
+        {"attn_tp": 8, "spec_tokens": 7},
+    ),
+    (
+        "no-radix",
+        "kimi-k3",
+        "h200",
+        {"tp": 8, "server_args": {"disable_radix_cache": True}},
+        {"attn_tp": 8, "prefix_caching": False},
+    ),
+    (
+        "memory-flags",
+        "kimi-k3",
+        "h200",
+        {
+            "tp": 8,
+            "max_running_requests": 64,
+            "mamba_full_memory_ratio": 0.5,
+            "max_mamba_cache_size": 200,
+        },
+        {
+            "attn_tp": 8,
+            "max_running_requests": 64,
+            "mamba_full_memory_ratio": 0.5,
+            "max_mamba_cache_size": 200,
+        },
+    ),
     ("linear-tp4", "kimi-linear", "b200", {"tp": 4}, {"attn_tp": 4}),
 ]
 LAUNCH_IDS = [launch[0] for launch in LAUNCHES]
@@ -97,8 +143,7 @@ def test_the_deployment_written_by_hand_is_the_parallelism_sglang_resolves(
     name: str, model: str, gpu: str, flags: dict[str, Any], fields: dict[str, Any]
 ) -> None:
     """The hand-written Deployments above are SGLang's own resolution of the same flags."""
-    answer = sglang_case(MODEL_FILES[model], gpu=gpu, budget_bytes=60 * GIB, pools=False,
-                         **flags)
+    answer = sglang_case(MODEL_FILES[model], gpu=gpu, budget_bytes=60 * GIB, pools=False, **flags)
     assert "refused" not in answer, answer.get("refused")
     by_hand = Deployment(engine="sglang", gpu=gpu, **fields)
     draft_tokens = answer["speculative_num_draft_tokens"]
@@ -123,32 +168,43 @@ BRIDGE_PLANS = [launch for launch in LAUNCHES if launch[0] != "dspark"]
 the test after the next plans it from the draft runner's own ``ModelConfig``.)"""
 
 
-@pytest.mark.parametrize(("name", "model", "gpu", "flags", "fields"), BRIDGE_PLANS,
-                         ids=[launch[0] for launch in BRIDGE_PLANS])
+@pytest.mark.parametrize(
+    ("name", "model", "gpu", "flags", "fields"),
+    BRIDGE_PLANS,
+    ids=[launch[0] for launch in BRIDGE_PLANS],
+)
 def test_plan_from_sglang_plans_what_the_planner_plans_and_sizes_what_sglang_sizes(
     name: str, model: str, gpu: str, flags: dict[str, Any], fields: dict[str, Any]
 ) -> None:
     server_args, model_config = sglang_server_args(MODEL_FILES[model], gpu=gpu, **flags)
     bridged = plan_from_sglang(server_args, model_config, gpu)
-    planned = plan(load_config(MODEL_FILES[model]),
-                   Deployment(engine="sglang", gpu=gpu, **fields))
+    planned = plan(load_config(MODEL_FILES[model]), Deployment(engine="sglang", gpu=gpu, **fields))
     assert isinstance(planned, SglangPlan)
     assert bridged.deployment == planned.deployment, (
-        f"{name}: bridged {_differ(bridged.deployment, planned.deployment)}")
+        f"{name}: bridged {_differ(bridged.deployment, planned.deployment)}"
+    )
     assert bridged.model.layers == planned.model.layers
     assert bridged.model.model_type == planned.model.model_type
     assert bridged.groups == planned.groups
     assert bridged.stages == planned.stages
-    assert (bridged.prefill_attention_backend, bridged.attention_backend,
-            bridged.page_tokens) == (planned.prefill_attention_backend,
-                                     planned.attention_backend, planned.page_tokens)
-    answer = sglang_case(MODEL_FILES[model], gpu=gpu, budget_bytes=60 * GIB, pools=False,
-                         **flags)
+    assert (bridged.prefill_attention_backend, bridged.attention_backend, bridged.page_tokens) == (
+        planned.prefill_attention_backend,
+        planned.attention_backend,
+        planned.page_tokens,
+    )
+    answer = sglang_case(MODEL_FILES[model], gpu=gpu, budget_bytes=60 * GIB, pools=False, **flags)
     cap = bridged.capacity(60 * GIB, answer["context_len"])
-    assert (cap.max_total_num_tokens, cap.logical_tokens, cap.max_mamba_cache_size,
-            cap.max_running_requests) == (
-        answer["max_total_num_tokens"], answer["logical_max_total_num_tokens"],
-        answer["max_mamba_cache_size"], answer["max_running_requests"])
+    assert (
+        cap.max_total_num_tokens,
+        cap.logical_tokens,
+        cap.max_mamba_cache_size,
+        cap.max_running_requests,
+    ) == (
+        answer["max_total_num_tokens"],
+        answer["logical_max_total_num_tokens"],
+        answer["max_mamba_cache_size"],
+        answer["max_running_requests"],
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,10 +221,12 @@ Key = tuple[tuple[str, Any], ...]
 
 def _key(flags: dict[str, Any]) -> Key:
     """Flags as a cache key (the nested ``spec`` / ``server_args`` dicts as item tuples)."""
-    return tuple(sorted(
-        (name, tuple(sorted(value.items())) if isinstance(value, dict) else value)
-        for name, value in flags.items()
-    ))
+    return tuple(
+        sorted(
+            (name, tuple(sorted(value.items())) if isinstance(value, dict) else value)
+            for name, value in flags.items()
+        )
+    )
 
 
 def _flags(key: Key) -> dict[str, Any]:
@@ -176,8 +234,9 @@ def _flags(key: Key) -> dict[str, Any]:
     return {name: dict(value) if name in nested else value for name, value in key}
 
 
-def allocated(model: str = "kimi-k3", gpu: str = "h200", pp_rank: int = 0,
-              **flags: Any) -> dict[str, Any]:
+def allocated(
+    model: str = "kimi-k3", gpu: str = "h200", pp_rank: int = 0, **flags: Any
+) -> dict[str, Any]:
     """SGLang's real CPU pools for a launch: 64 tokens, 2 requests, ``SLOTS`` state slots
     (allocated once per launch; a test that corrupts them restores them)."""
     return _allocated(model, gpu, pp_rank, _key(flags))
@@ -185,9 +244,15 @@ def allocated(model: str = "kimi-k3", gpu: str = "h200", pp_rank: int = 0,
 
 @functools.cache
 def _allocated(model: str, gpu: str, pp_rank: int, key: Key) -> dict[str, Any]:
-    return sglang_allocate(MODEL_FILES[model], gpu=gpu, pp_rank=pp_rank,
-                           max_total_num_tokens=64, max_running_requests=2,
-                           max_mamba_cache_size=SLOTS, **_flags(key))
+    return sglang_allocate(
+        MODEL_FILES[model],
+        gpu=gpu,
+        pp_rank=pp_rank,
+        max_total_num_tokens=64,
+        max_running_requests=2,
+        max_mamba_cache_size=SLOTS,
+        **_flags(key),
+    )
 
 
 def bridged(model: str = "kimi-k3", gpu: str = "h200", **flags: Any) -> SglangPlan:
@@ -215,15 +280,15 @@ POOLS: list[tuple[str, str, str, int, dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "model", "gpu", "pp_rank", "flags"), POOLS,
-                         ids=[case[0] for case in POOLS])
+@pytest.mark.parametrize(
+    ("name", "model", "gpu", "pp_rank", "flags"), POOLS, ids=[case[0] for case in POOLS]
+)
 def test_check_pools_passes_the_pools_sglang_allocates(
     name: str, model: str, gpu: str, pp_rank: int, flags: dict[str, Any]
 ) -> None:
     pools = allocated(model, gpu, pp_rank, **flags)
     p = bridged(model, gpu, **flags)
-    assert check_pools(p, pools["req_to_token_pool"], pools["token_to_kv_pool"],
-                       stage=pp_rank) is p
+    assert check_pools(p, pools["req_to_token_pool"], pools["token_to_kv_pool"], stage=pp_rank) is p
     # The pools are the stage's: its MLA layers' kv_buffers and its KDA layers' state.
     mla = tuple(layer for g in p.stage(pp_rank).groups_of("attention") for layer in g.layers)
     assert tuple(pools["token_to_kv_pool"].full_attention_layer_id_mapping) == mla
@@ -249,8 +314,9 @@ def _refusal(p: SglangPlan, pools: dict[str, Any], stage: int = 0) -> Refusal:
     return refusal
 
 
-def _replace_kv_buffer(monkeypatch: pytest.MonkeyPatch, pools: dict[str, Any], index: int,
-                       tensor: torch.Tensor | None) -> None:
+def _replace_kv_buffer(
+    monkeypatch: pytest.MonkeyPatch, pools: dict[str, Any], index: int, tensor: torch.Tensor | None
+) -> None:
     full = pools["token_to_kv_pool"].full_kv_pool
     buffers = list(full.kv_buffer)
     if tensor is None:
@@ -260,8 +326,7 @@ def _replace_kv_buffer(monkeypatch: pytest.MonkeyPatch, pools: dict[str, Any], i
     monkeypatch.setattr(full, "kv_buffer", buffers)
 
 
-def _replace_state(monkeypatch: pytest.MonkeyPatch, pools: dict[str, Any],
-                   **tensors: Any) -> None:
+def _replace_state(monkeypatch: pytest.MonkeyPatch, pools: dict[str, Any], **tensors: Any) -> None:
     mamba = pools["mamba_pool"]
     monkeypatch.setattr(mamba, "mamba_cache", dataclasses.replace(mamba.mamba_cache, **tensors))
 
@@ -284,8 +349,9 @@ def test_a_kv_buffer_of_the_wrong_shape_is_refused_blaming_its_mla_layer(
 ) -> None:
     p, pools = _k3_tp8()
     good = pools["kv_buffer"][7]
-    _replace_kv_buffer(monkeypatch, pools, 7,
-                       torch.zeros((good.shape[0], 1, 512), dtype=good.dtype))
+    _replace_kv_buffer(
+        monkeypatch, pools, 7, torch.zeros((good.shape[0], 1, 512), dtype=good.dtype)
+    )
     refusal = _refusal(p, pools)
     assert refusal.facts["layer"] == K3_MLA[7] == 31
     assert refusal.facts["field"] == "kv_buffer[7] shape"
@@ -359,7 +425,9 @@ def test_pools_allocated_for_another_attention_tp_are_refused() -> None:
     assert refusal.facts["layer"] == 0
     assert refusal.facts["field"] == "conv[0] shape"
     assert (refusal.facts["planned"], refusal.facts["actual"]) == (
-        f"(69, {SLOTS + 1}, 3, 4608)", f"(69, {SLOTS + 1}, 3, 9216)")
+        f"(69, {SLOTS + 1}, 3, 4608)",
+        f"(69, {SLOTS + 1}, 3, 9216)",
+    )
 
 
 @pytest.mark.parametrize(("planned_stage", "pool_stage", "blamed"), [(0, 1, 3), (1, 0, 47)])
@@ -375,17 +443,21 @@ def test_pools_of_another_pipeline_stage_are_refused_blaming_the_first_layer_the
 
 def test_plan_from_sglang_with_the_draft_runners_config_sizes_dspark_as_sglang_does() -> None:
     flags: dict[str, Any] = {
-        "tp": 8, "spec": {"algorithm": "DSPARK", "draft_model_path": DSPARK_DRAFT}
+        "tp": 8,
+        "spec": {"algorithm": "DSPARK", "draft_model_path": DSPARK_DRAFT},
     }
     server_args, model_config = sglang_server_args(MODEL_FILES["kimi-k3"], gpu="h200", **flags)
     draft_config = sglang_draft_model_config(server_args, "h200")
     bridged = plan_from_sglang(server_args, model_config, "h200", draft_config)
     assert len(bridged.model.draft_layers) == 5
-    answer = sglang_case(MODEL_FILES["kimi-k3"], gpu="h200", budget_bytes=60 * GIB,
-                         pools=False, **flags)
+    answer = sglang_case(
+        MODEL_FILES["kimi-k3"], gpu="h200", budget_bytes=60 * GIB, pools=False, **flags
+    )
     stage = answer["stages"][0]
     assert bridged.cell_bytes(0) == stage["cell_size"]
     cap = bridged.capacity(60 * GIB, answer["context_len"])
     assert (cap.max_total_num_tokens, cap.max_mamba_cache_size, cap.max_running_requests) == (
-        stage["max_total_num_tokens"], stage["max_mamba_cache_size"],
-        stage["max_running_requests"])
+        stage["max_total_num_tokens"],
+        stage["max_mamba_cache_size"],
+        stage["max_running_requests"],
+    )

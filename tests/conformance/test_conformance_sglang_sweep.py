@@ -59,17 +59,30 @@ def sglangs_answer(launch: dict[str, Any]) -> tuple[Any, ...]:
     spec = None
     if launch["steps"]:
         steps = launch["steps"]
-        spec = {"algorithm": "EAGLE", "num_steps": steps, "eagle_topk": 1,
-                "num_draft_tokens": steps + 1}
+        spec = {
+            "algorithm": "EAGLE",
+            "num_steps": steps,
+            "eagle_topk": 1,
+            "num_draft_tokens": steps + 1,
+        }
     extra: dict[str, Any] = {"context_length": launch["context"]}
     if launch["radix_off"]:
         extra["disable_radix_cache"] = True
     answer = sglang_case(
-        MODEL_FILES[launch["model"]], tp=launch["tp"], dp=launch["dp"],
-        enable_dp_attention=launch["dp"] > 1, pp=launch["pp"], dcp=launch["dcp"],
-        kv_dtype=launch["kv_dtype"], gpu=launch["gpu"], budget_bytes=launch["budget_bytes"],
-        spec=spec, max_running_requests=launch["requests"],
-        mamba_full_memory_ratio=launch["ratio"], pools=False, server_args=extra,
+        MODEL_FILES[launch["model"]],
+        tp=launch["tp"],
+        dp=launch["dp"],
+        enable_dp_attention=launch["dp"] > 1,
+        pp=launch["pp"],
+        dcp=launch["dcp"],
+        kv_dtype=launch["kv_dtype"],
+        gpu=launch["gpu"],
+        budget_bytes=launch["budget_bytes"],
+        spec=spec,
+        max_running_requests=launch["requests"],
+        mamba_full_memory_ratio=launch["ratio"],
+        pools=False,
+        server_args=extra,
     )
     if "refused" in answer:
         return ("refused",)

@@ -267,8 +267,10 @@ class SglangPlan(SelfChecked, LayoutBase):
                 f"{self.deployment.gpu} / {self.prefill_attention_backend}, "
                 f"{self.attention_backend} / {self.page_tokens:,}",
             ),
-            ("bytes per token (cell size, attention cache, whole model)",
-             f"{self.bytes_per_token:,}"),
+            (
+                "bytes per token (cell size, attention cache, whole model)",
+                f"{self.bytes_per_token:,}",
+            ),
             ("state slot bytes (KDA state, whole model)", f"{self.state_slot_bytes():,}"),
         ]
 
@@ -342,8 +344,7 @@ def check_sglang(model: HybridModel, deployment: Deployment) -> HybridModel:
     if model.draft_layers and deployment.pp > 1:
         raise Refusal(
             "draft_unsupported",
-            f"pp={deployment.pp}: SGLang's DSpark draft does not run under pipeline "
-            "parallelism",
+            f"pp={deployment.pp}: SGLang's DSpark draft does not run under pipeline parallelism",
             facts={"engine": "sglang", "pp": deployment.pp},
             hint="use pp=1 with a draft",
         )

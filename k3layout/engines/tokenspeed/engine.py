@@ -22,6 +22,7 @@ TOKENSPEED = register_engine(
             draft_kv_dtype="bf16",  # #1152 builds the draft's MLA config in bf16
             separate_draft_kv_dtype=True,  # a later branch makes the draft follow the target
             aliases=("parent",),
+            conv_layout="DS",  # tokenspeed's conv state is [channels, K - 1]
             listing_order=1,
         ),
         plan_type=ParentPlan,
@@ -29,6 +30,7 @@ TOKENSPEED = register_engine(
         group=group_tokenspeed,
         pack=pack_tokenspeed,
         violations=parent_violations,
+        pipeline_ok=lambda model, pp: pp == 1,  # tokenspeed has no pipeline stages
     )
 )
 PARENT = TOKENSPEED

@@ -119,7 +119,10 @@ class Binding(SelfChecked):
         thing = "parent binding"
         if self.parent_bytes < sum(self.plane_bytes):
             raise mismatch(
-                thing, "parent_bytes", "a parent holds every plane", self.parent_bytes,
+                thing,
+                "parent_bytes",
+                "a parent holds every plane",
+                self.parent_bytes,
                 sum(self.plane_bytes),
             )
         per_parent: dict[str, int] = {}
@@ -137,14 +140,14 @@ class Binding(SelfChecked):
         previous = -1
         for index, bound in enumerate(self.layers):
             plane = bound.plane if bound.plane < len(self.plane_bytes) else 0
-            pages = per_parent.get(bound.group, bound.pages_per_parent)
+            count = per_parent.get(bound.group, bound.pages_per_parent)
             expected = (
                 bound.layer if bound.layer > previous else previous + 1,
-                pages,
+                count,
                 plane,
                 starts[plane],
                 self.plane_bytes[plane],
-                self.plane_bytes[plane] // pages,
+                self.plane_bytes[plane] // count,
             )
             stored = (
                 bound.layer,
@@ -509,6 +512,11 @@ class ParentPlan(SelfChecked, LayoutBase):
         """Bytes of plane ``plane`` of one parent."""
         return self.arena.plane_bytes[self._plane(plane)]
 
+    def plane_bytes_in(self, group: Group, plane: int) -> int:
+        """Bytes of plane ``plane`` (every group on it shares the plane)."""
+        expect("group", group, Group)
+        return self.plane_bytes_at(plane)
+
     def page_stride_bytes(self, group: Group) -> int:
         """Bytes between consecutive pages of one layer of ``group``: ``plane / p_g`` (the
         MLA page exactly; for state the plane's share, not ``S``)."""
@@ -550,6 +558,14 @@ class ParentPlan(SelfChecked, LayoutBase):
         pages at stride ``plane / p_g``, from :meth:`page_origin_bytes`."""
         expect_int("num_blocks", num_blocks)
         return ((1 + num_blocks * self.pages_per_parent(group), self.page_stride_bytes(group)),)
+
+    def page_axes_on(
+        self, group: Group, plane: int, num_blocks: int
+    ) -> tuple[tuple[int, int], ...]:
+        """:meth:`page_axes` of ``group``'s layer on ``plane``: its stride is that plane's."""
+        expect_int("num_blocks", num_blocks)
+        pages = 1 + num_blocks * self.pages_per_parent(group)
+        return ((pages, self.page_stride_at(group, plane)),)
 
     def plane_span_bytes(self, num_blocks: int) -> int:
         """Bytes of plane 0 of ``bind(num_blocks)`` (:meth:`plane_span_at` per plane)."""
@@ -619,9 +635,7 @@ class ParentPlan(SelfChecked, LayoutBase):
         expect_int("num_planes", num_planes)
         packing = self.packing
         widths = sorted(set(self.plane_sizes))
-        planes = " + ".join(
-            f"{self.plane_sizes.count(w)} x {w:,} B" for w in widths
-        )
+        planes = " + ".join(f"{self.plane_sizes.count(w)} x {w:,} B" for w in widths)
         return (
             f"one parent: packing p_m/p_l {packing.mla_pages}/{packing.state_pages}, "
             f"planes {planes} = {self.parent_bytes:,} B"
@@ -740,8 +754,13 @@ def pack_tokenspeed(
     )
     worst = max(
         (g for g in groups if g.layers),
-        key=lambda g: (arena.parent_bytes // arena.packing[g.name] - (raw := sum(
-            payload_bytes(sizes, layer) for layer in g.layers))) / raw,
+        key=lambda g: (
+            (
+                arena.parent_bytes // arena.packing[g.name]
+                - (raw := sum(payload_bytes(sizes, layer) for layer in g.layers))
+            )
+            / raw
+        ),
     )
     raw = sum(payload_bytes(sizes, layer) for layer in worst.layers)
     rule = trusted(

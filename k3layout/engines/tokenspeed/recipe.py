@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pydantic import PositiveInt
 
 from ..._frozen import Frozen, trusted
-from ...constants import PARENT_PAGE_TOKENS
+from ...constants import DEFAULT_MAX_PADDING_FRACTION, PARENT_ALIGNMENT_BYTES, PARENT_PAGE_TOKENS
 from ...errors import Refusal
 from ...layouts.groups import Group
 from ...sizes import RankSizes
@@ -37,8 +37,8 @@ REVISION_NAME = "tokenspeed #1152 head a6ee91b3"
 
 STATE_GROUPS = 3
 """Kimi-K3's recipe splits the KDA layers into exactly this many state groups."""
-PLANE_ALIGNMENT = 256
-DEFAULT_MAX_PADDING = 0.25
+PLANE_ALIGNMENT = PARENT_ALIGNMENT_BYTES
+DEFAULT_MAX_PADDING = DEFAULT_MAX_PADDING_FRACTION
 MAX_KERNEL_PAGE_ID = (1 << 31) - 1
 """A group's pages are int32 kernel page ids: ``n * p_g`` must stay at or under this."""
 
@@ -129,7 +129,9 @@ def pack(
             required[plane] = max(required[plane], count * _page_span(sizes, layer))
             elements = [count * part.elem_bytes for part in sizes.spec_of(layer).parts]
             alignment[plane] = _lcm([alignment[plane], *elements, count])
-    plane_bytes = tuple(-(-need // align) * align for need, align in zip(required, alignment))
+    plane_bytes = tuple(
+        -(-need // align) * align for need, align in zip(required, alignment, strict=True)
+    )
     for group in held:
         if group.kind != "attention":
             continue
@@ -167,7 +169,7 @@ def pack(
                     "group": group.name,
                     "padding": round(padding, 6),
                     "max_padding": max_padding,
-                    "packing": dict(packing),
+                    "pages_per_parent": packing[group.name],
                 },
                 hint="tokenspeed's recipe pins #1152's packing: another attention TP or cache "
                 "dtype, or engine=vllm, plans",

@@ -1,0 +1,194 @@
+"""tokenspeed's formulas hold for every attention TP and DP, dtype, draft and budget (SPEC
+section 4; tokenspeed #1152's head): #1152's packing, the planes and parent, the arena's plane
+order and page slots, and capacity both ways with its verify workspace."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from k3layout import Deployment, ParentPlan, Refusal, load_plan, plan, preset
+
+K3_TPS = [tp for tp in range(1, 97) if 96 % tp == 0]
+DSPARK_TPS = [tp for tp in K3_TPS if 64 % tp == 0]
+
+
+def tokenspeed(model: str, **fields: object) -> ParentPlan | Refusal:
+    try:
+        result = plan(preset(model), Deployment.model_validate({"engine": "tokenspeed", **fields}))
+    except Refusal as refusal:
+        return refusal
+    assert isinstance(result, ParentPlan)
+    return result
+
+
+cells = st.one_of(
+    st.tuples(st.just("kimi-k3"), st.sampled_from(K3_TPS)),
+    st.tuples(st.just("kimi-k3-dspark"), st.sampled_from(DSPARK_TPS)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    cell=cells,
+    attn_dp=st.sampled_from((1, 2, 4, 8)),
+    kv_dtype=st.sampled_from(("fp8", "bf16")),
+    draft_kv_dtype=st.sampled_from((None, "fp8", "bf16")),
+    spec_tokens=st.integers(0, 8),
+)
+def test_the_packing_planes_and_parent_follow_the_recipe(
+    cell: tuple[str, int],
+    attn_dp: int,
+    kv_dtype: str,
+    draft_kv_dtype: str | None,
+    spec_tokens: int,
+) -> None:
+    model, attn_tp = cell
+    result = tokenspeed(
+        model,
+        attn_tp=attn_tp,
+        attn_dp=attn_dp,
+        kv_dtype=kv_dtype,
+        draft_kv_dtype=draft_kv_dtype,
+        spec_tokens=spec_tokens,
+    )
+    page = 128 * 576 * (1 if kv_dtype == "fp8" else 2)
+    state = 6_512_640 // attn_tp  # S(tp, 0): tokenspeed keeps no speculative conv rows
+    mla_pages = max(1, -(-state // page))
+    state_pages = max(1, mla_pages * page // state)
+    raw_state = 23 * state
+    if isinstance(result, Refusal):
+        # the only refusal left: a state group padded past 0.25 (none once a draft joins)
+        assert result.code == "padding_limit" and model == "kimi-k3"
+        assert (24 * mla_pages * page // state_pages - raw_state) / raw_state > 0.25
+        return
+    assert (result.packing.mla_pages, result.packing.state_pages) == (mla_pages, state_pages)
+    draft = 128 * 576 * (1 if (draft_kv_dtype or "bf16") == "fp8" else 2)
+    planes = [mla_pages * page] * 24 + [mla_pages * draft] * len(result.model.draft_layers)
+    assert list(result.plane_sizes) == planes  # every plane 256-aligned already
+    assert result.parent_bytes == sum(planes)
+    assert result.padding_fraction["linear_attention_0"] == (
+        result.parent_bytes // state_pages - raw_state
+    ) / raw_state
+    assert load_plan(result.model_dump_json()) == result
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    cell=cells,
+    kv_dtype=st.sampled_from(("fp8", "bf16")),
+    num_parents=st.integers(1, 40),
+    data=st.data(),
+)
+def test_every_page_sits_in_its_slot_and_no_two_pages_of_a_group_overlap(
+    cell: tuple[str, int], kv_dtype: str, num_parents: int, data: st.DataObject
+) -> None:
+    model, attn_tp = cell
+    result = tokenspeed(model, attn_tp=attn_tp, kv_dtype=kv_dtype, spec_tokens=2)
+    if isinstance(result, Refusal):
+        return
+    binding = result.bind(num_parents)
+    order = sorted(range(result.num_planes), key=lambda j: f"slot.{j}")
+    start = 0
+    for plane in order:  # the planes tile the arena in string order of their ids
+        assert binding.plane_starts[plane] == start
+        start += (num_parents + 1) * result.plane_sizes[plane]
+    assert start <= binding.arena_bytes == (num_parents + 1) * result.parent_bytes
+    layer = data.draw(st.sampled_from(result.model.attention_layer_ids + result.model.kda_layer_ids))
+    group, position = result.group_of(layer)
+    plane = group.plane_of(position)
+    size = result.plane_sizes[plane]
+    stride = size // result.pages_per_parent(group)
+    pages = 1 + num_parents * result.pages_per_parent(group)
+    part = result.sizes.spec_of(layer).parts[-1].name
+    inner = result.part_range(layer, part)
+    ends = []
+    for page in sorted({0, 1, pages // 2, pages - 1}):
+        where = result.byte_range(layer, part, page, num_parents)
+        expected = binding.plane_starts[plane] + size - stride + page * stride + inner.offset_bytes
+        assert where.offset_bytes == expected
+        ends.append((where.offset_bytes, where.end_bytes))
+        # the page stays on its plane
+        assert binding.plane_starts[plane] <= where.offset_bytes
+        assert where.end_bytes <= binding.plane_starts[plane] + (num_parents + 1) * size
+    for (_, end), (following, _) in zip(ends, ends[1:], strict=False):
+        assert end <= following
+    with pytest.raises(Refusal):
+        result.byte_range(layer, part, pages, num_parents)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    cell=cells,
+    kv_dtype=st.sampled_from(("fp8", "bf16")),
+    spec_tokens=st.integers(0, 8),
+    max_live=st.integers(1, 64),
+    overlap_depth=st.sampled_from((0, 1)),
+    budget_gib=st.integers(1, 140),
+)
+def test_a_budget_buys_parents_after_the_workspace_and_capacity_inverts_parents_for(
+    cell: tuple[str, int],
+    kv_dtype: str,
+    spec_tokens: int,
+    max_live: int,
+    overlap_depth: int,
+    budget_gib: int,
+) -> None:
+    model, attn_tp = cell
+    result = tokenspeed(model, attn_tp=attn_tp, kv_dtype=kv_dtype, spec_tokens=spec_tokens)
+    if isinstance(result, Refusal):
+        return
+    budget = budget_gib << 30
+    workspace = (
+        max_live * (spec_tokens + 1) * 69 * result.sizes.state_bytes if spec_tokens else 0
+    )
+    protected = max_live * math.ceil(overlap_depth * max(1, spec_tokens) / 128)
+    parents = (budget - workspace) // result.parent_bytes - 1
+    try:
+        got = result.capacity(budget, max_live, overlap_depth)
+    except Refusal as refusal:
+        assert refusal.code == "budget_too_small"
+        assert parents < 1 or result.parents_for(1, max_live, protected) > parents
+        return
+    assert (got.workspace_bytes, got.num_parents, got.protected_pages) == (
+        workspace,
+        parents,
+        protected,
+    )
+    tokens = got.token_capacity
+    assert result.parents_for(tokens, max_live, protected) <= parents
+    assert result.parents_for(tokens + 1, max_live, protected) > parents
+    assert got.page_counts["full_attention"] == 1 + parents * result.packing.mla_pages
+
+
+def test_the_old_name_plans_the_same_and_warns() -> None:
+    with pytest.warns(DeprecationWarning, match="parent"):
+        old = Deployment(engine="parent", attn_tp=8)
+    assert old.engine == "tokenspeed"
+    result = plan(preset("kimi-k3"), old)
+    assert result == plan(preset("kimi-k3"), Deployment(engine="tokenspeed", attn_tp=8))
+    stored = result.model_dump_json().replace('"tokenspeed"', '"parent"')
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert load_plan(stored) == result  # a plan stored under the old name still loads
+
+
+def test_the_draft_cache_dtype_is_an_engine_rule() -> None:
+    dspark = preset("kimi-k3-dspark")
+    # tokenspeed #1152 keeps the draft bf16; vLLM and SGLang keep the target's dtype
+    assert Deployment(engine="tokenspeed").draft_cache_dtype == "bf16"
+    assert Deployment(engine="vllm").draft_cache_dtype == "fp8"
+    followed = plan(dspark, Deployment(engine="tokenspeed", attn_tp=8, draft_kv_dtype="fp8"))
+    assert set(followed.plane_sizes) == {884_736}
+    for engine in ("vllm", "sglang"):
+        with pytest.raises(Refusal) as caught:
+            Deployment(engine=engine, draft_kv_dtype="bf16")
+        assert (caught.value.code, caught.value.facts["field"]) == (
+            "engine_setting",
+            "draft_kv_dtype",
+        )
+    assert Deployment(engine="vllm", kv_dtype="bf16", draft_kv_dtype="bf16").draft_kv_dtype
