@@ -149,12 +149,14 @@ def _size_rows(result: EngineLayout) -> list[tuple[str, str]]:
         ("attention bytes / token / layer", thousands(sizes.attention_bytes_per_token)),
         ("attention page (128 tokens)", thousands(sizes.attention_page_bytes())),
     ]
-    for spec in sizes.specs:
+    target = {sizes.layer_specs[i] for i in range(result.model.num_layers)}
+    for index, spec in enumerate(sizes.specs):
         per = "token" if spec.paging == "token" else "slot"
+        whose = "" if index in target else "draft "
         for part in spec.parts:
             rows.append(
                 (
-                    f"{spec.kind.upper()} {part.name} / {per}",
+                    f"{whose}{spec.kind.upper()} {part.name} / {per}",
                     f"{thousands(part.local_bytes(tp))}  {part.engine_shape(tp)} {part.dtype}",
                 )
             )

@@ -136,6 +136,26 @@ class _Nested(_Lenient):
     text_config: _TextConfig
 
 
+def _mla_of(text: _TextConfig, index_bytes: int = 0) -> MLALayer:
+    """The MLA layer a text config describes."""
+    return MLALayer(
+        num_heads=text.num_attention_heads,
+        kv_lora_rank=text.kv_lora_rank,
+        qk_rope_head_dim=text.qk_rope_head_dim,
+        qk_nope_head_dim=text.qk_nope_head_dim,
+        v_head_dim=text.v_head_dim,
+        q_lora_rank=text.q_lora_rank,
+        index_bytes_per_token=index_bytes,
+    )
+
+
+def _invalid(error: ValidationError, source: str, hint: str) -> Refusal:
+    """A config's validation error as the refusal naming its field."""
+    return refusal_from_validation(
+        error, f"config {source}", code="invalid_config", facts={"source": source}, hint=hint
+    )
+
+
 def _config_error(field: str, message: str, hint: str | None = None) -> Refusal:
     return Refusal("invalid_config", message, facts={"field": field}, hint=hint)
 
@@ -285,13 +305,7 @@ def _model_from_config(
             text = _TextConfig.model_validate(config)
             top_type = text.model_type
     except ValidationError as error:
-        raise refusal_from_validation(
-            error,
-            f"config {source}",
-            code="invalid_config",
-            facts={"source": source},
-            hint="fix the named field of the config.json",
-        ) from None
+        raise _invalid(error, source, "fix the named field of the config.json") from None
     if num_draft_layers is not None and num_draft_layers < 0:
         raise Refusal(
             "invalid_argument",
@@ -321,15 +335,7 @@ def _model_from_config(
     if text.index_head_dim is not None:
         # fp8 key row + one fp32 scale: 128 + 4 = DSA_INDEX_BYTES_PER_TOKEN for V3.2 / GLM-5.
         index_bytes = text.index_head_dim + (DSA_INDEX_BYTES_PER_TOKEN - 128)
-    mla = MLALayer(
-        num_heads=text.num_attention_heads,
-        kv_lora_rank=text.kv_lora_rank,
-        qk_rope_head_dim=text.qk_rope_head_dim,
-        qk_nope_head_dim=text.qk_nope_head_dim,
-        v_head_dim=text.v_head_dim,
-        q_lora_rank=text.q_lora_rank,
-        index_bytes_per_token=index_bytes,
-    )
+    mla = _mla_of(text, index_bytes)
     layers: tuple[Layer, ...]
     if linear is None:
         layers = (mla,) * text.num_hidden_layers
@@ -367,13 +373,7 @@ def draft_layers(config: Mapping[str, object], source: str = "<draft>") -> tuple
     try:
         text = _TextConfig.model_validate(config)
     except ValidationError as error:
-        raise refusal_from_validation(
-            error,
-            f"config {source}",
-            code="invalid_config",
-            facts={"source": source},
-            hint="pass the draft model's own config.json",
-        ) from None
+        raise _invalid(error, source, "pass the draft model's own config.json") from None
     if text.linear_attn_config is not None:
         raise Refusal(
             "draft_unsupported",
@@ -382,15 +382,7 @@ def draft_layers(config: Mapping[str, object], source: str = "<draft>") -> tuple
             hint="pass a dense MLA draft's config.json",
         )
     check_bound("num_hidden_layers", text.num_hidden_layers, MAX_MODULE_LAYERS, why="layers")
-    layer = MLALayer(
-        num_heads=text.num_attention_heads,
-        kv_lora_rank=text.kv_lora_rank,
-        qk_rope_head_dim=text.qk_rope_head_dim,
-        qk_nope_head_dim=text.qk_nope_head_dim,
-        v_head_dim=text.v_head_dim,
-        q_lora_rank=text.q_lora_rank,
-    )
-    return (layer,) * text.num_hidden_layers
+    return (_mla_of(text),) * text.num_hidden_layers
 
 
 def config_of(hf_config: object, field: str, owner: str) -> Mapping[str, object]:
