@@ -69,7 +69,9 @@ def test_config_draft_layers_join_a_loaded_model() -> None:
         )
     assert caught.value.facts["field"] == "num_draft_layers"
     with pytest.raises(Refusal) as caught:
-        load_config(FIXTURES / "kimi-k3.config.json", draft=FIXTURES / "kimi-linear-48b-a3b.config.json")
+        load_config(
+            FIXTURES / "kimi-k3.config.json", draft=FIXTURES / "kimi-linear-48b-a3b.config.json"
+        )
     assert caught.value.code == "draft_unsupported"
 
 

@@ -4,6 +4,7 @@ order and page slots, and capacity both ways with its verify workspace."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 
@@ -71,9 +72,10 @@ def test_the_packing_planes_and_parent_follow_the_recipe(
     planes = [mla_pages * page] * 24 + [mla_pages * draft] * len(result.model.draft_layers)
     assert list(result.plane_sizes) == planes  # every plane 256-aligned already
     assert result.parent_bytes == sum(planes)
-    assert result.padding_fraction["linear_attention_0"] == (
-        result.parent_bytes // state_pages - raw_state
-    ) / raw_state
+    assert (
+        result.padding_fraction["linear_attention_0"]
+        == (result.parent_bytes // state_pages - raw_state) / raw_state
+    )
     assert load_plan(result.model_dump_json()) == result
 
 
@@ -98,7 +100,8 @@ def test_every_page_sits_in_its_slot_and_no_two_pages_of_a_group_overlap(
         assert binding.plane_starts[plane] == start
         start += (num_parents + 1) * result.plane_sizes[plane]
     assert start <= binding.arena_bytes == (num_parents + 1) * result.parent_bytes
-    layer = data.draw(st.sampled_from(result.model.attention_layer_ids + result.model.kda_layer_ids))
+    layers = result.model.attention_layer_ids + result.model.kda_layer_ids
+    layer = data.draw(st.sampled_from(layers))
     group, position = result.group_of(layer)
     plane = group.plane_of(position)
     size = result.plane_sizes[plane]
@@ -115,7 +118,7 @@ def test_every_page_sits_in_its_slot_and_no_two_pages_of_a_group_overlap(
         # the page stays on its plane
         assert binding.plane_starts[plane] <= where.offset_bytes
         assert where.end_bytes <= binding.plane_starts[plane] + (num_parents + 1) * size
-    for (_, end), (following, _) in zip(ends, ends[1:], strict=False):
+    for (_, end), (following, _) in itertools.pairwise(ends):
         assert end <= following
     with pytest.raises(Refusal):
         result.byte_range(layer, part, pages, num_parents)
@@ -126,26 +129,23 @@ def test_every_page_sits_in_its_slot_and_no_two_pages_of_a_group_overlap(
     cell=cells,
     kv_dtype=st.sampled_from(("fp8", "bf16")),
     spec_tokens=st.integers(0, 8),
-    max_live=st.integers(1, 64),
-    overlap_depth=st.sampled_from((0, 1)),
+    load=st.tuples(st.integers(1, 64), st.sampled_from((0, 1))),
     budget_gib=st.integers(1, 140),
 )
 def test_a_budget_buys_parents_after_the_workspace_and_capacity_inverts_parents_for(
     cell: tuple[str, int],
     kv_dtype: str,
     spec_tokens: int,
-    max_live: int,
-    overlap_depth: int,
+    load: tuple[int, int],
     budget_gib: int,
 ) -> None:
     model, attn_tp = cell
+    max_live, overlap_depth = load
     result = tokenspeed(model, attn_tp=attn_tp, kv_dtype=kv_dtype, spec_tokens=spec_tokens)
     if isinstance(result, Refusal):
         return
     budget = budget_gib << 30
-    workspace = (
-        max_live * (spec_tokens + 1) * 69 * result.sizes.state_bytes if spec_tokens else 0
-    )
+    workspace = max_live * (spec_tokens + 1) * 69 * result.sizes.state_bytes if spec_tokens else 0
     protected = max_live * math.ceil(overlap_depth * max(1, spec_tokens) / 128)
     parents = (budget - workspace) // result.parent_bytes - 1
     try:
