@@ -32,7 +32,7 @@ from typing import Final, TypeAlias, cast
 
 from pydantic import model_validator
 
-from ._args import expect, expect_args, expect_sequence
+from ._args import expect, expect_args, expect_int, expect_sequence
 from ._frozen import Frozen, trusted
 from .errors import Refusal
 from .model import HybridModel
@@ -137,7 +137,7 @@ class LayerNames(Frozen):
 
     def name(self, layer: int) -> str:
         """The name of module layer ``layer``."""
-        if not 0 <= layer < len(self.names):
+        if not 0 <= expect_int("layer", layer) < len(self.names):
             raise Refusal(
                 "layer_names",
                 f"module layer {layer} has no name ({len(self.names)} layers are named)",
@@ -148,6 +148,7 @@ class LayerNames(Frozen):
 
     def layer_of(self, name: str) -> int:
         """The module layer registered as ``name``."""
+        expect("name", name, str)
         try:
             return self.names.index(name)
         except ValueError:

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import reduce
+from typing import cast
 
+from ._args import expect, expect_args, expect_int, expect_sequence
+from ._divisors import divisors
 from ._frozen import Frozen
+from .constants import MAX_RANKS
 from .deployment import Deployment, EngineFlavour
 from .dtypes import KvCacheDtype
 from .errors import Refusal, RefusalCode
 from .layouts import plan
+from .limits import check_bound
 from .model import HybridModel
 from .registry import engine_names, facts_of
 
@@ -36,9 +41,18 @@ class SweepCell(Frozen):
 
 def default_attn_tps(model: HybridModel, limit: int = 64) -> tuple[int, ...]:
     """Every attention TP up to ``limit`` that divides the heads, plus the powers of two
-    (some of which do not divide, and show their refusal)."""
+    (some of which do not divide, and show their refusal). Refuses a ``limit`` that is not
+    an int from 1 to ``MAX_RANKS`` (a rank id is an int32)."""
+    expect("model", model, HybridModel)
+    if check_bound("limit", expect_int("limit", limit), MAX_RANKS, why="a rank id") < 1:
+        raise Refusal(
+            "invalid_argument",
+            f"limit={limit} must be >= 1",
+            facts={"field": "limit"},
+            hint="pass limit >= 1 (64 by default)",
+        )
     heads = reduce(math.gcd, (layer.num_heads for layer in model.module_layers))
-    dividing = {tp for tp in range(1, limit + 1) if heads % tp == 0}
+    dividing = {tp for tp in divisors(heads) if tp <= limit}
     powers = {1 << k for k in range(limit.bit_length()) if 1 << k <= limit}
     return tuple(sorted(dividing | powers))
 
@@ -65,6 +79,13 @@ def sweep_cell(model: HybridModel, deployment: Deployment) -> SweepCell:
     )
 
 
+def _listed(values: object) -> object:
+    """An iterable argument as a tuple (a generator, a set), else as given (and refused)."""
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        return values
+    return tuple(values)
+
+
 def sweep(
     model: HybridModel,
     attn_tps: Iterable[int],
@@ -77,11 +98,16 @@ def sweep(
     The padding of a ``vllm`` cell is the KDA page padding over ``S``; of a ``tokenspeed`` cell the
     largest group padding.
     """
+    expect_args(("model", model, HybridModel), ("base", base, (Deployment, type(None))))
+    tps = tuple(expect_sequence("attn_tps", _listed(attn_tps), int))
+    dtypes = tuple(expect_sequence("kv_dtypes", _listed(kv_dtypes), str))
+    listed = engine_names() if engines is None else _listed(engines)
+    names = tuple(expect_sequence("engines", listed, str))
     fields = {} if base is None else {n: getattr(base, n) for n in Deployment.model_fields}
     cells: list[SweepCell] = []
-    for engine in engine_names() if engines is None else engines:
-        for kv_dtype in kv_dtypes:
-            for attn_tp in attn_tps:
+    for engine in names:
+        for kv_dtype in dtypes:
+            for attn_tp in cast(tuple[int, ...], tps):
                 if attn_tp < 1:
                     raise Refusal(
                         "invalid_argument",

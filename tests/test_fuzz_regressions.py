@@ -41,6 +41,8 @@ from k3layout.constants import (
     MAX_RANKS,
 )
 from k3layout.engines.vllm import VllmPlan
+from k3layout.names import engine_layer_names
+from k3layout.sweep import default_attn_tps, sweep
 
 FIXTURES = Path(__file__).parent / "fixtures"
 QUICK_S = 1.0
@@ -507,3 +509,41 @@ def test_kimis_own_pattern_still_loads_without_full_attn_layers() -> None:
     assert model_from_config(_k3(_drop_full), name="kimi-k3") == preset("kimi-k3")
     agreeing = _k3(lambda d: d.update(num_hidden_layers=93, model_type="kimi_k3"))
     assert model_from_config(agreeing, name="kimi-k3") == preset("kimi-k3")
+
+
+def test_a_huge_sweep_limit_is_refused_not_looped_over() -> None:
+    kimi_linear = preset("kimi-linear-48b")
+    with pytest.raises(Refusal) as caught:
+        default_attn_tps(kimi_linear, 10**18)
+    assert (caught.value.code, caught.value.facts["field"]) == ("size_limit", "limit")
+    # up to the bound it answers from the divisors of the heads, not a walk to the limit
+    assert default_attn_tps(kimi_linear, (1 << 31) - 1)[:6] == (1, 2, 4, 8, 16, 32)
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda: default_attn_tps(preset("kimi-k3"), float("inf")), "limit"),  # type: ignore[arg-type]
+        (lambda: sweep(preset("kimi-k3"), [1, None]), "attn_tps[1]"),  # type: ignore[list-item]
+        (lambda: engine_layer_names(preset("kimi-k3")).name(2.0), "layer"),  # type: ignore[arg-type]
+        (lambda: engine_layer_names(preset("kimi-k3")).layer_of(3), "name"),  # type: ignore[arg-type]
+        (lambda: sweep(preset("kimi-k3"), [8], engines=[None]), "engines[0]"),  # type: ignore[list-item]
+    ],
+)
+def test_ill_typed_arguments_are_refusals_naming_the_argument(call: Any, field: str) -> None:
+    with pytest.raises(Refusal) as caught:
+        call()
+    assert caught.value.code == "invalid_argument"
+    assert field in str(caught.value)
+
+
+def test_a_transfer_from_a_lifted_padding_limit_plans_at_once() -> None:
+    # once a hang: a packing search run to its end for every segment (the engine now pins
+    # #1152's packing), and both sides run the channel-major conv layout tokenspeed keeps
+    transfer = plan_transfer(
+        preset("kimi-k3"),
+        Deployment(engine="tokenspeed", attn_tp=16, max_padding=1.0, conv_layout="DS"),
+        Deployment(attn_tp=32, dcp=8, conv_layout="DS"),
+        prompt_tokens=56_799,
+    )
+    assert transfer.num_consumers == 32
