@@ -110,3 +110,40 @@ def test_the_cli_refuses_a_request_length_without_a_budget_and_mode_all() -> Non
     run = k3layout("plan", "--max-model-len", "8192")
     assert run.returncode == 2 and "--kv-memory-gib" in run.stdout + run.stderr
     assert k3layout("plan", "--mamba-cache-mode", "all").returncode == 2
+
+
+@pytest.mark.parametrize("engine", ["vllm", "tokenspeed", "sglang"])
+def test_the_cli_answers_how_many_requests_fit_and_the_memory_for_n(engine: str) -> None:
+    base = ["plan", "--engine", engine, "--attn-tp", "8", "--max-model-len", "131072"]
+    run = k3layout(*base, "--kv-memory-gib", "60", "--json")
+    assert run.returncode == 0, run.stderr
+    capacity = json.loads(run.stdout)["capacity"]
+    assert capacity["kv_memory_bytes"] == 60 << 30
+    assert capacity["max_requests"] >= 1
+    assert capacity["tokens_held"] == capacity["max_requests"] * 131_072
+    asked = k3layout(*base, "--requests", "64", "--json")
+    assert asked.returncode == 0, asked.stderr
+    least = json.loads(asked.stdout)["capacity"]
+    assert least["max_requests"] >= 64
+    fewer = k3layout(*base, "--kv-memory-gib", str((least["kv_memory_bytes"] - 1) / (1 << 30)))
+    table = k3layout(*base, "--requests", "64")
+    assert "KV memory per rank for 64 requests (least)" in table.stdout
+    assert "requests of 131,072 tokens held at once" in table.stdout
+    assert "waste" in table.stdout and "KDA state share" in table.stdout
+    assert fewer.returncode in (0, 2)
+
+
+def test_options_that_do_not_apply_to_the_engine_are_refused_with_the_reason() -> None:
+    run = k3layout("plan", "--engine", "vllm", "--kv-memory-gib", "60", "--max-live", "4")
+    assert run.returncode == 2 and "--max-live sizes tokenspeed's arena" in run.stderr
+    run = k3layout("plan", "--engine", "vllm", "--max-padding", "0.3")
+    assert run.returncode == 2 and "max_padding" in run.stderr
+    run = k3layout("plan", "--engine", "sglang", "--max-padding", "0.3")
+    assert run.returncode == 2 and "max_padding" in run.stderr
+    run = k3layout("plan", "--kv-memory-gib", "60", "--requests", "4")
+    assert run.returncode == 2 and "give one" in run.stderr
+    # tokenspeed takes both, and its capacity with a budget (once refused)
+    run = k3layout(
+        "plan", "--engine", "tokenspeed", "--kv-memory-gib", "60", "--max-model-len", "8192"
+    )
+    assert run.returncode == 0, run.stderr

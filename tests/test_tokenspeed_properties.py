@@ -149,7 +149,7 @@ def test_a_budget_buys_parents_after_the_workspace_and_capacity_inverts_parents_
     protected = max_live * math.ceil(overlap_depth * max(1, spec_tokens) / 128)
     parents = (budget - workspace) // result.parent_bytes - 1
     try:
-        got = result.capacity(budget, max_live, overlap_depth)
+        got = result.capacity(budget, max_live=max_live, overlap_depth=overlap_depth)
     except Refusal as refusal:
         assert refusal.code == "budget_too_small"
         assert parents < 1 or result.parents_for(1, max_live, protected) > parents

@@ -289,11 +289,13 @@ def test_a_memory_budget_buys_the_parents_and_tokens_tokenspeeds_setup_gives(
         ask = (budget["budget_bytes"], budget["max_bs"])
         if "refused" in budget:
             with pytest.raises(Refusal) as caught:
-                result.capacity(*ask, max_total_tokens=budget["max_total_tokens"])
+                result.capacity(
+                    ask[0], max_live=ask[1], max_total_tokens=budget["max_total_tokens"]
+                )
             assert caught.value.code == "budget_too_small", budget
             assert budget["refused"]["message"] in str(caught.value)
             continue
-        got = result.capacity(*ask, max_total_tokens=budget["max_total_tokens"])
+        got = result.capacity(ask[0], max_live=ask[1], max_total_tokens=budget["max_total_tokens"])
         assert (
             got.workspace_bytes,
             got.num_parents,

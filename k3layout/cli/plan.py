@@ -7,12 +7,10 @@ import math
 from typing import TYPE_CHECKING
 
 from ..constants import MAX_KV_MEMORY_GIB
-from ..engines.sglang import SglangCapacity, SglangPlan
-from ..engines.vllm import VllmPlan
-from ..engines.vllm.capacity import VllmCapacity
 from ..engines.vllm.rules import MAMBA_CACHE_MODES
 from ..errors import Refusal
 from ..layouts import EngineLayout, plan
+from ..layouts.answer import RequestCapacity
 from ..layouts.report import report
 from .common import (
     add_deployment_options,
@@ -42,10 +40,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--kv-memory-gib",
         type=float,
         default=None,
-        help="KV memory per rank: also print blocks / parents and token capacity (sglang: "
-        "the memory SGLang's KVCacheConfigurator divides, and its capacity)",
+        help="KV memory per rank: print how many requests of --max-model-len tokens it holds "
+        "at once, with the engine's own capacity figures",
     )
-    parser.add_argument("--max-live", type=int, default=1, help="live requests (parent capacity)")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="requests of --max-model-len tokens held at once: print the least KV memory per "
+        "rank that holds them",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="tokens of one request (default: the model's context, as every engine defaults)",
+    )
+    parser.add_argument(
+        "--max-live",
+        type=int,
+        default=None,
+        help="tokenspeed only: live requests its sizing is for (its max_bs; default: the most "
+        "requests of --max-model-len the memory holds)",
+    )
     parser.add_argument(
         "--mamba-cache-mode",
         dest="vllm_mamba_cache_mode",
@@ -53,14 +70,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="as vLLM 0.33's deprecated flag: align or none, resolved by prefix caching "
         "(on: align, off: none)",
-    )
-    parser.add_argument(
-        "--max-model-len",
-        type=int,
-        default=None,
-        help="tokens of one request (vllm, with --kv-memory-gib: num_blocks, blocks per "
-        "request by group and max concurrency, as vLLM counts them; sglang: its context "
-        "length, default the model's)",
     )
     parser.add_argument("--json", action="store_true", help="print the plan report as JSON")
     parser.set_defaults(run=run)
@@ -71,51 +80,59 @@ def run(args: argparse.Namespace) -> int:
 
     def action() -> int:
         result = plan(model_from_args(args), deployment_from_args(args))
-        budget = None if args.kv_memory_gib is None else budget_bytes(args.kv_memory_gib)
-        capacity = capacity_of(result, budget, args.max_model_len)
+        capacity = capacity_of(result, args)
         if args.json:
             print(report(result, capacity).model_dump_json(indent=2))
             return 0
-        if args.max_live < 1:
-            raise Refusal(
-                "invalid_argument",
-                f"--max-live={args.max_live}: must be >= 1 (live requests)",
-                facts={"field": "max_live", "option": "--max-live"},
-                hint="pass --max-live 1 or more",
-            )
-        show(result, budget, args.max_live, capacity)
+        show(result, capacity, args.requests)
         return 0
 
     return run_refusing(action, args.json)
 
 
-def capacity_of(
-    result: EngineLayout, budget: int | None, max_model_len: int | None
-) -> VllmCapacity | SglangCapacity | None:
-    """The engine's capacity of ``budget``: vLLM's at ``max_model_len`` (both given),
-    SGLang's with a budget (at ``max_model_len`` or the model's context)."""
-    if isinstance(result, SglangPlan):
-        if budget is None:
-            if max_model_len is not None:
-                raise Refusal(
-                    "invalid_argument",
-                    "--max-model-len sets SGLang's context for its capacity: it needs "
-                    "--kv-memory-gib",
-                    facts={"field": "max_model_len", "option": "--max-model-len"},
-                    hint="add --kv-memory-gib G",
-                )
-            return None
-        return result.capacity(budget, max_model_len)
-    if max_model_len is None:
-        return None
-    if budget is None or not isinstance(result, VllmPlan):
+def capacity_of(result: EngineLayout, args: argparse.Namespace) -> RequestCapacity | None:
+    """The engine's capacity the options ask: of ``--kv-memory-gib``, or at the least memory
+    that holds ``--requests`` requests, at ``--max-model-len`` (default: the model's)."""
+    if args.max_live is not None and result.engine != "tokenspeed":
+        raise Refusal(
+            "engine_setting",
+            f"--max-live sizes tokenspeed's arena; engine={result.engine} sizes its own "
+            "(vLLM by --max-num-seqs at start, SGLang by --max-running-requests)",
+            facts={"field": "max_live", "option": "--max-live", "engine": result.engine},
+            hint="drop --max-live, or use --engine tokenspeed",
+        )
+    if args.max_live is not None and args.max_live < 1:
         raise Refusal(
             "invalid_argument",
-            "--max-model-len counts vLLM's capacity: it needs --kv-memory-gib and --engine vllm",
-            facts={"field": "max_model_len", "option": "--max-model-len"},
-            hint="add --kv-memory-gib G (and --engine vllm)",
+            f"--max-live={args.max_live}: must be >= 1 (live requests)",
+            facts={"field": "max_live", "option": "--max-live"},
+            hint="pass --max-live 1 or more",
         )
-    return result.capacity(budget, max_model_len)
+    if args.kv_memory_gib is not None and args.requests is not None:
+        raise Refusal(
+            "invalid_argument",
+            "--kv-memory-gib asks what a memory holds, --requests the memory that holds them: "
+            "give one",
+            facts={"field": "requests", "option": "--requests"},
+            hint="drop --kv-memory-gib or --requests",
+        )
+    extra = {} if args.max_live is None else {"max_live": args.max_live}
+    if args.requests is not None:
+        memory = result.memory_for(args.requests, args.max_model_len)
+        answer: RequestCapacity = result.capacity(memory, args.max_model_len, **extra)
+        return answer
+    if args.kv_memory_gib is None:
+        if args.max_model_len is not None or args.max_live is not None:
+            raise Refusal(
+                "invalid_argument",
+                "--max-model-len and --max-live shape a capacity: they need --kv-memory-gib G "
+                "or --requests N",
+                facts={"field": "max_model_len", "option": "--max-model-len"},
+                hint="add --kv-memory-gib G (what it holds) or --requests N (the memory needed)",
+            )
+        return None
+    answer = result.capacity(budget_bytes(args.kv_memory_gib), args.max_model_len, **extra)
+    return answer
 
 
 def budget_bytes(gib: float) -> int:
@@ -195,39 +212,26 @@ def _stages_table(result: EngineLayout) -> Table:
     return table
 
 
-def show(
-    result: EngineLayout,
-    budget_bytes: int | None,
-    max_live: int,
-    capacity: VllmCapacity | SglangCapacity | None = None,
-) -> None:
-    """Print a plan as tables: sizes and layout, groups, and stages (with PP)."""
+def show(result: EngineLayout, capacity: RequestCapacity | None, requests: int | None) -> None:
+    """Print a plan as tables: sizes and layout, groups, stages (with PP), and the capacity
+    the options asked."""
     out = console()
     d = result.deployment
     out.print(
         f"{result.model.name} | engine {result.engine} | attn_tp {d.attn_tp} x dp {d.attn_dp} | "
-        f"pp {d.pp} | dcp {d.dcp} | {d.kv_dtype} | spec {d.spec_tokens}",
+        f"pp {d.pp} | dcp {d.dcp} | {d.kv_dtype} | spec {d.spec_tokens} | {d.gpu}",
         style="bold",
     )
     rows = _size_rows(result) + result.summary()
-    rows.append(("bytes / token", f"{result.bytes_per_token:,.1f}"))
-    if isinstance(capacity, SglangCapacity):
-        rows += [("context (--max-model-len)", f"{capacity.max_model_len:,}"), *capacity.rows()]
-    elif budget_bytes is not None:
-        rows += result.capacity_summary(budget_bytes, max_live)
-    if isinstance(capacity, VllmCapacity):
-        rows += [
-            (
-                f"blocks / request of {capacity.max_model_len:,} tokens",
-                " + ".join(str(g.blocks) for g in capacity.blocks_per_request)
-                + f" = {capacity.total_blocks_per_request}",
-            ),
-            (
-                "KDA cache mode / prefill kernel",
-                f"{capacity.mamba_cache_mode} / {capacity.kda_prefill_backend or '-'}",
-            ),
-            ("max concurrency", f"{capacity.max_concurrency:,.2f}"),
-        ]
+    whole = " (whole model)" if len(result.stages) > 1 else ""
+    rows.append((f"bytes / token (attention cache){whole}", f"{result.bytes_per_token:,.1f}"))
+    if capacity is not None:
+        memory = (
+            f"KV memory per rank for {requests:,} requests (least)"
+            if requests is not None
+            else "KV memory per rank"
+        )
+        rows += [(memory, f"{capacity.kv_memory_bytes:,} B"), *capacity.rows()]
     out.print(summary_table(rows))
     out.print(_groups_table(result))
     if len(result.stages) > 1:

@@ -19,6 +19,7 @@ from ..deployment import Deployment, EngineFlavour
 from ..errors import Refusal
 from ..model import HybridModel
 from ..sizes import RankSizes, rank_sizes
+from .answer import least_memory
 from .groups import Group, GroupedLayout, GroupKind, PlaneMember, Stage, stage_at
 
 
@@ -142,6 +143,13 @@ class LayoutBase(GroupedLayout):
         backing, the parent's arena); an engine with a tensor per pool says ``False`` and
         counts each part's offsets inside its own tensor."""
         return True
+
+    def memory_for(self, requests: int, max_model_len: int | None = None) -> int:
+        """The least KV memory per rank, in bytes, in which the engine holds ``requests``
+        requests of ``max_model_len`` tokens at once (default: the model's context); one byte
+        less does not (:func:`k3layout.layouts.answer.least_memory`)."""
+        capacity = getattr(self, "capacity")  # noqa: B009 - each engine's own
+        return least_memory(lambda memory: capacity(memory, max_model_len), requests)
 
     def plane_bytes_of(self, group: Group) -> int:
         """Bytes of one block's plane under ``group``'s layers: every plane of a block is
@@ -298,5 +306,7 @@ class EngineLayout(Protocol):
     def summary(self) -> list[tuple[str, str]]: ...
     def block_caption(self, num_planes: int) -> str: ...
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]: ...
+    def capacity(self, kv_memory_bytes: int, max_model_len: int | None = None) -> Any: ...
+    def memory_for(self, requests: int, max_model_len: int | None = None) -> int: ...
     def group_columns(self) -> dict[str, dict[str, str]]: ...
     def report_fields(self) -> tuple[dict[str, object], str]: ...

@@ -18,7 +18,14 @@ from ..sizes import RankSizes
 from .groups import Group, Stage
 from .protocol import LayoutBase
 
-__all__ = ["SGLANG_SETTINGS", "EngineRules", "refuse_settings", "register_engine", "rules_for"]
+__all__ = [
+    "SGLANG_SETTINGS",
+    "TOKENSPEED_SETTINGS",
+    "EngineRules",
+    "refuse_settings",
+    "register_engine",
+    "rules_for",
+]
 
 
 def _builds_all(model: HybridModel, deployment: Deployment) -> HybridModel:
@@ -55,6 +62,9 @@ class EngineRules:
     violations: Callable[[Any], list[str]] = _no_violations
     pipeline_ok: Callable[[HybridModel, int], bool] = _any_pipeline
 
+
+TOKENSPEED_SETTINGS: tuple[tuple[str, object], ...] = (("max_padding", None),)
+"""tokenspeed's settings (its recipe's padding limit) that the other engines do not take."""
 
 SGLANG_SETTINGS: tuple[tuple[str, object], ...] = (
     ("mamba_full_memory_ratio", None),

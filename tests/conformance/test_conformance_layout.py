@@ -12,6 +12,8 @@ refuses too.
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +245,7 @@ def test_planner_answers_what_vllm_resolves(case: Case, tmp_path: Path) -> None:
     assert capacity.num_blocks == engine.kv_cache_configs[0].num_blocks
     assert [g.blocks for g in capacity.blocks_per_request] == blocks_per_request(engine)
     assert capacity.max_concurrency == max_concurrency(engine)
+    assert capacity.max_requests == math.floor(max_concurrency(engine))
     assert capacity.mamba_cache_mode == engine.config.cache_config.mamba_cache_mode
     if result.model.kda_layers:  # one state per block in align mode; per request in none
         assert capacity.kda_span_tokens == engine.state_block_size
@@ -266,3 +269,40 @@ def test_a_stage_without_attention_is_the_one_layout_refused_where_vllm_starts(
     # one MLA layer in the first stage (4 + 89) and both sides agree again
     served = Case(attn_tp=8, pp=2, pp_partition=(4, 89))
     test_planner_answers_what_vllm_resolves(served, tmp_path)
+
+
+def memory_cases() -> list[tuple[Case, int]]:
+    """Workloads (a deployment, its context, a request count) whose least memory is asked."""
+    cases = []
+    for model, drafter, spec in (("kimi-k3", None, 0), ("kimi-k3", "dspark", 2)):
+        for tp, dtype in ((8, "fp8"), (1, "bf16"), (16, "fp8")):
+            for length, requests in ((131_072, 64), (8192, 1), (1_000_000, 3)):
+                case = Case(
+                    model,
+                    tp,
+                    kv_dtype=dtype,
+                    drafter=drafter,
+                    spec_tokens=spec,
+                    max_model_len=length,
+                )
+                cases.append((case, requests))
+    cases.append((Case(attn_tp=8, pp=2, max_model_len=65_536), 32))
+    cases.append((Case(attn_tp=8, dcp=8, max_model_len=131_072), 16))
+    cases.append((Case(attn_tp=8, prefix_caching=False, max_model_len=32_768), 100))
+    return cases
+
+
+@pytest.mark.parametrize(("case", "requests"), memory_cases(), ids=lambda c: str(c))
+def test_the_least_memory_is_where_vllms_own_concurrency_first_holds_the_requests(
+    case: Case, requests: int, tmp_path: Path
+) -> None:
+    result = plan(planner_model(case, tmp_path), deployment(case))
+    assert isinstance(result, VllmPlan)
+    memory = result.memory_for(requests, case.max_model_len)
+    served = start(replace(case, memory_bytes=memory), tmp_path)
+    assert math.floor(max_concurrency(served)) >= requests
+    try:
+        short = start(replace(case, memory_bytes=memory - 1), tmp_path)
+    except ValueError:  # vLLM refuses to start: not one request fits
+        return
+    assert math.floor(max_concurrency(short)) < requests

@@ -28,6 +28,7 @@ from ..._args import expect_int
 from ..._frozen import Frozen
 from ...constants import MAX_PROMPT_TOKENS
 from ...errors import Refusal
+from ...layouts.answer import RequestCapacity, answer
 from ...layouts.protocol import EngineLayout
 from ...limits import check_bound
 from .rules import (
@@ -63,16 +64,16 @@ class SglangStageCapacity(Frozen):
     max_total_num_tokens: NonNegativeInt
 
 
-class SglangCapacity(Frozen):
-    """What a per-rank ``budget_bytes`` serves under an SGLang plan, in SGLang's own names.
+class SglangCapacity(RequestCapacity):
+    """What a per-rank ``kv_memory_bytes`` serves under an SGLang plan, in SGLang's own names,
+    and the answer every engine gives.
 
     ``max_total_num_tokens`` is per rank (the MIN over stages); ``logical_tokens`` the
     scheduler's token capacity (``x dcp``); ``max_mamba_cache_size`` the state slots and
-    ``max_running_requests`` the running requests per attention-DP worker.
+    ``max_running_requests`` the running requests per attention-DP worker. ``max_requests``
+    is within both: ``min(max_running_requests, logical_tokens // max_model_len)``.
     """
 
-    budget_bytes: NonNegativeInt
-    max_model_len: PositiveInt
     multimodal_reservation_bytes: NonNegativeInt
     mamba_full_memory_ratio: float
     state_slots_per_request: PositiveInt
@@ -109,7 +110,11 @@ class SglangCapacity(Frozen):
                         f"{stage.max_total_num_tokens:,}",
                     )
                 )
-        return rows
+        return [
+            ("context (--context-length)", f"{self.max_model_len:,}"),
+            *rows,
+            *self.answer_rows(),
+        ]
 
 
 def _budget_too_small(why: str, **facts: int | float) -> Refusal:
@@ -213,9 +218,9 @@ def sglang_capacity(plan: PoolPlan, budget_bytes: int, max_model_len: int) -> Sg
         if group.name == "draft"
         for layer in group.layers
     )
+    held = min(running, tokens * deployment.dcp // max_model_len)
     return SglangCapacity(
-        budget_bytes=budget_bytes,
-        max_model_len=max_model_len,
+        **answer(plan, budget_bytes, max_model_len, held),
         multimodal_reservation_bytes=reservation,
         mamba_full_memory_ratio=r,
         state_slots_per_request=ratio,

@@ -27,9 +27,10 @@ from ..._derivation import SelfChecked, is_deriving
 from ..._frozen import trusted
 from ...deployment import Deployment
 from ...errors import Refusal
+from ...layouts.answer import check_context
 from ...layouts.groups import Group, Stage
 from ...layouts.protocol import ByteRange, LayoutBase, check_block, check_non_negative
-from ...layouts.seams import refuse_settings
+from ...layouts.seams import TOKENSPEED_SETTINGS, refuse_settings
 from ...model import HybridModel
 from ...sizes import RankSizes
 from .capacity import SglangCapacity, sglang_capacity
@@ -107,33 +108,14 @@ class SglangPlan(SelfChecked, LayoutBase):
         :meth:`cell_bytes`)."""
         return sum(self.cell_bytes(stage.index) for stage in self.stages)
 
-    def capacity(self, budget_bytes: int, max_model_len: int | None = None) -> SglangCapacity:
-        """What ``budget_bytes`` per rank (the memory SGLang's configurator divides) serves at
+    def capacity(self, kv_memory_bytes: int, max_model_len: int | None = None) -> SglangCapacity:
+        """What ``kv_memory_bytes`` per rank (the memory SGLang's configurator divides) serves at
         a context of ``max_model_len`` tokens (SGLang's ``--context-length``; ``None``: the
         model's ``context_tokens``, as SGLang defaults): ``max_total_num_tokens``,
         ``max_mamba_cache_size`` and ``max_running_requests``, as SGLang computes them
         (:mod:`k3layout.engines.sglang.capacity`)."""
-        if max_model_len is None:
-            max_model_len = self.model.context_tokens
-            if max_model_len is None:
-                raise Refusal(
-                    "invalid_argument",
-                    f"model {self.model.name} does not say its context length "
-                    "(max_position_embeddings): SGLang's running-request estimate needs one",
-                    facts={"field": "max_model_len", "model": self.model.name},
-                    hint="pass max_model_len (SGLang's --context-length)",
-                )
-        longest = self.model.context_tokens
-        if longest is not None and isinstance(max_model_len, int) and max_model_len > longest:
-            raise Refusal(
-                "invalid_argument",
-                f"max_model_len={max_model_len:,} is over model {self.model.name}'s context "
-                f"({longest:,}, its max_position_embeddings): SGLang refuses a --context-length "
-                "greater than the derived one",
-                facts={"field": "max_model_len", "max_model_len": max_model_len, "bound": longest},
-                hint=f"use max_model_len <= {longest:,}",
-            )
-        return sglang_capacity(self, budget_bytes, max_model_len)
+        # SGLang defaults --context-length to the model's and refuses a longer one
+        return sglang_capacity(self, kv_memory_bytes, check_context(self, max_model_len))
 
     def tensor_of(self, layer: int, part: str, stage: int = 0) -> str:
         """The name of the pool tensor holding ``part`` of module ``layer``:
@@ -316,6 +298,7 @@ def check_sglang(model: HybridModel, deployment: Deployment) -> HybridModel:
     Returns the model SGLang builds (:func:`built_model`)."""
     model = built_model(model, deployment)
     refuse_settings(deployment, VLLM_SETTINGS, "vLLM")
+    refuse_settings(deployment, TOKENSPEED_SETTINGS, "tokenspeed")
     if deployment.kv_dtype == "fp8_ds_mla":
         raise Refusal(
             "dtype_unsupported",

@@ -17,24 +17,25 @@ pages, 65,920 tokens.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import NonNegativeInt, PositiveInt
 
 from ..._args import expect_int
-from ..._frozen import Frozen
 from ...constants import PARENT_PAGE_TOKENS
 from ...errors import Refusal
+from ...layouts.answer import RequestCapacity, answer, check_context
 from ...layouts.groups import Group
 from ...layouts.protocol import EngineLayout
 
 
-class ParentCapacity(Frozen):
-    """What ``budget_bytes`` per rank serves under a tokenspeed plan: the verify workspace,
-    usable parents, the arena, the token capacity at ``max_live`` live requests and each
-    group's page count (page 0 of every group is the null page)."""
+class ParentCapacity(RequestCapacity):
+    """What ``kv_memory_bytes`` per rank serves under a tokenspeed plan, sized for
+    ``max_live`` live requests (tokenspeed's ``max_bs``): the verify workspace, usable
+    parents, the arena, the token capacity and each group's page count (page 0 of every group
+    is the null page), and the answer every engine gives (``max_requests``: requests of
+    ``max_model_len`` tokens the token capacity holds, at most ``max_live``)."""
 
-    budget_bytes: NonNegativeInt
     max_live: PositiveInt
     overlap_depth: NonNegativeInt
     max_total_tokens: PositiveInt | None
@@ -45,6 +46,18 @@ class ParentCapacity(Frozen):
     arena_bytes: PositiveInt
     token_capacity: NonNegativeInt
     page_counts: dict[str, PositiveInt]
+
+    def rows(self) -> list[tuple[str, str]]:
+        """tokenspeed's figures and the common answer as (label, value) rows, each saying what
+        it counts."""
+        rows = [
+            ("max_live (tokenspeed's max_bs, the sizing)", f"{self.max_live:,}"),
+            ("verify workspace (KDA state rows)", f"{self.workspace_bytes:,}"),
+            ("usable parents (+1 null)", f"{self.num_parents:,}"),
+            ("arena bytes", f"{self.arena_bytes:,}"),
+            ("token_capacity (MLA pages x 128)", f"{self.token_capacity:,}"),
+        ]
+        return [*rows, *self.answer_rows()]
 
 
 class ParentPlanLike(EngineLayout, Protocol):
@@ -98,15 +111,19 @@ def protected_pages(plan: ParentPlanLike, max_live: int, overlap_depth: int) -> 
 def parent_capacity(
     plan: ParentPlanLike,
     budget_bytes: int,
-    max_live: int = 1,
+    max_model_len: int | None = None,
+    *,
+    max_live: int | None = None,
     overlap_depth: int = 1,
     max_total_tokens: int | None = None,
 ) -> ParentCapacity:
-    """tokenspeed's capacity of ``budget_bytes`` (see the module); refuses
-    (``budget_too_small``) a budget without a null parent and one usable parent, a token cap
-    below one parent, or parents that cannot admit a token."""
+    """tokenspeed's capacity of ``budget_bytes`` (see the module) sized for ``max_live``
+    live requests, or, where ``None``, for the most requests of ``max_model_len`` tokens
+    (default: the model's context) it holds at once. Refuses (``budget_too_small``) a budget
+    without a null parent and one usable parent, a token cap below one parent, parents that
+    cannot admit a token, or (``max_live=None``) a budget that holds no such request."""
     _at_least("budget_bytes", budget_bytes, 0)
-    _at_least("max_live", max_live, 1)
+    context = check_context(plan, max_model_len)
     _at_least("overlap_depth", overlap_depth, 0)
     if overlap_depth > 1:
         raise Refusal(
@@ -117,6 +134,66 @@ def parent_capacity(
         )
     if max_total_tokens is not None:
         _at_least("max_total_tokens", max_total_tokens, 1)
+    if max_live is None:
+        live = most_live(plan, budget_bytes, context, overlap_depth, max_total_tokens)
+    else:
+        live = max_live
+        _at_least("max_live", live, 1)
+    figures = _figures(plan, budget_bytes, live, overlap_depth, max_total_tokens)
+    held = min(live, int(figures["token_capacity"]) // context)
+    return ParentCapacity(**answer(plan, budget_bytes, context, held), **figures)
+
+
+def most_live(
+    plan: ParentPlanLike,
+    budget_bytes: int,
+    max_model_len: int,
+    overlap_depth: int,
+    max_total_tokens: int | None,
+) -> int:
+    """The most live requests ``n`` whose sizing (workspace, state pages, protected pages)
+    leaves ``budget_bytes`` a token capacity of ``n x max_model_len``: what tokenspeed's
+    ``--max-num-seqs`` may be for requests of that length. Refuses (``budget_too_small``)
+    a budget that holds not one."""
+
+    def holds(live: int) -> bool:
+        try:
+            figures = _figures(plan, budget_bytes, live, overlap_depth, max_total_tokens)
+        except Refusal as refusal:
+            if refusal.code == "budget_too_small":
+                return False
+            raise
+        return int(figures["token_capacity"]) >= live * max_model_len
+
+    if not holds(1):
+        raise Refusal(
+            "budget_too_small",
+            f"budget_bytes={budget_bytes:,} does not hold one request of {max_model_len:,} "
+            "tokens under tokenspeed's sizing",
+            facts={"budget_bytes": budget_bytes, "max_model_len": max_model_len},
+            hint="give the cache more memory or ask a shorter context",
+        )
+    low = 1
+    while holds(2 * low):  # each live request takes its state pages: this ends
+        low *= 2
+    high = 2 * low  # holds(low), not holds(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if holds(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _figures(
+    plan: ParentPlanLike,
+    budget_bytes: int,
+    max_live: int,
+    overlap_depth: int,
+    max_total_tokens: int | None,
+) -> dict[str, Any]:
+    """tokenspeed's own figures of ``budget_bytes`` sized for ``max_live`` live requests."""
     workspace = workspace_bytes(plan, max_live)
     parent = plan.parent_bytes
     num_parents = (budget_bytes - workspace) // parent - 1
@@ -145,18 +222,17 @@ def parent_capacity(
         needed = plan.parents_for(max_total_tokens, max_live, protected)
         num_parents = min(num_parents, requested, needed)
     tokens = plan.token_capacity(num_parents, max_live, protected, upper_bound=max_total_tokens)
-    return ParentCapacity(
-        budget_bytes=budget_bytes,
-        max_live=max_live,
-        overlap_depth=overlap_depth,
-        max_total_tokens=max_total_tokens,
-        workspace_bytes=workspace,
-        protected_pages=protected,
-        num_parents=num_parents,
-        parent_bytes=parent,
-        arena_bytes=(num_parents + 1) * parent,
-        token_capacity=tokens,
-        page_counts={
+    return {
+        "max_live": max_live,
+        "overlap_depth": overlap_depth,
+        "max_total_tokens": max_total_tokens,
+        "workspace_bytes": workspace,
+        "protected_pages": protected,
+        "num_parents": num_parents,
+        "parent_bytes": parent,
+        "arena_bytes": (num_parents + 1) * parent,
+        "token_capacity": tokens,
+        "page_counts": {
             g.name: 1 + num_parents * plan.pages_per_parent(g) for g in plan.groups if g.layers
         },
-    )
+    }

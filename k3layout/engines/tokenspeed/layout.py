@@ -659,26 +659,31 @@ class ParentPlan(SelfChecked, LayoutBase):
 
     def capacity(
         self,
-        budget_bytes: int,
-        max_live: int = 1,
+        kv_memory_bytes: int,
+        max_model_len: int | None = None,
+        *,
+        max_live: int | None = None,
         overlap_depth: int = 1,
         max_total_tokens: int | None = None,
     ) -> ParentCapacity:
-        """What ``budget_bytes`` per rank serves at ``max_live`` live requests (tokenspeed's
-        ``max_bs``), with overlap scheduling of ``overlap_depth`` (0 or 1; 1 is tokenspeed's
-        default) and an optional ``--max-total-tokens`` cap, as tokenspeed's recipe counts
-        it, speculative verify workspace included
-        (:mod:`k3layout.engines.tokenspeed.capacity`)."""
-        return parent_capacity(self, budget_bytes, max_live, overlap_depth, max_total_tokens)
+        """What ``kv_memory_bytes`` per rank serves, as tokenspeed's recipe counts it
+        (verify workspace included): sized for ``max_live`` live requests (tokenspeed's
+        ``max_bs``), or, where ``None``, for the most requests of ``max_model_len`` tokens
+        (default: the model's context) it holds at once; overlap scheduling of
+        ``overlap_depth`` (0 or 1; 1 is tokenspeed's default) and an optional
+        ``--max-total-tokens`` cap (:mod:`k3layout.engines.tokenspeed.capacity`)."""
+        return parent_capacity(
+            self,
+            kv_memory_bytes,
+            max_model_len,
+            max_live=max_live,
+            overlap_depth=overlap_depth,
+            max_total_tokens=max_total_tokens,
+        )
 
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:
-        """What ``budget_bytes`` holds, as (label, value) rows."""
-        got = self.capacity(budget_bytes, max_live)
-        return [
-            ("verify workspace bytes", f"{got.workspace_bytes:,}"),
-            ("parents in budget (+1 null)", f"{got.num_parents:,}"),
-            (f"token capacity (max_live {max_live})", f"{got.token_capacity:,}"),
-        ]
+        """What ``budget_bytes`` holds at ``max_live`` live requests, as (label, value) rows."""
+        return self.capacity(budget_bytes, max_live=max_live).rows()
 
     def group_columns(self) -> dict[str, dict[str, str]]:
         """Pages per parent, padding and utilization of every group."""

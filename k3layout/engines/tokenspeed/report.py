@@ -6,6 +6,7 @@ from typing import Literal
 
 from ...layouts.packing import RuleCheck
 from ...layouts.report import PlanReport, StageReport
+from .capacity import ParentCapacity
 
 
 class ParentStageReport(StageReport):
@@ -27,3 +28,4 @@ class ParentReport(PlanReport):
     max_padding: float | None
     rule_1152: RuleCheck | None
     stages: tuple[ParentStageReport, ...]
+    capacity: ParentCapacity | None = None

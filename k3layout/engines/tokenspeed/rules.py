@@ -36,19 +36,22 @@ def _refuse(code: str, ours: str, theirs: str, hint: str, **facts: object) -> Re
     )
 
 
+VLLM_SETTINGS: tuple[tuple[str, object], ...] = (
+    ("attention_backend", "FLASHMLA"),
+    ("kv_cache_layout", "LBNHC"),
+    ("kda_prefill_backend", "auto"),
+    ("mamba_cache_mode", None),
+    ("block_tokens", None),
+    ("dcp_interleave", 1),
+)
+"""vLLM's settings, at their unset values: tokenspeed lays out 128-token MLA pages in one
+parent arena and picks its own kernels."""
+
+
 def check_settings(deployment: Deployment) -> None:
     """Refuse the settings tokenspeed has no flag for."""
     refuse_settings(deployment, SGLANG_SETTINGS, "SGLang")
-    for name, default in (("attention_backend", "FLASHMLA"), ("kv_cache_layout", "LBNHC")):
-        value = getattr(deployment, name)
-        if value != default:
-            raise Refusal(
-                "engine_setting",
-                f"{name}={value!r} is a vLLM setting; engine=tokenspeed lays out its own pages "
-                "(128-token MLA pages in one parent arena)",
-                facts={"engine": "tokenspeed", "field": name, name: value},
-                hint=f"leave {name} at {default!r} for engine=tokenspeed, or use engine=vllm",
-            )
+    refuse_settings(deployment, VLLM_SETTINGS, "vLLM")
     if deployment.dcp > 1:
         raise Refusal(
             "dcp_unsupported",

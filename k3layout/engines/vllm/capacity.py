@@ -17,16 +17,15 @@ back, cannot hold one request of ``max_model_len`` (``budget_too_small``).
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 from pydantic import NonNegativeInt, PositiveInt
 
-from ..._args import expect_int
 from ..._frozen import Frozen
-from ...constants import MAX_PROMPT_TOKENS
 from ...errors import Refusal
-from ...layouts.protocol import EngineLayout
-from ...limits import check_bound
+from ...layouts.answer import RequestCapacity, answer, check_context
+from ...layouts.protocol import EngineLayout, check_non_negative
 from .rules import (
     MambaCacheMode,
     prefill_checkpoint_blocks,
@@ -51,11 +50,11 @@ class GroupBlocks(Frozen):
     blocks: PositiveInt
 
 
-class VllmCapacity(Frozen):
-    """What a per-rank ``budget_bytes`` serves under a vLLM plan at ``max_model_len``."""
+class VllmCapacity(RequestCapacity):
+    """What a per-rank ``kv_memory_bytes`` serves under a vLLM plan at ``max_model_len``:
+    vLLM's own figures, and the answer every engine gives (``max_requests`` is
+    ``floor(max_concurrency)``)."""
 
-    budget_bytes: NonNegativeInt
-    max_model_len: PositiveInt
     num_blocks: NonNegativeInt
     mamba_cache_mode: MambaCacheMode
     kda_prefill_backend: str | None
@@ -70,6 +69,27 @@ class VllmCapacity(Frozen):
     def total_blocks_per_request(self) -> int:
         """Blocks one request holds over all groups."""
         return sum(entry.blocks for entry in self.blocks_per_request)
+
+    def rows(self) -> list[tuple[str, str]]:
+        """vLLM's figures and the common answer as (label, value) rows, each saying what it
+        counts (blocks are pipeline stage 0's, as vLLM's scheduler counts them)."""
+        return [
+            ("num_blocks (stage 0, every group's pool)", f"{self.num_blocks:,}"),
+            (
+                f"blocks / request of {self.max_model_len:,} tokens (attention + KDA groups)",
+                " + ".join(str(g.blocks) for g in self.blocks_per_request)
+                + f" = {self.total_blocks_per_request}",
+            ),
+            (
+                "KDA cache mode / prefill kernel",
+                f"{self.mamba_cache_mode} / {self.kda_prefill_backend or '-'}",
+            ),
+            (
+                "max_concurrency (vLLM's, blocks / blocks per request)",
+                f"{self.max_concurrency:,.2f}",
+            ),
+            *self.answer_rows(),
+        ]
 
 
 def kda_prefill_backend_of(plan: BlockPlan) -> str | None:
@@ -106,19 +126,14 @@ def group_blocks(plan: BlockPlan, max_model_len: int, stage: int = 0) -> tuple[G
     return tuple(entries)
 
 
-def vllm_capacity(plan: BlockPlan, budget_bytes: int, max_model_len: int) -> VllmCapacity:
-    """The capacity of ``budget_bytes`` per rank at ``max_model_len`` tokens per request;
-    refuses (``budget_too_small``) a budget in which some stage cannot hold one request."""
-    expect_int("budget_bytes", budget_bytes)
-    expect_int("max_model_len", max_model_len)
-    check_bound("max_model_len", max_model_len, MAX_PROMPT_TOKENS, why="tokens of a request")
-    if max_model_len < 1:
-        raise Refusal(
-            "invalid_argument",
-            f"max_model_len={max_model_len}: a request holds at least one token",
-            facts={"field": "max_model_len"},
-            hint="pass max_model_len >= 1",
-        )
+def vllm_capacity(
+    plan: BlockPlan, budget_bytes: int, max_model_len: int | None = None
+) -> VllmCapacity:
+    """The capacity of ``budget_bytes`` per rank at ``max_model_len`` tokens per request (the
+    model's context where ``None``, vLLM's default); refuses (``budget_too_small``) a budget
+    in which some stage cannot hold one request."""
+    check_non_negative("budget_bytes", budget_bytes)
+    max_model_len = check_context(plan, max_model_len)
     num_blocks = plan.num_blocks(budget_bytes)
     by_stage = [group_blocks(plan, max_model_len, stage) for stage in range(len(plan.stages))]
     for stage, entries in enumerate(by_stage):
@@ -143,14 +158,14 @@ def vllm_capacity(plan: BlockPlan, budget_bytes: int, max_model_len: int) -> Vll
             )
     entries = by_stage[0]  # vLLM's scheduler counts stage 0's groups
     total = sum(entry.blocks for entry in entries)
+    concurrency = num_blocks / total
     return VllmCapacity(
-        budget_bytes=budget_bytes,
-        max_model_len=max_model_len,
+        **answer(plan, budget_bytes, max_model_len, math.floor(concurrency)),
         num_blocks=num_blocks,
         mamba_cache_mode=plan.deployment.mamba_cache_mode_run,
         kda_prefill_backend=kda_prefill_backend_of(plan),
         blocks_per_request=entries,
-        max_concurrency=num_blocks / total,
+        max_concurrency=concurrency,
         kda_span_tokens=(
             plan.block_tokens if plan.deployment.mamba_cache_mode_run == "align" else max_model_len
         ),

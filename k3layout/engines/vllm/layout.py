@@ -30,7 +30,7 @@ from ...deployment import Deployment
 from ...errors import Refusal
 from ...layouts.groups import Group, Stage, group_kind, group_names, split_strided
 from ...layouts.protocol import ByteRange, LayoutBase, check_block, check_non_negative
-from ...layouts.seams import SGLANG_SETTINGS, refuse_settings
+from ...layouts.seams import SGLANG_SETTINGS, TOKENSPEED_SETTINGS, refuse_settings
 from ...limits import check_bound, checked_bytes
 from ...model import HybridModel
 from ...placements import Interleave, pp_stage_bounds
@@ -257,11 +257,12 @@ class VllmPlan(SelfChecked, LayoutBase):
             ),
         ]
 
-    def capacity(self, budget_bytes: int, max_model_len: int) -> VllmCapacity:
-        """What ``budget_bytes`` per rank serves at ``max_model_len`` tokens per request:
-        ``num_blocks``, blocks per request by group and the maximum concurrency, as vLLM
-        counts them (:mod:`k3layout.engines.vllm.capacity`)."""
-        return vllm_capacity(self, budget_bytes, max_model_len)
+    def capacity(self, kv_memory_bytes: int, max_model_len: int | None = None) -> VllmCapacity:
+        """What ``kv_memory_bytes`` per rank serves at ``max_model_len`` tokens per request
+        (default: the model's context, as vLLM defaults): ``num_blocks``, blocks per request
+        by group and the maximum concurrency, as vLLM counts them, and the common answer
+        (:mod:`k3layout.engines.vllm.capacity`, :mod:`k3layout.layouts.answer`)."""
+        return vllm_capacity(self, kv_memory_bytes, max_model_len)
 
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:
         """What ``budget_bytes`` holds, as (label, value) rows."""
@@ -326,6 +327,7 @@ def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
     before the block is raised), an MTP depth its modules cannot be reused for. Returns the
     model vLLM builds: without speculative tokens there is no drafter, so no draft layers."""
     refuse_settings(deployment, SGLANG_SETTINGS, "SGLang")
+    refuse_settings(deployment, TOKENSPEED_SETTINGS, "tokenspeed")
     if model.drafter == "mtp":
         check_mtp_depth(len(model.draft_layers), deployment.spec_tokens)
     backend = deployment.attention_backend
