@@ -292,7 +292,7 @@ def memory_cases() -> list[tuple[Case, int]]:
     return cases
 
 
-@pytest.mark.parametrize(("case", "requests"), memory_cases(), ids=lambda c: str(c))
+@pytest.mark.parametrize(("case", "requests"), memory_cases(), ids=str)
 def test_the_least_memory_is_where_vllms_own_concurrency_first_holds_the_requests(
     case: Case, requests: int, tmp_path: Path
 ) -> None:

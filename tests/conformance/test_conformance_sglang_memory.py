@@ -48,7 +48,7 @@ def sglang_admits(model: str, flags: dict[str, Any], context: int, memory: int) 
     return answer["max_running_requests"], answer["logical_max_total_num_tokens"]
 
 
-@pytest.mark.parametrize(("model", "flags", "context", "requests"), WORKLOADS, ids=lambda v: str(v))
+@pytest.mark.parametrize(("model", "flags", "context", "requests"), WORKLOADS, ids=str)
 def test_the_least_memory_is_where_sglang_first_admits_the_requests(
     model: str, flags: dict[str, Any], context: int, requests: int
 ) -> None:
