@@ -83,36 +83,110 @@ class Deployment(Frozen):
     ``MAX_PADDING_LIMIT``, ...) are refused with ``size_limit``.
     """
 
-    engine: EngineFlavour = "vllm"
-    gpu: GpuName = DEFAULT_GPU
-    attn_tp: Ranks = 1
-    attn_dp: Ranks = 1
-    pp: Ranks = 1
-    pp_partition: tuple[Annotated[int, Field(gt=0, le=MAX_MODULE_LAYERS)], ...] | None = None
-    dcp: Ranks = 1
-    dcp_interleave: Tokens = 1
-    kv_dtype: KvCacheDtype = "fp8"
-    spec_tokens: Annotated[int, Field(ge=0, le=64)] = 0
-    draft_kv_dtype: KvCacheDtype | None = None
-    block_tokens: Tokens | None = None
+    engine: EngineFlavour = Field(
+        "vllm",
+        description="registered engine name: vllm (hybrid allocator), tokenspeed (parent "
+        "blocks) or sglang (token pool and state pool)",
+    )
+    gpu: GpuName = Field(
+        DEFAULT_GPU,
+        description="the GPU the engine runs on; engines pick kernels, and so pages, by it",
+    )
+    attn_tp: Ranks = Field(1, description="attention tensor parallel size, in ranks")
+    attn_dp: Ranks = Field(1, description="attention data-parallel replicas per pipeline stage")
+    pp: Ranks = Field(1, description="pipeline stages; draft layers live on the last stage")
+    pp_partition: tuple[Annotated[int, Field(gt=0, le=MAX_MODULE_LAYERS)], ...] | None = Field(
+        None,
+        description="layers per pipeline stage, one count per stage, as vLLM's "
+        "VLLM_PP_LAYER_PARTITION sets them; None: vLLM's own split",
+    )
+    dcp: Ranks = Field(
+        1, description="decode context parallel size over the attention TP group, in ranks"
+    )
+    dcp_interleave: Tokens = Field(
+        1, description="DCP interleave: consecutive tokens one rank takes before the next rank"
+    )
+    kv_dtype: KvCacheDtype = Field(
+        "fp8",
+        description="attention cache dtype: fp8 or bf16 latent rows, or FlashMLA's packed "
+        "fp8_ds_mla row",
+    )
+    spec_tokens: Annotated[int, Field(ge=0, le=64)] = Field(
+        0,
+        description="speculative tokens per step (in vllm the KDA conv state keeps "
+        "K - 1 + spec_tokens rows)",
+    )
+    draft_kv_dtype: KvCacheDtype | None = Field(
+        None,
+        description="the draft layers' attention cache dtype; None: the engine's own "
+        "(tokenspeed #1152: bf16; vLLM and SGLang: kv_dtype)",
+    )
+    block_tokens: Tokens | None = Field(
+        None,
+        description="requested attention block in tokens (vllm; raised to fit the KDA "
+        "state); None: the engine's choice",
+    )
     max_padding: (
         Annotated[float, Field(ge=0.0, le=MAX_PADDING_LIMIT, allow_inf_nan=False)] | None
-    ) = None
-    replayssm: bool = False
-    replayssm_cache_len: Annotated[int, Field(gt=0, le=MAX_REPLAY_CACHE_LEN)] = (
-        REPLAYSSM_DEFAULT_CACHE_LEN
+    ) = Field(
+        None,
+        description="tokenspeed's per-group padding limit, (page stride - payload) / payload "
+        "bytes; None: its default (0.25, no limit once draft layers join)",
     )
-    conv_layout: ConvLayout = "SD"
-    attention_backend: AttentionBackend = "FLASHMLA"
-    kv_cache_layout: KvCacheLayout = "LBNHC"
-    prefix_caching: bool = True
-    mamba_cache_mode: MambaCacheMode | None = None
-    kda_prefill_backend: KdaPrefillBackend = "auto"
+    replayssm: bool = Field(
+        False, description="keep ATOM ReplaySSM records beside each KDA state slot"
+    )
+    replayssm_cache_len: Annotated[int, Field(gt=0, le=MAX_REPLAY_CACHE_LEN)] = Field(
+        REPLAYSSM_DEFAULT_CACHE_LEN,
+        description="ReplaySSM records per KDA state slot, before the 2 x (spec_tokens + 1) floor",
+    )
+    conv_layout: ConvLayout = Field(
+        "SD",
+        description="the KDA conv state's layout, vLLM's VLLM_SSM_CONV_STATE_LAYOUT: SD "
+        "(state_len, dim), the default, or DS (dim, state_len)",
+    )
+    attention_backend: AttentionBackend = Field(
+        "FLASHMLA",
+        description="vLLM's MLA backend (--attention-backend); its kernel block sizes shape "
+        "the attention block (vllm)",
+    )
+    kv_cache_layout: KvCacheLayout = Field(
+        "LBNHC",
+        description="vLLM's VLLM_KV_CACHE_LAYOUT: LBNHC layer-outermost (the default) or "
+        "BLHNC block-outermost (vllm)",
+    )
+    prefix_caching: bool = Field(
+        True,
+        description="vLLM's --enable-prefix-caching, which decides the KDA cache mode "
+        "(align on, none off); off is SGLang's --disable-radix-cache",
+    )
+    mamba_cache_mode: MambaCacheMode | None = Field(
+        None,
+        description="vLLM's --mamba-cache-mode (align or none), accepted as vLLM 0.33 "
+        "accepts it; the mode run follows prefix_caching",
+    )
+    kda_prefill_backend: KdaPrefillBackend = Field(
+        "auto",
+        description="vLLM's KDA prefill kernel; auto: FlashKDA where the layer allows it "
+        "(FlashKDA holds one more state block per request)",
+    )
     mamba_full_memory_ratio: (
         Annotated[float, Field(gt=0.0, le=1000.0, allow_inf_nan=False)] | None
-    ) = None
-    max_running_requests: Annotated[int, Field(gt=0, le=MAX_RANKS)] | None = None
-    max_mamba_cache_size: Annotated[int, Field(gt=0, le=MAX_RANKS)] | None = None
+    ) = Field(
+        None,
+        description="SGLang's --mamba-full-memory-ratio, state pool over token pool; "
+        "None: SGLang's default (0.9)",
+    )
+    max_running_requests: Annotated[int, Field(gt=0, le=MAX_RANKS)] | None = Field(
+        None,
+        description="SGLang's --max-running-requests, over all attention-DP workers; "
+        "None: SGLang's estimate",
+    )
+    max_mamba_cache_size: Annotated[int, Field(gt=0, le=MAX_RANKS)] | None = Field(
+        None,
+        description="SGLang's --max-mamba-cache-size: KDA state slots over all attention-DP "
+        "workers; None: sized from mamba_full_memory_ratio",
+    )
 
     @field_validator("engine", mode="before")
     @classmethod

@@ -25,15 +25,17 @@ block-outermost."""
 
 KV_CACHE_LAYOUTS: Final[tuple[KvCacheLayout, ...]] = ("LBNHC", "BLHNC")
 
-KdaPrefillBackend: TypeAlias = Literal["auto", "triton", "flashkda", "flashinfer"]
-"""vLLM's KDA prefill kernel (``additional_config.kda_prefill_backend``). ``auto`` resolves as
-on a CUDA SM90 / SM10x GPU with bf16 activations: FlashKDA where the layer allows it."""
+KdaPrefillBackend: TypeAlias = Literal["auto", "triton", "flashkda", "flashinfer", "fused"]
+"""vLLM's KDA prefill kernel (``additional_config.kda_prefill_backend``): on CUDA ``auto``,
+``triton``, ``flashkda`` or ``flashinfer``; on ROCm ``auto``, ``triton`` or ``fused``. ``auto``
+resolves by the GPU (:attr:`~k3layout.Deployment.gpu`), as vLLM's own resolver does."""
 
 KDA_PREFILL_BACKENDS: Final[tuple[KdaPrefillBackend, ...]] = (
     "auto",
     "triton",
     "flashkda",
     "flashinfer",
+    "fused",
 )
 
 MambaCacheMode: TypeAlias = Literal["align", "none"]

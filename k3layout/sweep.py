@@ -128,3 +128,69 @@ def sweep(
                 )
                 cells.append(sweep_cell(model, deployment))
     return tuple(cells)
+
+
+class RequestsCell(Frozen):
+    """One (engine, context length) point of a budget: the requests it holds at once, or
+    the refusal."""
+
+    engine: EngineFlavour
+    max_model_len: int
+    kv_memory_bytes: int
+    max_requests: int | None = None
+    refusal: RefusalCode | None = None
+
+
+def requests_sweep(
+    model: HybridModel,
+    kv_memory_bytes: int,
+    contexts: Iterable[int],
+    base: Deployment | None = None,
+    engines: Iterable[EngineFlavour] | None = None,
+) -> tuple[RequestsCell, ...]:
+    """How requests trade against context length in one KV budget per rank, for every engine
+    (``base`` supplies the deployment; each engine plans it as its own). A budget an engine
+    refuses, or a deployment it does not run, becomes a cell carrying the refusal code."""
+    expect_args(
+        ("model", model, HybridModel),
+        ("kv_memory_bytes", kv_memory_bytes, int),
+        ("base", base, (Deployment, type(None))),
+    )
+    lengths = tuple(expect_sequence("contexts", _listed(contexts), int))
+    listed = engine_names() if engines is None else _listed(engines)
+    names = tuple(expect_sequence("engines", listed, str))
+    fields = {} if base is None else {n: getattr(base, n) for n in Deployment.model_fields}
+    cells: list[RequestsCell] = []
+    for engine in names:
+        try:
+            deployment = Deployment.model_validate({**fields, "engine": engine})
+            planned = plan(model, deployment)
+        except Refusal as refusal:
+            refused = {"refusal": refusal.code, "kv_memory_bytes": kv_memory_bytes}
+            cells.extend(
+                RequestsCell(engine=engine, max_model_len=n, **refused)
+                for n in cast(tuple[int, ...], lengths)
+            )
+            continue
+        for length in cast(tuple[int, ...], lengths):
+            try:
+                held = planned.capacity(kv_memory_bytes, length).max_requests
+            except Refusal as refusal:
+                cells.append(
+                    RequestsCell(
+                        engine=engine,
+                        max_model_len=length,
+                        kv_memory_bytes=kv_memory_bytes,
+                        refusal=refusal.code,
+                    )
+                )
+                continue
+            cells.append(
+                RequestsCell(
+                    engine=engine,
+                    max_model_len=length,
+                    kv_memory_bytes=kv_memory_bytes,
+                    max_requests=held,
+                )
+            )
+    return tuple(cells)

@@ -60,7 +60,7 @@ def test_with_dcp_8_a_1536_chunk_is_refused_naming_the_smallest() -> None:
 
 def test_each_startup_setting_is_refused_with_its_code() -> None:
     cases = {
-        "mamba_cache_mode": ("--mamba-cache-mode", "all"),
+        "mamba_cache_mode": ("--mamba-cache-mode", "none"),
         "prefix_caching_off": ("--no-prefix-caching",),
         "load_failure_policy": ("--kv-load-failure-policy", "fail"),
         "engine_mismatch": ("--engine", "tokenspeed"),

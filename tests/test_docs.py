@@ -4,6 +4,7 @@ the JSON schemas are what the models generate."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import re
@@ -169,3 +170,35 @@ def test_the_reports_validate_against_their_schemas() -> None:
     cells = sweep(preset("kimi-k3"), (5, 8))
     schema = json.loads((DOCS / "schema" / "sweep-cells.schema.json").read_text())
     jsonschema.validate([cell.model_dump(mode="json") for cell in cells], schema)
+
+
+def _options(parser: argparse.ArgumentParser, path: str) -> set[tuple[str, str]]:
+    """Every (command, option) the parser and its subcommands take."""
+    found: set[tuple[str, str]] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found |= _options(sub, f"{path} {name}".strip())
+        for option in action.option_strings:
+            if option.startswith("--") and option != "--help":
+                found.add((path, option))
+    return found
+
+
+def test_every_cli_option_is_in_the_cli_reference() -> None:
+    from k3layout.cli import parser  # noqa: PLC0415
+
+    text = (DOCS / "cli.md").read_text()
+    missing = sorted(
+        f"{command}: {option}" for command, option in _options(parser(), "") if option not in text
+    )
+    assert missing == []
+
+
+def test_the_readmes_python_snippets_run_in_order() -> None:
+    readme = DOCS.parent / "README.md"
+    scope: dict[str, object] = {}
+    found = snippets(readme)
+    assert len(found) >= 2  # the plan and the operator's answer
+    for line, code in found:
+        exec(compile(code, f"{readme}:{line + 1}", "exec"), scope)

@@ -220,3 +220,22 @@ def test_models_are_frozen_and_validated() -> None:
 def test_a_model_round_trips_through_json(k3_dspark: HybridModel) -> None:
     assert HybridModel.model_validate_json(k3_dspark.model_dump_json()) == k3_dspark
     assert hash(HybridModel.model_validate_json(k3_dspark.model_dump_json())) == hash(k3_dspark)
+
+
+def test_a_model_of_another_family_is_refused_by_its_model_type() -> None:
+    llama = {
+        "model_type": "llama",
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "hidden_size": 4096,
+    }
+    with pytest.raises(Refusal) as caught:
+        model_from_config(llama)
+    assert caught.value.code == "invalid_config"
+    assert "model_type llama is not a hybrid MLA + KDA model" in str(caught.value)
+    assert caught.value.facts["field"] == "model_type"
+    nested = {"model_type": "llava", "text_config": llama}
+    with pytest.raises(Refusal) as caught:
+        model_from_config(nested)
+    assert "model_type llama is not a hybrid MLA + KDA model" in str(caught.value)

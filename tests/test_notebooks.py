@@ -11,7 +11,7 @@ import pytest
 NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
 
 # The pictures each notebook shows: a planes / image / order / map picture or a plot per cell.
-PICTURES = {"layouts.ipynb": 8, "offload.ipynb": 5, "transfer.ipynb": 3}
+PICTURES = {"layouts.ipynb": 9, "offload.ipynb": 5, "transfer.ipynb": 3}
 
 
 def execute(path: Path) -> Any:

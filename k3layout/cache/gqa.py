@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+from pydantic import Field
+
 from .._frozen import Frozen
 from ..deployment import Deployment
 from ..dtypes import KV_ELEMENT_DTYPE
@@ -29,11 +31,13 @@ class GQALayer(Frozen):
     """A grouped-query full-attention layer: ``num_heads`` query heads (split by TP) over
     ``num_kv_heads`` cached K and V heads of ``head_dim``."""
 
-    kind: Literal["gqa"] = "gqa"
+    kind: Literal["gqa"] = Field("gqa", description="the layer kind tag: gqa")
     paging: ClassVar[Paging] = "token"
-    num_heads: Dim
-    num_kv_heads: Dim
-    head_dim: Dim = 128
+    num_heads: Dim = Field(description="query heads (split by attention TP)")
+    num_kv_heads: Dim = Field(
+        description="cached K and V heads, sharded by attention TP (replicated past it)"
+    )
+    head_dim: Dim = Field(128, description="elements per K or V head per token")
 
     def cache_spec(self, deployment: Deployment) -> LayerCacheSpec:
         """K then V rows of one token, KV heads sharded (or replicated) over TP."""

@@ -50,13 +50,26 @@ class KDALayer(Frozen):
     prefill needs a bounded gate and exports a state checkpoint per request.
     """
 
-    kind: Literal["kda"] = "kda"
+    kind: Literal["kda"] = Field("kda", description="the layer kind tag: kda")
     paging: ClassVar[Paging] = "slot"
-    num_heads: Dim
-    head_dim: Dim
-    conv_kernel: Annotated[int, Field(ge=2, le=MAX_CONV_KERNEL)] = 4
-    full_rank_gate: bool = False
-    gate_lower_bound: Annotated[float, Field(lt=0.0, allow_inf_nan=False)] | None = None
+    num_heads: Dim = Field(description="KDA heads, sharded by attention TP (96 for K3)")
+    head_dim: Dim = Field(
+        description="per-head dim: conv channels per head and each side of the "
+        "(head_dim, head_dim) recurrent state (128 for K3)"
+    )
+    conv_kernel: Annotated[int, Field(ge=2, le=MAX_CONV_KERNEL)] = Field(
+        4, description="short convolution kernel K; the conv state keeps K - 1 rows of history"
+    )
+    full_rank_gate: bool = Field(
+        False,
+        description="linear_attn_config's use_full_rank_gate; picks vLLM's KDA kernels, "
+        "not the cache",
+    )
+    gate_lower_bound: Annotated[float, Field(lt=0.0, allow_inf_nan=False)] | None = Field(
+        None,
+        description="linear_attn_config's gate_lower_bound (negative); FlashKDA prefill "
+        "needs one; None: unbounded",
+    )
 
     def conv_rows(self, deployment: Deployment) -> int:
         """Rows of conv history: ``K - 1``, plus ``spec_tokens`` where the engine keeps a row

@@ -35,15 +35,29 @@ class MLALayer(Frozen):
     GLM-5.x), 0 for none. The planner folds it into the layer that owns it.
     """
 
-    kind: Literal["mla"] = "mla"
+    kind: Literal["mla"] = Field("mla", description="the layer kind tag: mla")
     paging: ClassVar[Paging] = "token"
-    num_heads: Dim
-    kv_lora_rank: Dim = 512
-    qk_rope_head_dim: Dim = 64
-    qk_nope_head_dim: Dim = 128
-    v_head_dim: Dim = 128
-    q_lora_rank: Dim | None = None
-    index_bytes_per_token: Annotated[int, Field(ge=0, le=MAX_MODEL_DIM)] = 0
+    num_heads: Dim = Field(
+        description="query heads (split by attention TP); the cache keeps one latent head"
+    )
+    kv_lora_rank: Dim = Field(
+        512, description="cached latent (compressed KV) elements per token (512 for K3)"
+    )
+    qk_rope_head_dim: Dim = Field(
+        64, description="cached rope elements per token, after the latent (64 for K3)"
+    )
+    qk_nope_head_dim: Dim = Field(
+        128, description="per-head query/key dim without rope (not cached)"
+    )
+    v_head_dim: Dim = Field(128, description="per-head value dim (not cached)")
+    q_lora_rank: Dim | None = Field(
+        None, description="query low-rank dim (not cached); None: no query compression"
+    )
+    index_bytes_per_token: Annotated[int, Field(ge=0, le=MAX_MODEL_DIM)] = Field(
+        0,
+        description="a DSA indexer's index_cache row, bytes per token (132 for DeepSeek-V3.2 "
+        "and GLM-5.x), part of this layer's page; 0: none",
+    )
 
     @property
     def latent_dim(self) -> int:

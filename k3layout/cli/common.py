@@ -74,6 +74,12 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
     parser.add_argument("--attn-tp", type=int, default=1, help="attention tensor parallel size")
     parser.add_argument("--attn-dp", type=int, default=1, help="attention data-parallel replicas")
     parser.add_argument("--kv-dtype", choices=KV_CACHE_DTYPES, default="fp8")
+    parser.add_argument(
+        "--draft-kv-dtype",
+        choices=KV_CACHE_DTYPES,
+        default=None,
+        help="the draft's attention cache dtype (default: the engine's; tokenspeed #1152: bf16)",
+    )
     parser.add_argument("--spec-tokens", type=int, default=0, help="speculative tokens per step")
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages")
     parser.add_argument("--dcp", type=int, default=1, help="decode context parallel size")
@@ -191,6 +197,7 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
         "attn_tp": args.attn_tp,
         "attn_dp": args.attn_dp,
         "kv_dtype": args.kv_dtype,
+        "draft_kv_dtype": getattr(args, "draft_kv_dtype", None),
         "spec_tokens": args.spec_tokens,
         "pp": args.pp,
         "dcp": args.dcp,

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 from ..errors import Refusal
 from ..layouts import EngineLayout, plan
 from ..offload import checkpoint_image, plane_order
-from ..sweep import SweepCell, default_attn_tps, sweep
+from ..sweep import RequestsCell, SweepCell, default_attn_tps, requests_sweep, sweep
 from ..transfer import TransferPlan
 from .common import (
     add_deployment_options,
@@ -32,6 +32,7 @@ from .common import (
     parse_ints,
     run_refusing,
 )
+from .plan import budget_bytes
 from .transfer import add_transfer_options, transfer_from_args
 
 if TYPE_CHECKING:
@@ -78,6 +79,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                 help="count every byte, PAGE (MLA rows) or SLOT (KDA state) bytes",
             )
         _add_output(sub)
+    sub = pictures.add_parser(
+        "requests", help="requests held at once against context length, one line per engine"
+    )
+    add_model_options(sub)
+    add_deployment_options(sub, engine=False)
+    sub.add_argument("--kv-memory-gib", type=float, required=True, help="KV memory per rank")
+    sub.add_argument(
+        "--contexts",
+        default="4096,16384,65536,131072,262144,524288,1048576",
+        help="comma-separated context lengths (tokens per request)",
+    )
+    _add_output(sub)
     sub = pictures.add_parser("sweep", help="padding or bytes per token: attention TP x dtype")
     add_model_options(sub)
     add_deployment_options(sub, engine=False)
@@ -94,7 +107,7 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
     )
 
 
-Planned: TypeAlias = TransferPlan | tuple[SweepCell, ...] | EngineLayout
+Planned: TypeAlias = TransferPlan | tuple[SweepCell, ...] | tuple[RequestsCell, ...] | EngineLayout
 
 
 def planned(args: argparse.Namespace) -> tuple[Planned, str]:
@@ -103,6 +116,10 @@ def planned(args: argparse.Namespace) -> tuple[Planned, str]:
     if args.picture in ("transfer", "segments"):
         return transfer_from_args(args), ""
     model = model_from_args(args)
+    if args.picture == "requests":
+        contexts = parse_ints(args.contexts, "--contexts")
+        memory = budget_bytes(args.kv_memory_gib)
+        return requests_sweep(model, memory, contexts, deployment_from_args(args)), ""
     if args.picture == "sweep":
         tps = default_attn_tps(model) if args.tps is None else parse_ints(args.tps, "--tps")
         cells = sweep(model, tps, parse_dtypes(args.dtypes), None, deployment_from_args(args))
@@ -124,8 +141,12 @@ def picture(args: argparse.Namespace, source: Planned, title: str) -> Figure:
         if args.picture == "transfer":
             return draw.draw_transfer(source, kind=args.kind)
         return draw.draw_segment_map(source)
+    if isinstance(source, tuple) and args.picture == "requests":
+        return draw.draw_requests(cast(tuple[RequestsCell, ...], source))
     if isinstance(source, tuple):
-        return draw.draw_sweep(source, quantity=args.quantity, title=title)
+        return draw.draw_sweep(
+            cast(tuple[SweepCell, ...], source), quantity=args.quantity, title=title
+        )
     if args.picture == "image":
         return draw.draw_image(source, stage=args.stage)
     if args.picture == "order":

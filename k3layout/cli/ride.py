@@ -9,7 +9,6 @@ from ..errors import Refusal
 from ..layouts import plan
 from ..offload import (
     KvLoadFailurePolicy,
-    MambaCacheMode,
     RideOptions,
     RidePlan,
     RideReport,
@@ -19,6 +18,7 @@ from ..offload import (
 )
 from ..offload.plane_order import stage_attention_names
 from ..offload.stage import ridable
+from ..settings import MAMBA_CACHE_MODES
 from .common import (
     add_deployment_options,
     add_model_options,
@@ -44,7 +44,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--chunk", type=int, default=None, help="LMCache chunk tokens (default: the smallest)"
     )
     parser.add_argument("--stage", type=int, default=0, help="pipeline stage of the rank")
-    parser.add_argument("--mamba-cache-mode", choices=get_args(MambaCacheMode), default="align")
+    parser.add_argument(
+        "--mamba-cache-mode",
+        choices=MAMBA_CACHE_MODES,
+        default="align",
+        help="as vLLM 0.33's flag (align or none; the ride needs align)",
+    )
     # --no-prefix-caching comes with the deployment options (the ride refuses it)
     parser.add_argument(
         "--kv-load-failure-policy", choices=get_args(KvLoadFailurePolicy), default="recompute"

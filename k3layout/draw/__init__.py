@@ -11,6 +11,7 @@ shown and no window opens. :func:`save` writes it as PNG or SVG by the path's su
 - :func:`draw_transfer`: a transfer as a producer x consumer matrix of bytes.
 - :func:`draw_segment_map`: which producer writes each (consumer rank, module layer).
 - :func:`draw_sweep`: padding or bytes per token against attention TP and cache dtype.
+- :func:`draw_requests`: requests held at once against context length, one line per engine.
 
 Every element a reader looks for carries a gid (``plane.3``, ``page.full_attention.7``), kept
 as the element id in an SVG; each module's docstring lists its own.
@@ -29,6 +30,7 @@ from .figure import human_bytes, picture_path, save, topology
 from .image import draw_image
 from .order import draw_plane_order
 from .planes import PlaneCell, draw_planes, plane_cells
+from .requests import draw_requests
 from .segments import NO_PRODUCER, SEVERAL_PRODUCERS, draw_segment_map, segment_map
 from .sweep import SweepQuantity, draw_sweep, sweep_grid
 from .transfer import BytesKind, draw_transfer, transfer_matrix
@@ -44,6 +46,7 @@ __all__ = [
     "draw_image",
     "draw_plane_order",
     "draw_planes",
+    "draw_requests",
     "draw_segment_map",
     "draw_sweep",
     "draw_transfer",

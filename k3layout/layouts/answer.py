@@ -19,18 +19,35 @@ requests, so that one byte less does not.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from .._args import expect_int
 from .._frozen import Frozen
 from ..constants import INT64_MAX, MAX_PROMPT_TOKENS
+from ..deployment import Deployment
 from ..errors import Refusal
 from ..limits import check_bound
+from ..model import HybridModel
+from ..sizes import RankSizes
+from .groups import Group, Stage
 
-if TYPE_CHECKING:
-    from .protocol import EngineLayout
+
+class EngineLayout(Protocol):
+    """What the answer reads of a plan of any engine (a narrow view of
+    :class:`k3layout.layouts.protocol.EngineLayout`, which builds on this module)."""
+
+    @property
+    def model(self) -> HybridModel: ...
+    @property
+    def deployment(self) -> Deployment: ...
+    @property
+    def sizes(self) -> RankSizes: ...
+    @property
+    def groups(self) -> tuple[Group, ...]: ...
+    @property
+    def stages(self) -> tuple[Stage, ...]: ...
 
 
 class RequestCapacity(Frozen):

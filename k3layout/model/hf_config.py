@@ -156,6 +156,24 @@ def _invalid(error: ValidationError, source: str, hint: str) -> Refusal:
     )
 
 
+def _check_family(outer: Mapping[str, object], text: object, source: str) -> None:
+    """Refuse (``invalid_config``) by name a model that is neither MLA nor hybrid MLA + KDA
+    (a Llama: no ``kv_lora_rank``, no ``linear_attn_config``), rather than listing the MLA
+    fields it lacks."""
+    if not isinstance(text, Mapping) or "kv_lora_rank" in text or "linear_attn_config" in text:
+        return
+    model_type = text.get("model_type") or outer.get("model_type")
+    if not isinstance(model_type, str):
+        return  # no family named: the fields it lacks are the message
+    raise Refusal(
+        "invalid_config",
+        f"config {source}: model_type {model_type} is not a hybrid MLA + KDA model (it has no "
+        "kv_lora_rank and no linear_attn_config)",
+        facts={"source": source, "field": "model_type", "model_type": model_type},
+        hint="plan a Kimi-K3 / Kimi-Linear config (or an MLA model such as DeepSeek-V3.2)",
+    )
+
+
 def _config_error(field: str, message: str, hint: str | None = None) -> Refusal:
     return Refusal("invalid_config", message, facts={"field": field}, hint=hint)
 
@@ -289,6 +307,7 @@ def _model_from_config(
     config: Mapping[str, object], name: str | None, num_draft_layers: int | None, source: str
 ) -> HybridModel:
     nested = "text_config" in config and config["text_config"] is not None
+    _check_family(config, config["text_config"] if nested else config, source)
     try:
         if nested:
             if not isinstance(config["text_config"], Mapping):

@@ -27,12 +27,38 @@ class HybridModel(Frozen):
     reuses for at most ``n`` or a multiple of ``n`` tokens); ``None``: not said.
     """
 
-    name: Annotated[str, Field(min_length=1)]
-    model_type: Annotated[str, Field(min_length=1)]
-    layers: Annotated[tuple[Layer, ...], Field(min_length=1, max_length=MAX_MODULE_LAYERS)]
-    draft_layers: tuple[Layer, ...] = ()
-    drafter: Literal["dspark", "mtp"] | None = None
-    context_tokens: Annotated[int, Field(gt=0, le=MAX_PROMPT_TOKENS)] | None = None
+    name: Annotated[str, Field(min_length=1)] = Field(
+        description="the model's name in plans and reports (a preset's, such as kimi-k3, or "
+        "the checkpoint's)"
+    )
+    model_type: Annotated[str, Field(min_length=1)] = Field(
+        description="the checkpoint's model family (kimi_k3, kimi_linear, ...); offload "
+        "features gate on it"
+    )
+    layers: Annotated[
+        tuple[Layer, ...],
+        Field(
+            min_length=1,
+            max_length=MAX_MODULE_LAYERS,
+            description="the target's layers in module order (module layer i is layers[i]), "
+            "each MLA, GQA or KDA",
+        ),
+    ]
+    draft_layers: tuple[Layer, ...] = Field(
+        (),
+        description="a speculative draft's attention layers (MLA or GQA), module layers "
+        "len(layers) onwards; they join the attention pool",
+    )
+    drafter: Literal["dspark", "mtp"] | None = Field(
+        None,
+        description="how the draft speculates: dspark (a draft model of its own) or mtp "
+        "(num_nextn_predict_layers modules); None: not said",
+    )
+    context_tokens: Annotated[int, Field(gt=0, le=MAX_PROMPT_TOKENS)] | None = Field(
+        None,
+        description="the checkpoint's max_position_embeddings, in tokens: an engine's default "
+        "context length; None: not said",
+    )
     """The checkpoint's longest context (``max_position_embeddings``), where it says; an
     engine's default context length (SGLang's ``context_len``)."""
 

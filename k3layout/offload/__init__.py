@@ -17,6 +17,7 @@ from ..names import (
     name_order,
     naming_rule,
 )
+from ..settings import MambaCacheMode
 from .aliasing import Misplaced, MisplacedBy, aliasing_problems, check_aliasing
 from .image import (
     CheckpointImage,
@@ -33,7 +34,6 @@ from .ride import (
     GroupSpan,
     KvLoadFailurePolicy,
     LoadDestination,
-    MambaCacheMode,
     RideOptions,
     RidePlan,
     check_options,

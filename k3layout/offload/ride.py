@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Final, Literal, TypeAlias
 
-from pydantic import NonNegativeInt, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from .._args import expect, expect_args, expect_bounded_int, expect_int, expect_items
 from .._derivation import SelfChecked, check_derivation, deriving, is_deriving
@@ -35,12 +35,10 @@ from ..layouts import EngineLayout, GroupKind, LayoutBase, Plan
 from ..limits import check_int64
 from ..model import HybridModel
 from ..names import LayerNames, engine_layer_names
+from ..settings import MambaCacheMode
 from .image import CheckpointImage, image_of_order
 from .plane_order import PlaneOrder, plane_order
 from .stage import ridable
-
-MambaCacheMode: TypeAlias = Literal["all", "align", "none"]
-"""vLLM's ``--mamba-cache-mode`` (``vllm/config/cache.py``)."""
 
 KvLoadFailurePolicy: TypeAlias = Literal["recompute", "fail"]
 """vLLM's ``kv_transfer_config.kv_load_failure_policy`` (its default is ``fail``)."""
@@ -54,10 +52,22 @@ class RideOptions(Frozen):
     chunk; the other defaults are the settings the ride needs (vLLM's own defaults differ:
     ``mamba_cache_mode`` follows prefix caching and ``kv_load_failure_policy`` is ``fail``)."""
 
-    chunk_tokens: PositiveInt | None = None
-    mamba_cache_mode: MambaCacheMode = "align"
-    prefix_caching: bool = True
-    kv_load_failure_policy: KvLoadFailurePolicy = "recompute"
+    chunk_tokens: PositiveInt | None = Field(
+        None,
+        description="LMCache chunk in tokens, a multiple of every group's span (attention "
+        "block x dcp, KDA block); None: the smallest such chunk",
+    )
+    mamba_cache_mode: MambaCacheMode = Field(
+        "align", description="vLLM's --mamba-cache-mode; the state rides only in align mode"
+    )
+    prefix_caching: bool = Field(
+        True, description="vLLM's --enable-prefix-caching; the ride needs it on"
+    )
+    kv_load_failure_policy: KvLoadFailurePolicy = Field(
+        "recompute",
+        description="vLLM's kv_transfer_config.kv_load_failure_policy; the ride needs "
+        "recompute (vLLM's default is fail)",
+    )
 
 
 class GroupSpan(Frozen):

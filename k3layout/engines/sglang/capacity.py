@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from pydantic import NonNegativeInt, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveInt
 
 from ..._args import expect_int
 from ..._frozen import Frozen
@@ -57,11 +57,21 @@ class PoolPlan(EngineLayout, Protocol):
 class SglangStageCapacity(Frozen):
     """One pipeline stage's own answer, before the scheduler's MIN over stages."""
 
-    stage: NonNegativeInt
-    layers: tuple[NonNegativeInt, ...]
-    cell_bytes: PositiveInt
-    state_slot_bytes: NonNegativeInt
-    max_total_num_tokens: NonNegativeInt
+    stage: NonNegativeInt = Field(description="the pipeline stage's index")
+    layers: tuple[NonNegativeInt, ...] = Field(
+        description="module ids of the layers the stage holds"
+    )
+    cell_bytes: PositiveInt = Field(
+        description="SGLang's cell: bytes per token per rank of the stage's attention layers "
+        "(a draft's K/V rows included)"
+    )
+    state_slot_bytes: NonNegativeInt = Field(
+        description="bytes of one KDA state slot per rank over the stage's KDA layers (0 without)"
+    )
+    max_total_num_tokens: NonNegativeInt = Field(
+        description="the stage's own token pool per rank, in whole pages, before the MIN "
+        "over stages"
+    )
 
 
 class SglangCapacity(RequestCapacity):
@@ -74,20 +84,46 @@ class SglangCapacity(RequestCapacity):
     is within both: ``min(max_running_requests, logical_tokens // max_model_len)``.
     """
 
-    multimodal_reservation_bytes: NonNegativeInt
-    mamba_full_memory_ratio: float
-    state_slots_per_request: PositiveInt
-    max_total_num_tokens: NonNegativeInt
-    logical_tokens: NonNegativeInt
-    max_mamba_cache_size: NonNegativeInt
-    max_running_requests: PositiveInt
-    state_pool_bytes: NonNegativeInt
+    multimodal_reservation_bytes: NonNegativeInt = Field(
+        description="bytes SGLang holds back from a multimodal model's budget "
+        "(SGLANG_VLM_CACHE_SIZE_MB, 100 MiB for K3); 0 otherwise"
+    )
+    mamba_full_memory_ratio: float = Field(
+        description="the --mamba-full-memory-ratio run: state pool over token pool (0.9 by default)"
+    )
+    state_slots_per_request: PositiveInt = Field(
+        description="KDA state slots one running request holds: 5 with the radix cache, 4 "
+        "without the overlap scheduler (PP), 1 without the radix cache"
+    )
+    max_total_num_tokens: NonNegativeInt = Field(
+        description="the token pool per rank, in whole pages: the MIN over pipeline stages"
+    )
+    logical_tokens: NonNegativeInt = Field(
+        description="the scheduler's token capacity: max_total_num_tokens x dcp"
+    )
+    max_mamba_cache_size: NonNegativeInt = Field(
+        description="KDA state slots per attention-DP worker (the padding slot not counted)"
+    )
+    max_running_requests: PositiveInt = Field(
+        description="running requests per attention-DP worker, as SGLang caps them"
+    )
+    state_pool_bytes: NonNegativeInt = Field(
+        description="the KDA state pool per rank: (max_mamba_cache_size + 1) x the charged "
+        "slot bytes"
+    )
     """The state pool: (slots + 1) x the charged slot bytes."""
-    verify_scratch_bytes: NonNegativeInt
+    verify_scratch_bytes: NonNegativeInt = Field(
+        description="speculative decoding's per-draft-token KDA state scratch per rank (0 without)"
+    )
     """Speculative decoding's per-draft-token state scratch (0 without)."""
-    draft_bytes_per_token: NonNegativeInt
+    draft_bytes_per_token: NonNegativeInt = Field(
+        description="a draft's K/V rows, bytes per token per rank, inside each stage's cell "
+        "(0 without a draft)"
+    )
     """A draft's K/V rows per token, inside each stage's cell (0 without a draft)."""
-    stages: tuple[SglangStageCapacity, ...]
+    stages: tuple[SglangStageCapacity, ...] = Field(
+        description="each pipeline stage's own figures, before the MIN over stages"
+    )
 
     def rows(self) -> list[tuple[str, str]]:
         """The capacity as (label, value) rows, each saying what it counts."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from pydantic import NonNegativeInt, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveInt
 
 from ..._args import expect_int
 from ...constants import PARENT_PAGE_TOKENS
@@ -36,16 +36,39 @@ class ParentCapacity(RequestCapacity):
     is the null page), and the answer every engine gives (``max_requests``: requests of
     ``max_model_len`` tokens the token capacity holds, at most ``max_live``)."""
 
-    max_live: PositiveInt
-    overlap_depth: NonNegativeInt
-    max_total_tokens: PositiveInt | None
-    workspace_bytes: NonNegativeInt
-    protected_pages: NonNegativeInt
-    num_parents: PositiveInt
-    parent_bytes: PositiveInt
-    arena_bytes: PositiveInt
-    token_capacity: NonNegativeInt
-    page_counts: dict[str, PositiveInt]
+    max_live: PositiveInt = Field(
+        description="live requests the figures are sized for (tokenspeed's max_bs)"
+    )
+    overlap_depth: NonNegativeInt = Field(
+        description="overlap scheduling depth, 0 or 1: decode steps in flight whose MLA pages "
+        "are protected"
+    )
+    max_total_tokens: PositiveInt | None = Field(
+        description="tokenspeed's --max-total-tokens cap, in tokens; None: no cap"
+    )
+    workspace_bytes: NonNegativeInt = Field(
+        description="the verify workspace per rank: every KDA layer's state for max_live x "
+        "(spec_tokens + 1) rows (0 without speculative tokens)"
+    )
+    protected_pages: NonNegativeInt = Field(
+        description="MLA pages overlap scheduling keeps from the allocator: max_live x the "
+        "pages of overlap_depth decode steps"
+    )
+    num_parents: PositiveInt = Field(
+        description="usable parent blocks per rank, the null parent not counted"
+    )
+    parent_bytes: PositiveInt = Field(description="bytes of one parent block per rank")
+    arena_bytes: PositiveInt = Field(
+        description="the parent arena per rank: (num_parents + 1) x parent_bytes"
+    )
+    token_capacity: NonNegativeInt = Field(
+        description="the most tokens the usable parents hold, after the live requests' state "
+        "pages and the protected pages (at most max_total_tokens)"
+    )
+    page_counts: dict[str, PositiveInt] = Field(
+        description="pages per KV-cache group name, null page 0 included: 1 + num_parents x "
+        "the group's pages per parent"
+    )
 
     def rows(self) -> list[tuple[str, str]]:
         """tokenspeed's figures and the common answer as (label, value) rows, each saying what

@@ -24,19 +24,25 @@ from typing import Any
 
 from ..._args import expect, expect_int
 from ...deployment import Deployment
+from ...dtypes import KV_CACHE_DTYPES
 from ...errors import Refusal
+from ...gpus import DEFAULT_GPU, GPUS, GpuName
 from ...model import HybridModel, config_of, model_from_config
 from .caches import check_bound_caches
 from .engine import plan_vllm
 from .layout import VllmPlan
+from .rules import ATTENTION_BACKENDS, VLLM_VERSION
 
 __all__ = [
     "check_kv_cache_config",
     "check_kv_caches",
     "deployment_from_vllm",
+    "engine_gpu",
     "layer_of",
     "model_from_vllm",
     "plan_from_vllm",
+    "unmodelled",
+    "worker_stage",
 ]
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -91,8 +97,49 @@ def model_from_vllm(vllm_config: Any) -> HybridModel:
     return model_from_config(config, name=str(name), num_draft_layers=drafts, source="vLLM")
 
 
-def deployment_from_vllm(vllm_config: Any) -> Deployment:
-    """The deployment a ``VllmConfig`` describes (engine ``vllm``)."""
+def engine_gpu() -> GpuName | None:
+    """The GPU of the engine this process runs in, as vLLM's platform reports it (its device
+    name, else its compute capability); ``None`` outside a GPU engine."""
+    try:
+        from vllm.platforms import current_platform  # noqa: PLC0415 - only inside an engine
+    except ImportError:
+        return None
+    try:
+        if not (current_platform.is_cuda() or current_platform.is_rocm()):
+            return None
+        name = str(current_platform.get_device_name()).lower().replace(" ", "")
+        capability = current_platform.get_device_capability()
+    except (RuntimeError, AssertionError, OSError, AttributeError):
+        return None  # no device reachable from this process
+    for gpu in sorted(GPUS, key=len, reverse=True):  # gb200 before b200
+        if gpu in name:
+            return gpu
+    if capability is None:
+        return None
+    found = (int(capability.major), int(capability.minor))
+    vendor = "amd" if current_platform.is_rocm() else "nvidia"
+    return next(
+        (g.name for g in GPUS.values() if (g.vendor, g.capability) == (vendor, found)), None
+    )
+
+
+def unmodelled(option: str, value: object, why: str) -> Refusal:
+    """A value vLLM takes for an option the planner reads but does not model: the engine
+    serves it, so a startup check logs that it cannot check and lets the engine start
+    (``facts["unmodelled"]``)."""
+    return Refusal(
+        "engine_setting",
+        f"vLLM {VLLM_VERSION} takes {option}={value!r}, which k3layout does not model ({why}): "
+        "the layout cannot be checked",
+        facts={"engine": "vllm", "field": option, "unmodelled": str(value)},
+        hint=f"plan with a modelled {option}, or leave the engine unchecked",
+    )
+
+
+def deployment_from_vllm(vllm_config: Any, gpu: GpuName | None = None) -> Deployment:
+    """The deployment a ``VllmConfig`` describes (engine ``vllm``) on ``gpu``: default the GPU
+    of the engine this process runs in (:func:`engine_gpu`), else k3layout's default. A value
+    vLLM takes that the planner does not model is refused as :func:`unmodelled`."""
     cache = _get(vllm_config, "cache_config")
     parallel = _get(vllm_config, "parallel_config")
     dtype = str(_get(cache, "cache_dtype", "auto"))
@@ -101,8 +148,15 @@ def deployment_from_vllm(vllm_config: Any) -> Deployment:
     layout = _get(cache, "kv_cache_layout") or os.environ.get("VLLM_KV_CACHE_LAYOUT") or "LBNHC"
     partition = os.environ.get("VLLM_PP_LAYER_PARTITION")
     additional = _get(vllm_config, "additional_config", {})
+    name = getattr(backend, "name", None) or "FLASHMLA"
+    if name not in ATTENTION_BACKENDS:
+        raise unmodelled("attention_backend", name, "its kernel blocks are not modelled")
+    if kv_dtype not in KV_CACHE_DTYPES:
+        raise unmodelled("kv_cache_dtype", dtype, "a quantised MLA row of its own")
+    where = gpu or engine_gpu() or DEFAULT_GPU
     fields: dict[str, Any] = {
         "engine": "vllm",
+        "gpu": where,
         "attn_tp": _get(parallel, "tensor_parallel_size", 1),
         "attn_dp": _get(parallel, "data_parallel_size", 1),
         "pp": _get(parallel, "pipeline_parallel_size", 1),
@@ -114,7 +168,7 @@ def deployment_from_vllm(vllm_config: Any) -> Deployment:
         "block_tokens": _get(cache, "block_size")
         if _get(cache, "user_specified_block_size")
         else None,
-        "attention_backend": getattr(backend, "name", None) or "FLASHMLA",
+        "attention_backend": name,
         "kv_cache_layout": "LBNHC" if layout in ("NHD", "LBNHC") else layout,
         "prefix_caching": bool(_get(cache, "enable_prefix_caching", True)),
         "kda_prefill_backend": (
@@ -126,19 +180,53 @@ def deployment_from_vllm(vllm_config: Any) -> Deployment:
     return Deployment.model_validate(fields)
 
 
-def plan_from_vllm(vllm_config: Any) -> VllmPlan:
-    """Plan the model and deployment a ``VllmConfig`` describes, for engine ``vllm``."""
-    return plan_vllm(model_from_vllm(vllm_config), deployment_from_vllm(vllm_config))
+def plan_from_vllm(vllm_config: Any, gpu: GpuName | None = None) -> VllmPlan:
+    """Plan the model and deployment a ``VllmConfig`` describes, for engine ``vllm``, on
+    ``gpu`` (default: the engine's own, :func:`engine_gpu`)."""
+    return plan_vllm(model_from_vllm(vllm_config), deployment_from_vllm(vllm_config, gpu))
 
 
-def check_kv_cache_config(vllm_config: Any, kv_cache_config: Any, stage: int = 0) -> VllmPlan:
-    """Check one rank's ``KVCacheConfig`` (pipeline stage ``stage``) against the plan of
-    ``vllm_config``: the groups' layers in order, the backing's size for ``num_blocks``, and
-    each tensor's offset, layer stride and block stride. Returns the plan; refuses
-    (``plan_mismatch``) at the first difference, naming the planned and actual values and the
-    layer."""
+def worker_stage(vllm_config: Any) -> int:
+    """The pipeline stage of the worker ``vllm_config`` belongs to: its rank in vLLM's
+    pipeline group where the worker set one up, else from ``parallel_config.rank`` (ranks run
+    TP-fastest, then PP), else stage 0 of a one-stage pipeline. Refuses (``invalid_config``)
+    a multi-stage config that says neither."""
+    parallel = _get(vllm_config, "parallel_config")
+    stages = expect_int(
+        "parallel_config.pipeline_parallel_size", _get(parallel, "pipeline_parallel_size", 1)
+    )
+    try:
+        from vllm.distributed import parallel_state  # noqa: PLC0415 - only inside an engine
+
+        if parallel_state.model_parallel_is_initialized():
+            return int(parallel_state.get_pp_group().rank_in_group)
+    except ImportError:
+        pass
+    if stages == 1:
+        return 0
+    rank = _get(parallel, "rank", None)
+    tp = _get(parallel, "tensor_parallel_size", 1)
+    if isinstance(rank, int) and isinstance(tp, int) and tp > 0:
+        return (rank // tp) % stages
+    raise Refusal(
+        "invalid_config",
+        f"the worker's stage of a {stages}-stage pipeline is unknown: vLLM's pipeline group is "
+        "not initialised and parallel_config.rank is not set",
+        facts={"pipeline_parallel_size": stages},
+        hint="run the check in a vLLM worker, or pass stage=",
+    )
+
+
+def check_kv_cache_config(
+    vllm_config: Any, kv_cache_config: Any, stage: int | None = None
+) -> VllmPlan:
+    """Check one rank's ``KVCacheConfig`` (pipeline stage ``stage``: default the worker's
+    own, :func:`worker_stage`) against the plan of ``vllm_config``: the groups' layers in
+    order, the backing's size for ``num_blocks``, and each tensor's offset, layer stride and
+    block stride. Returns the plan; refuses (``plan_mismatch``) at the first difference,
+    naming the planned and actual values and the layer."""
     result = plan_from_vllm(vllm_config)
-    expect_int("stage", stage)
+    stage = worker_stage(vllm_config) if stage is None else expect_int("stage", stage)
     num_blocks = _count(kv_cache_config, "num_blocks")
     groups = list(_get(kv_cache_config, "kv_cache_groups", []))
     # A stage holds the groups' projections; a group with none of its layers is left out.
@@ -176,10 +264,11 @@ def check_kv_cache_config(vllm_config: Any, kv_cache_config: Any, stage: int = 0
 
 
 def check_kv_caches(
-    vllm_config: Any, kv_cache_config: Any, kv_caches: Any, stage: int = 0
+    vllm_config: Any, kv_cache_config: Any, kv_caches: Any, stage: int | None = None
 ) -> VllmPlan:
-    """Check the caches a worker of pipeline stage ``stage`` bound (``kv_caches``: layer
-    name -> tensor, one int8 backing viewed per layer) against the plan of ``vllm_config``:
+    """Check the caches a worker of pipeline stage ``stage`` (default: its own) bound
+    (``kv_caches``: layer name -> tensor, one int8 backing viewed per layer) against the plan
+    of ``vllm_config``:
     first ``kv_cache_config`` (:func:`check_kv_cache_config`), then, for every layer, its
     name (vLLM's, :func:`~k3layout.offload.naming_rule`), dtype, shape and strides, that it
     views the one backing, the address of its pages of blocks 0, 1 and N-1 relative to the
@@ -187,6 +276,7 @@ def check_kv_caches(
     and recurrent states sit in the page. Works on CUDA, CPU and ``meta`` tensors (read by
     their attributes). Returns the plan; refuses the first difference naming the layer
     (``tensor_mismatch``, ``aliasing``)."""
+    stage = worker_stage(vllm_config) if stage is None else expect_int("stage", stage)
     result = check_kv_cache_config(vllm_config, kv_cache_config, stage)
     return check_bound_caches(result, kv_cache_config, kv_caches, stage)
 

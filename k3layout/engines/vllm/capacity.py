@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from pydantic import NonNegativeInt, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveInt
 
 from ..._frozen import Frozen
 from ...errors import Refusal
@@ -46,8 +46,12 @@ class BlockPlan(EngineLayout, Protocol):
 class GroupBlocks(Frozen):
     """Blocks one request of ``max_model_len`` holds in one KV-cache group."""
 
-    group: str
-    blocks: PositiveInt
+    group: str = Field(
+        description="the KV-cache group's name (full_attention, linear_attention_0, ...)"
+    )
+    blocks: PositiveInt = Field(
+        description="blocks one request of max_model_len tokens holds in the group"
+    )
 
 
 class VllmCapacity(RequestCapacity):
@@ -55,12 +59,29 @@ class VllmCapacity(RequestCapacity):
     vLLM's own figures, and the answer every engine gives (``max_requests`` is
     ``floor(max_concurrency)``)."""
 
-    num_blocks: NonNegativeInt
-    mamba_cache_mode: MambaCacheMode
-    kda_prefill_backend: str | None
-    blocks_per_request: tuple[GroupBlocks, ...]
-    max_concurrency: float
-    kda_span_tokens: PositiveInt
+    num_blocks: NonNegativeInt = Field(
+        description="blocks kv_memory_bytes buys per rank in the pool every KV-cache group "
+        "draws from (stage 0)"
+    )
+    mamba_cache_mode: MambaCacheMode = Field(
+        description="the KDA cache mode vLLM runs: align with prefix caching, none without"
+    )
+    kda_prefill_backend: str | None = Field(
+        description="the KDA prefill kernel vLLM runs, auto resolved (triton, flashkda, "
+        "fused on ROCm); None: no KDA layers"
+    )
+    blocks_per_request: tuple[GroupBlocks, ...] = Field(
+        description="blocks one request of max_model_len tokens holds, per KV-cache group of "
+        "stage 0"
+    )
+    max_concurrency: float = Field(
+        description="vLLM's max concurrency: num_blocks / the blocks one request holds over "
+        "all groups"
+    )
+    kda_span_tokens: PositiveInt = Field(
+        description="tokens one KDA state block covers: the block in align mode, "
+        "max_model_len in none mode (vLLM's mamba_block_size)"
+    )
     """Tokens one KDA state block covers: the block in ``align`` mode (a checkpoint per
     block), the whole request (``max_model_len``) in ``none`` mode, as vLLM sizes the KDA
     groups' blocks (``mamba_block_size``)."""
@@ -103,6 +124,7 @@ def kda_prefill_backend_of(plan: BlockPlan) -> str | None:
         full_rank_gate=layer.full_rank_gate,
         gate_lower_bound=layer.gate_lower_bound,
         head_dim=layer.head_dim,
+        gpu=plan.deployment.gpu,
     )
 
 

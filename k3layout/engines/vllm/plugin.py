@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ...errors import Refusal
-from .bridge import check_kv_caches
+from .bridge import check_kv_caches, worker_stage
 from .layout import VllmPlan
 
 __all__ = ["SWITCH", "check_after_kv_cache_init", "register"]
@@ -58,17 +58,30 @@ def register() -> None:
 
 
 def check_after_kv_cache_init(
-    vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping[str, Any], stage: int = 0
-) -> VllmPlan:
+    vllm_config: Any,
+    kv_cache_config: Any,
+    kv_caches: Mapping[str, Any],
+    stage: int | None = None,
+) -> VllmPlan | None:
     """Check a worker's KV cache right after vLLM bound it: ``kv_cache_config`` (the rank's
     ``KVCacheConfig``) and ``kv_caches`` (layer name -> the tensor bound to that layer) of
-    pipeline stage ``stage`` against the plan of ``vllm_config``, with
-    :func:`~k3layout.engines.vllm.check_kv_caches` (which checks ``kv_cache_config`` first).
-    Logs one line and returns the plan when they agree; logs the refusal and raises it
-    unchanged when they do not."""
+    pipeline stage ``stage`` (default: the worker's own) against the plan of
+    ``vllm_config``, with :func:`~k3layout.engines.vllm.check_kv_caches` (which checks
+    ``kv_cache_config`` first). Logs one line and returns the plan when they agree; logs the
+    refusal and raises it unchanged when they do not. A setting vLLM serves that k3layout does
+    not model (:func:`~k3layout.engines.vllm.bridge.unmodelled`) never stops the engine: it
+    logs that the cache cannot be checked and returns ``None``."""
+    stage = worker_stage(vllm_config) if stage is None else stage
     try:
         result = check_kv_caches(vllm_config, kv_cache_config, kv_caches, stage)
     except Refusal as refusal:
+        if "unmodelled" in refusal.facts:
+            logger.warning(
+                "k3layout: cannot check the KV cache of stage %s, the engine starts: %s",
+                stage,
+                refusal,
+            )
+            return None
         logger.error(
             "k3layout: refused the KV cache of stage %s; stopping startup (%s=1): %s",
             stage,
@@ -99,7 +112,7 @@ def _checked(initialize_from_config: Callable[..., Any]) -> Callable[..., Any]:
         # The same entry vLLM's wrapper hands its worker.
         kv_cache_config = kv_cache_configs[self.global_rank]
         check_after_kv_cache_init(
-            self.vllm_config, kv_cache_config, bound, _pipeline_stage(self.vllm_config)
+            self.vllm_config, kv_cache_config, bound, worker_stage(self.vllm_config)
         )
         return returned
 
@@ -135,22 +148,3 @@ def _recording_bindings(layers: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
 def _record(bound: dict[str, Any], name: str, bind: Callable[[Any], Any], kv_cache: Any) -> Any:
     bound[name] = kv_cache
     return bind(kv_cache)
-
-
-def _pipeline_stage(vllm_config: Any) -> int:
-    """The worker's pipeline stage: its rank in vLLM's pipeline group, which the worker set
-    up before it allocates the cache; stage 0 without one when there is a single stage."""
-    from vllm.distributed import parallel_state  # noqa: PLC0415
-
-    if parallel_state.model_parallel_is_initialized():
-        return int(parallel_state.get_pp_group().rank_in_group)
-    stages = vllm_config.parallel_config.pipeline_parallel_size
-    if stages == 1:
-        return 0
-    raise Refusal(
-        "invalid_config",
-        f"vLLM's pipeline group is not initialised on a worker of a {stages}-stage pipeline: "
-        "the stage of this worker's KV cache is unknown",
-        facts={"pipeline_parallel_size": stages},
-        hint="run the check in a vLLM worker, or call check_kv_caches with the stage",
-    )

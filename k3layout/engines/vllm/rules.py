@@ -24,6 +24,7 @@ from typing import Final
 from ..._args import expect_args, expect_int, expect_items
 from ...constants import MLA_KERNEL_BLOCK_TOKENS
 from ...errors import Refusal
+from ...gpus import DEFAULT_GPU, GPUS, GpuName
 from ...settings import (
     ATTENTION_BACKENDS,
     KDA_PREFILL_BACKENDS,
@@ -204,22 +205,58 @@ def resolved_kda_prefill_backend(
     full_rank_gate: bool,
     gate_lower_bound: float | None,
     head_dim: int,
+    gpu: GpuName = DEFAULT_GPU,
 ) -> str:
-    """The KDA prefill kernel vLLM runs for a KDA layer: Kimi-K3's own KDA path (a full-rank
-    gate) takes FlashKDA or FlashInfer where the gate is bounded and ``head_dim`` is 128;
-    ``auto`` picks FlashKDA there and Triton elsewhere. Refuses (``kernel_unsupported``) an
-    explicit kernel the layer cannot run, as vLLM does at start-up."""
+    """The KDA prefill kernel vLLM runs for a KDA layer on ``gpu``, as vLLM 0.33 resolves it
+    (``models/kimi_k3/nvidia/kda.py``, ``amd/kda.py``). Refuses (``kernel_unsupported``) an
+    explicit kernel the layer or the GPU cannot run, as vLLM does at start-up.
+
+    - Kimi-Linear's KDA (no full-rank gate) has one prefill path: Triton.
+    - CUDA: FlashKDA needs SM 9x, 10x or 12x, ``head_dim`` 128 and a bounded gate; FlashInfer
+      SM 100 or 103 and a bf16 recurrent state (Kimi-K3 keeps fp32, so never). ``auto`` takes
+      FlashKDA where it runs, else Triton.
+    - ROCm: ``fused`` needs gfx950 (MI355X); ``auto`` takes it there, else Triton (aiter's
+      Gluon kernel, where installed, keeps no checkpoint either).
+    """
+    device = GPUS[gpu]
+    if device.vendor == "amd":
+        if requested in ("flashkda", "flashinfer"):
+            _refuse_kernel(requested, f"it is a CUDA kernel; {gpu} runs ROCm (auto, triton, fused)")
+        fused = full_rank_gate and device.capability == ROCM_FUSED_KDA_CAPABILITY
+        if requested == "fused" and not fused:
+            _refuse_kernel(requested, "the fused KDA chunk kernel needs gfx950 (MI355X)")
+        if requested == "auto":
+            return "fused" if fused else "triton"
+        return requested
+    if requested == "fused":
+        _refuse_kernel(requested, f"it is ROCm's kernel; {gpu} runs CUDA")
     if not full_rank_gate:
         # Kimi-Linear's layer class has one prefill path and no checkpoint export.
         if requested in ("flashkda", "flashinfer"):
             _refuse_kernel(requested, "the layer has no full-rank gate (Kimi-Linear's KDA)")
         return "triton"
-    fast = gate_lower_bound is not None and head_dim == 128
+    layer_ok = gate_lower_bound is not None and head_dim == 128
+    flashkda = layer_ok and device.capability[0] in FLASHKDA_SM_MAJORS
+    if requested == "flashinfer":
+        _refuse_kernel(
+            requested,
+            "FlashInfer's KDA prefill needs a bf16 recurrent state (Kimi-K3 keeps fp32), "
+            "SM 100 or 103, head_dim=128 and a bounded gate",
+        )
+    if requested == "flashkda" and not flashkda:
+        _refuse_kernel(
+            requested,
+            f"it needs SM 9x/10x/12x ({gpu} is SM {device.sm}), a bounded gate and head_dim=128",
+        )
     if requested == "auto":
-        return "flashkda" if fast else "triton"
-    if requested in ("flashkda", "flashinfer") and not fast:
-        _refuse_kernel(requested, "it needs a bounded KDA gate and head_dim=128")
+        return "flashkda" if flashkda else "triton"
     return requested
+
+
+FLASHKDA_SM_MAJORS: Final = (9, 10, 12)
+"""CUDA capability majors FlashKDA runs on."""
+ROCM_FUSED_KDA_CAPABILITY: Final = (9, 5)
+"""gfx950 (MI355X), where ROCm's fused KDA chunk kernel runs."""
 
 
 def _refuse_kernel(requested: str, why: str) -> None:
@@ -233,8 +270,9 @@ def _refuse_kernel(requested: str, why: str) -> None:
 
 def prefill_checkpoint_blocks(kda_prefill_backend: str) -> int:
     """Blocks a KDA group holds per request for the prefill's internal state checkpoint
-    (``num_prefill_checkpoint_blocks``): one with FlashKDA, none otherwise."""
-    return int(kda_prefill_backend == "flashkda")
+    (``num_prefill_checkpoint_blocks``): one with FlashKDA or ROCm's fused kernel (which
+    export their chunk states), none otherwise."""
+    return int(kda_prefill_backend in ("flashkda", "fused"))
 
 
 def state_blocks_per_request(mode: MambaCacheMode, spec_blocks: int, checkpoint: int) -> int:
