@@ -46,6 +46,8 @@ if TYPE_CHECKING:
         plan,
         with_engine,
     )
+    from .layouts.answer import RequestCapacity
+    from .layouts.recommend import Recommendation, recommend
     from .layouts.seams import EngineRules
     from .model import (
         PRESETS,
@@ -132,6 +134,9 @@ _LAZY: dict[str, str] = {
     "plan_tokenspeed": "engines.tokenspeed",
     "plan_vllm": "engines.vllm",
     "with_engine": "layouts",
+    "RequestCapacity": "layouts.answer",
+    "Recommendation": "layouts.recommend",
+    "recommend": "layouts.recommend",
     "GPU_NAMES": "gpus",
     "GPUS": "gpus",
     "Gpu": "gpus",
@@ -224,11 +229,13 @@ __all__ = [
     "PlaneOrder",
     "RankPair",
     "RankSizes",
+    "Recommendation",
     "Refusal",
     "RefusalCode",
     "Region",
     "ReplicaShard",
     "Replicate",
+    "RequestCapacity",
     "RideOptions",
     "RidePlan",
     "RuleCheck",
@@ -263,6 +270,7 @@ __all__ = [
     "pp_stage_bounds",
     "preset",
     "rank_sizes",
+    "recommend",
     "transfer_violations",
     "vllm_views",
     "with_engine",

@@ -65,9 +65,11 @@ class Deployment(Frozen):
     - ``replayssm``: ATOM ReplaySSM records beside each KDA state slot.
     - ``conv_layout``: the KDA conv state's layout, vLLM's ``VLLM_SSM_CONV_STATE_LAYOUT``
       (``SD``, the default, or ``DS``).
-    - ``attention_backend``: vLLM's MLA backend (``--attention-backend``; its kernel blocks
-      shape the block); ``kv_cache_layout``: vLLM's ``VLLM_KV_CACHE_LAYOUT`` (``LBNHC``, the
-      default, layer-outermost; ``BLHNC`` block-outermost). Both are ``vllm`` settings.
+    - ``attention_backend``: vLLM's MLA backend (``--attention-backend``; ``None``: the one
+      vLLM's selector picks on ``gpu``, :func:`k3layout.engines.vllm.rules.backend_of`; its
+      kernel blocks shape the block); ``kv_cache_layout``: vLLM's ``VLLM_KV_CACHE_LAYOUT``
+      (``LBNHC``, the default, layer-outermost; ``BLHNC`` block-outermost). Both are ``vllm``
+      settings.
     - ``prefix_caching`` (vLLM's ``--enable-prefix-caching``, on by default) decides the KDA
       cache mode, ``align`` or ``none``; ``mamba_cache_mode`` is accepted as vLLM 0.33 accepts
       it (``align`` or ``none``) and resolved as it resolves it (:attr:`mamba_cache_mode_run`).
@@ -145,10 +147,11 @@ class Deployment(Frozen):
         description="the KDA conv state's layout, vLLM's VLLM_SSM_CONV_STATE_LAYOUT: SD "
         "(state_len, dim), the default, or DS (dim, state_len)",
     )
-    attention_backend: AttentionBackend = Field(
-        "FLASHMLA",
-        description="vLLM's MLA backend (--attention-backend); its kernel block sizes shape "
-        "the attention block (vllm)",
+    attention_backend: AttentionBackend | None = Field(
+        None,
+        description="vLLM's MLA backend (--attention-backend); None: the one vLLM's selector "
+        "picks on the GPU for the cache dtype; its kernel block sizes shape the attention "
+        "block (vllm)",
     )
     kv_cache_layout: KvCacheLayout = Field(
         "LBNHC",

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Final, Literal, TypeAlias
 
-AttentionBackend: TypeAlias = Literal["FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "TRITON_MLA"]
+AttentionBackend: TypeAlias = Literal[
+    "FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "TRITON_MLA", "FLASH_ATTN_MLA"
+]
 """vLLM's dense MLA attention backend (``--attention-backend``)."""
 
 ATTENTION_BACKENDS: Final[tuple[AttentionBackend, ...]] = (
@@ -17,6 +19,7 @@ ATTENTION_BACKENDS: Final[tuple[AttentionBackend, ...]] = (
     "CUTLASS_MLA",
     "FLASHINFER_MLA",
     "TRITON_MLA",
+    "FLASH_ATTN_MLA",
 )
 
 KvCacheLayout: TypeAlias = Literal["LBNHC", "BLHNC"]

@@ -20,6 +20,7 @@ from k3layout import (
 )
 from k3layout.engines.vllm.rules import KV_CACHE_LAYOUTS
 from k3layout.layouts.report import REPORT_ADAPTER, report
+from k3layout.layouts.seams import rules_for
 from k3layout.testing import (
     deployments,
     hybrid_models,
@@ -46,8 +47,9 @@ def test_k3_plans_or_refuses_with_a_code_for_every_tp_dtype_and_spec_depth(
     deployment = Deployment.model_validate(
         {"engine": engine, "attn_tp": attn_tp, "kv_dtype": kv_dtype, "spec_tokens": spec_tokens}
     )
-    # the DSpark draft's 64 query heads must divide the attention TP too
-    heads = math.gcd(K3_HEADS, *(layer.num_heads for layer in model.draft_layers))
+    # the DSpark draft's 64 query heads must divide the attention TP too, where it is built
+    built = rules_for(engine).built_model(model, deployment)
+    heads = math.gcd(K3_HEADS, *(layer.num_heads for layer in built.draft_layers))
     try:
         result = plan(model, deployment)
     except Refusal as refusal:

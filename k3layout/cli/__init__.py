@@ -1,14 +1,14 @@
-"""The ``k3layout`` command line: ``plan``, ``sweep``, ``transfer``, ``ride`` and ``draw``
-(exit 2 on a refusal)."""
+"""The ``k3layout`` command line: ``plan``, ``recommend``, ``sweep``, ``transfer``, ``ride``
+and ``draw`` (exit 2 on a refusal)."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
 
-from . import draw, plan, ride, sweep, transfer
+from . import draw, plan, recommend, ride, sweep, transfer
 
-SUBCOMMANDS = (plan, sweep, transfer, ride, draw)
+SUBCOMMANDS = (plan, recommend, sweep, transfer, ride, draw)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -96,8 +96,9 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
     parser.add_argument(
         "--attention-backend",
         choices=ATTENTION_BACKENDS,
-        default="FLASHMLA",
-        help="vLLM's MLA attention backend (its kernel blocks shape the block; vllm)",
+        default=None,
+        help="vLLM's MLA attention backend (its kernel blocks shape the block; vllm); "
+        "default: the one vLLM picks on --gpu for the cache dtype",
     )
     parser.add_argument(
         "--kv-cache-layout",
@@ -206,7 +207,7 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
         "max_padding": args.max_padding,
         "replayssm": args.replayssm,
         "conv_layout": args.conv_layout,
-        "attention_backend": getattr(args, "attention_backend", "FLASHMLA"),
+        "attention_backend": getattr(args, "attention_backend", None),
         "kv_cache_layout": getattr(args, "kv_cache_layout", "LBNHC"),
         "prefix_caching": getattr(args, "prefix_caching", True),
         "kda_prefill_backend": getattr(args, "kda_prefill_backend", "auto"),

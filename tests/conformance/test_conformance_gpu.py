@@ -160,3 +160,65 @@ def test_a_pipeline_worker_is_checked_as_its_own_stage_by_default(tmp_path: Path
     first.parallel_config.rank = 5  # stage 0
     with pytest.raises(Refusal):  # stage 1's config on a stage-0 worker still differs
         check_kv_cache_config(first, engine.kv_cache_configs[1])
+
+
+def vllms_default_backend(gpu: str, kv_dtype: str, attn_tp: int, tmp: Path) -> str:
+    """The MLA backend vLLM's CUDA selector picks for K3 on ``gpu``: the first of its
+    priorities whose validation passes. Kernels this CPU build lacks (FlashMLA's, FlashAttention
+    MLA's symbols) are taken as present, as on a GPU build: their "not available" reasons and
+    import gaps are the only ones set aside."""
+    import json  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import types  # noqa: PLC0415
+
+    # the CUDA platform module loads vLLM's stable-ABI ops library at import; the selection
+    # logic needs none of it
+    sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
+    import vllm.v1.attention.backends.fa_utils as fa  # noqa: PLC0415
+    from vllm.config import set_current_vllm_config  # noqa: PLC0415
+    from vllm.platforms import cuda  # noqa: PLC0415
+    from vllm.platforms.interface import DeviceCapability  # noqa: PLC0415
+    from vllm.v1.attention.selector import AttentionSelectorConfig  # noqa: PLC0415
+    from vllm_engine import target_config, vllm_config  # noqa: PLC0415
+
+    for name in ("flash_attn_varlen_func", "get_scheduler_metadata"):
+        if not hasattr(fa, name):
+            setattr(fa, name, lambda *args, **kwargs: None)
+    case = Case(attn_tp=attn_tp, kv_dtype=kv_dtype)
+    directory = tmp / str(case)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(target_config(case)))
+    config = vllm_config(case, directory)
+    capability = DeviceCapability(*GPUS[gpu].capability)  # type: ignore[index]
+    dtype = config.cache_config.cache_dtype
+    with set_current_vllm_config(config):
+        selector = AttentionSelectorConfig(
+            head_size=576, dtype=torch.bfloat16, kv_cache_dtype=dtype, block_size=None, use_mla=True
+        )
+        for backend in cuda._get_backend_priorities(
+            True, capability, num_heads=96 // attn_tp, kv_cache_dtype=dtype, head_size=576
+        ):
+            reasons = backend.get_class().validate_configuration(
+                device_capability=capability, **selector._asdict()
+            )
+            real = [
+                r
+                for r in reasons
+                if "not available" not in r and "not supported on this device" not in r
+            ]
+            if not real:
+                return str(backend.name)
+    raise AssertionError(f"vLLM selects no MLA backend on {gpu}")
+
+
+@pytest.mark.parametrize("gpu", NVIDIA)
+@pytest.mark.parametrize("kv_dtype", ["fp8", "bf16"])
+def test_the_default_mla_backend_is_the_one_vllms_selector_picks(
+    gpu: str, kv_dtype: str, tmp_path: Path
+) -> None:
+    theirs = vllms_default_backend(gpu, kv_dtype, 8, tmp_path)
+    result = plan(
+        preset("kimi-k3"),
+        Deployment(engine="vllm", gpu=gpu, attn_tp=8, kv_dtype=kv_dtype),  # type: ignore[arg-type]
+    )
+    assert result.report_fields()[0]["attention_backend"] == theirs

@@ -23,6 +23,7 @@ from vllm_required import require_vllm
 require_vllm()
 
 from vllm_engine import (  # noqa: E402
+    CAPABILITY,
     Case,
     Engine,
     bind,
@@ -128,8 +129,11 @@ def planner_model(case: Case, tmp: Path) -> HybridModel:
 
 
 def deployment(case: Case) -> Deployment:
+    # the GPU the harness selects the backend on (vllm_engine.CAPABILITY)
+    gpu = "b200" if CAPABILITY.get(case.backend, (9, 0))[0] == 10 else "h200"
     return Deployment(
         engine="vllm",
+        gpu=gpu,
         attn_tp=case.attn_tp,
         pp=case.pp,
         pp_partition=case.pp_partition,

@@ -18,7 +18,7 @@ is :mod:`.capacity`.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, cast
 
 from pydantic import PositiveInt, model_validator
 
@@ -29,16 +29,18 @@ from ...deployment import Deployment
 from ...errors import Refusal
 from ...layouts.answer import check_context
 from ...layouts.groups import Group, Stage
+from ...layouts.pipeline import plan
 from ...layouts.protocol import ByteRange, LayoutBase, check_block, check_non_negative
+from ...layouts.recommend import Recommendation, budget_for, check_workload, most_held
 from ...layouts.seams import TOKENSPEED_SETTINGS, refuse_settings
 from ...model import HybridModel
 from ...sizes import RankSizes
 from .capacity import SglangCapacity, sglang_capacity
 from .report import SglangReport
-from .rules import SGLANG_VERSION, attention_backends
+from .rules import SGLANG_VERSION, attention_backends, state_slots_per_request
 
 VLLM_SETTINGS: tuple[tuple[str, object], ...] = (
-    ("attention_backend", "FLASHMLA"),
+    ("attention_backend", None),
     ("kv_cache_layout", "LBNHC"),
     ("kda_prefill_backend", "auto"),
     ("mamba_cache_mode", None),
@@ -255,6 +257,48 @@ class SglangPlan(SelfChecked, LayoutBase):
             ),
             ("state slot bytes (KDA state, whole model)", f"{self.state_slot_bytes():,}"),
         ]
+
+    def recommend(
+        self, requests: int, max_model_len: int | None = None, kv_memory_bytes: int | None = None
+    ) -> Recommendation:
+        """SGLang 0.5.23's flags for ``requests`` requests of ``max_model_len`` tokens at once:
+        ``--max-running-requests`` (so SGLang's own cap is stated, not guessed from its log),
+        ``--max-mamba-cache-size`` (exactly the state slots they hold, the rest of the memory
+        to the token pool, whatever the context) and ``--context-length``; the memory is the
+        budget or the least that holds them with these flags. Refuses (``budget_too_small``)
+        a budget that cannot, naming the most it holds and the memory they need."""
+        check_workload(requests, kv_memory_bytes)
+        length = check_context(self, max_model_len)
+        d = self.deployment
+        slots = requests * state_slots_per_request(d.prefix_caching, overlap=d.pp == 1)
+        fields = {name: getattr(d, name) for name in Deployment.model_fields}
+        flags = {"max_running_requests": requests, "max_mamba_cache_size": slots}
+        flagged = cast(
+            "SglangPlan", plan(self.model, Deployment.model_validate({**fields, **flags}))
+        )
+        needed = flagged.memory_for(requests, length)
+        memory = budget_for(
+            self.engine,
+            requests,
+            length,
+            needed=needed,
+            kv_memory_bytes=kv_memory_bytes,
+            most=most_held(self.capacity, kv_memory_bytes, length),
+        )
+        return Recommendation(
+            engine=self.engine,
+            requests=requests,
+            max_model_len=length,
+            kv_memory_bytes=memory,
+            needed_bytes=needed,
+            unused_bytes=memory - needed,
+            flags=(
+                ("--max-running-requests", str(requests)),
+                ("--max-mamba-cache-size", str(slots)),
+                ("--context-length", str(length)),
+            ),
+            capacity=flagged.capacity(memory, length),
+        )
 
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:
         """What ``budget_bytes`` holds, as (label, value) rows, at the model's context."""

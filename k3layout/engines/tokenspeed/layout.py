@@ -22,13 +22,15 @@ from ...cache import PartRange
 from ...constants import PARENT_PAGE_TOKENS
 from ...deployment import Deployment
 from ...errors import Refusal
+from ...layouts.answer import check_context, least_memory
 from ...layouts.groups import Group, GroupKind, Stage
 from ...layouts.packing import Packing, RuleCheck
 from ...layouts.protocol import ByteRange, LayoutBase, check_non_negative
+from ...layouts.recommend import Recommendation, budget_for, check_workload, most_held
 from ...limits import checked_bytes
 from ...model import HybridModel
 from ...sizes import RankSizes
-from .capacity import ParentCapacity, parent_capacity
+from .capacity import ParentCapacity, parent_capacity, protected_pages
 from .recipe import (
     DEFAULT_MAX_PADDING,
     MAX_KERNEL_PAGE_ID,
@@ -679,6 +681,51 @@ class ParentPlan(SelfChecked, LayoutBase):
             max_live=max_live,
             overlap_depth=overlap_depth,
             max_total_tokens=max_total_tokens,
+        )
+
+    def recommend(
+        self, requests: int, max_model_len: int | None = None, kv_memory_bytes: int | None = None
+    ) -> Recommendation:
+        """tokenspeed's flags for ``requests`` requests of ``max_model_len`` tokens at once per
+        attention-DP replica: ``--max-num-seqs`` (its ``max_bs`` is that over the attention
+        DP), ``--max-total-tokens`` and ``--max-model-len``; the memory is the budget or the
+        least that holds them with these flags. tokenspeed turns the token cap into
+        ``cap // (p_m * 128)`` parents before it counts the state groups' pages, so the cap is
+        the parents the workload needs, in tokens: ``parents_for(N x L) x p_m x 128``.
+        Refuses (``budget_too_small``) a budget that cannot hold them, naming the most it
+        holds and the memory they need."""
+        check_workload(requests, kv_memory_bytes)
+        length = check_context(self, max_model_len)
+        protected = protected_pages(self, requests, 1)
+        parents = self.parents_for(requests * length, requests, protected)
+        most = max(self.pages_per_parent(g) for g in self.groups if g.layers)
+        tokens = parents * most * PARENT_PAGE_TOKENS
+
+        def sized(memory: int, context: int = length) -> ParentCapacity:
+            return self.capacity(memory, context, max_live=requests, max_total_tokens=tokens)
+
+        needed = least_memory(sized, requests)
+        memory = budget_for(
+            self.engine,
+            requests,
+            length,
+            needed=needed,
+            kv_memory_bytes=kv_memory_bytes,
+            most=most_held(self.capacity, kv_memory_bytes, length),
+        )
+        return Recommendation(
+            engine=self.engine,
+            requests=requests,
+            max_model_len=length,
+            kv_memory_bytes=memory,
+            needed_bytes=needed,
+            unused_bytes=memory - needed,
+            flags=(
+                ("--max-num-seqs", str(requests * self.deployment.attn_dp)),
+                ("--max-total-tokens", str(tokens)),
+                ("--max-model-len", str(length)),
+            ),
+            capacity=sized(memory),
         )
 
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:

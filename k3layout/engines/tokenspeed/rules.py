@@ -37,7 +37,7 @@ def _refuse(code: str, ours: str, theirs: str, hint: str, **facts: object) -> Re
 
 
 VLLM_SETTINGS: tuple[tuple[str, object], ...] = (
-    ("attention_backend", "FLASHMLA"),
+    ("attention_backend", None),
     ("kv_cache_layout", "LBNHC"),
     ("kda_prefill_backend", "auto"),
     ("mamba_cache_mode", None),

@@ -26,12 +26,12 @@ from ..._args import expect, expect_int
 from ...deployment import Deployment
 from ...dtypes import KV_CACHE_DTYPES
 from ...errors import Refusal
-from ...gpus import DEFAULT_GPU, GPUS, GpuName
+from ...gpus import DEFAULT_GPU, GPU_NAMES, GPUS, GpuName
 from ...model import HybridModel, config_of, model_from_config
 from .caches import check_bound_caches
 from .engine import plan_vllm
 from .layout import VllmPlan
-from .rules import ATTENTION_BACKENDS, VLLM_VERSION
+from .rules import ATTENTION_BACKENDS, BACKEND_SM_MAJORS, VLLM_VERSION
 
 __all__ = [
     "check_kv_cache_config",
@@ -136,6 +136,17 @@ def unmodelled(option: str, value: object, why: str) -> Refusal:
     )
 
 
+def _gpu_running(backend: str | None) -> GpuName:
+    """Where the engine's GPU is unknown (a check run off the engine): the default GPU, or the
+    first one the named backend runs on (a Blackwell backend names a Blackwell GPU)."""
+    majors = BACKEND_SM_MAJORS.get(backend) if backend in ATTENTION_BACKENDS else None
+    if majors is None or GPUS[DEFAULT_GPU].capability[0] in majors:
+        return DEFAULT_GPU
+    return next(
+        g for g in GPU_NAMES if GPUS[g].vendor == "nvidia" and GPUS[g].capability[0] in majors
+    )
+
+
 def deployment_from_vllm(vllm_config: Any, gpu: GpuName | None = None) -> Deployment:
     """The deployment a ``VllmConfig`` describes (engine ``vllm``) on ``gpu``: default the GPU
     of the engine this process runs in (:func:`engine_gpu`), else k3layout's default. A value
@@ -148,12 +159,12 @@ def deployment_from_vllm(vllm_config: Any, gpu: GpuName | None = None) -> Deploy
     layout = _get(cache, "kv_cache_layout") or os.environ.get("VLLM_KV_CACHE_LAYOUT") or "LBNHC"
     partition = os.environ.get("VLLM_PP_LAYER_PARTITION")
     additional = _get(vllm_config, "additional_config", {})
-    name = getattr(backend, "name", None) or "FLASHMLA"
-    if name not in ATTENTION_BACKENDS:
+    name = getattr(backend, "name", None)  # None: vLLM's selector picks it on the GPU
+    if name is not None and name not in ATTENTION_BACKENDS:
         raise unmodelled("attention_backend", name, "its kernel blocks are not modelled")
     if kv_dtype not in KV_CACHE_DTYPES:
         raise unmodelled("kv_cache_dtype", dtype, "a quantised MLA row of its own")
-    where = gpu or engine_gpu() or DEFAULT_GPU
+    where = gpu or engine_gpu() or _gpu_running(name)
     fields: dict[str, Any] = {
         "engine": "vllm",
         "gpu": where,

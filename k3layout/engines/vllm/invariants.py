@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from ...constants import MLA_KERNEL_BLOCK_TOKENS
 from .layout import VllmPlan, block_tokens_for
-from .rules import smallest_kernel_block
+from .rules import backend_of, smallest_kernel_block
 
 
 def vllm_violations(result: VllmPlan) -> list[str]:
     problems: list[str] = []
     sizes = result.sizes
     deployment = result.deployment
-    kernel = smallest_kernel_block(deployment.attention_backend)
+    kernel = smallest_kernel_block(backend_of(deployment))
     requested = deployment.block_tokens or 0
     align = max(MLA_KERNEL_BLOCK_TOKENS, requested, kernel)
     if result.block_tokens % kernel:
@@ -21,7 +21,7 @@ def vllm_violations(result: VllmPlan) -> list[str]:
         problems.append(f"block {result.block_tokens} is below the requested {requested}")
     if result.block_tokens % result.kernel_block_tokens:
         problems.append("the kernel block does not divide the block")
-    raised = block_tokens_for(sizes, deployment.block_tokens, deployment.attention_backend)
+    raised = block_tokens_for(sizes, deployment.block_tokens, backend_of(deployment))
     if result.block_tokens != raised:
         problems.append("block is not the raise of the requested block")
     if result.page_bytes != result.block_tokens * sizes.attention_bytes_per_token:

@@ -28,8 +28,10 @@ from ..._validation import describe
 from ...constants import MAX_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
 from ...deployment import Deployment
 from ...errors import Refusal
+from ...layouts.answer import check_context
 from ...layouts.groups import Group, Stage, group_kind, group_names, split_strided
 from ...layouts.protocol import ByteRange, LayoutBase, check_block, check_non_negative
+from ...layouts.recommend import Recommendation, budget_for, check_workload, most_held
 from ...layouts.seams import SGLANG_SETTINGS, TOKENSPEED_SETTINGS, refuse_settings
 from ...limits import check_bound, checked_bytes
 from ...model import HybridModel
@@ -41,6 +43,8 @@ from .rules import (
     ATTENTION_BACKENDS,
     AttentionBackend,
     aligned_block_tokens,
+    backend_of,
+    check_backend_runs,
     check_block_supported,
     check_kv_dtype,
     check_layout_serves,
@@ -166,7 +170,7 @@ class VllmPlan(SelfChecked, LayoutBase):
     def kernel_block_tokens(self) -> int:
         """The attention backend's kernel block: the block is split into these for the
         attention kernels (FlashMLA: 64), or kept whole (``TRITON_MLA``)."""
-        return kernel_block_tokens(self.deployment.attention_backend, self.block_tokens)
+        return kernel_block_tokens(backend_of(self.deployment), self.block_tokens)
 
     def layer_stride_bytes(self, num_blocks: int, stage: int = 0) -> int:
         """Bytes between plane ``j`` and ``j + 1`` of the same block in a rank's backing:
@@ -244,7 +248,7 @@ class VllmPlan(SelfChecked, LayoutBase):
             ("block tokens", f"{self.block_tokens:,}"),
             (
                 "attention backend / kernel block",
-                f"{deployment.attention_backend} / {self.kernel_block_tokens:,}",
+                f"{backend_of(deployment)} / {self.kernel_block_tokens:,}",
             ),
             ("KV-cache layout", deployment.kv_cache_layout),
             ("page bytes (per layer)", f"{self.page_bytes:,}"),
@@ -263,6 +267,41 @@ class VllmPlan(SelfChecked, LayoutBase):
         by group and the maximum concurrency, as vLLM counts them, and the common answer
         (:mod:`k3layout.engines.vllm.capacity`, :mod:`k3layout.layouts.answer`)."""
         return vllm_capacity(self, kv_memory_bytes, max_model_len)
+
+    def recommend(
+        self, requests: int, max_model_len: int | None = None, kv_memory_bytes: int | None = None
+    ) -> Recommendation:
+        """vLLM 0.33's flags for ``requests`` requests of ``max_model_len`` tokens at once:
+        ``--max-num-seqs`` (never over the blocks, which vLLM checks for a Mamba model with
+        full CUDA graphs), ``--max-model-len`` and ``--kv-cache-memory-bytes`` (the budget, or
+        the least that holds them). Refuses (``budget_too_small``) a budget that cannot hold
+        them, naming the most it holds and the memory they need
+        (:mod:`k3layout.layouts.recommend`)."""
+        check_workload(requests, kv_memory_bytes)
+        length = check_context(self, max_model_len)
+        needed = self.memory_for(requests, length)
+        memory = budget_for(
+            self.engine,
+            requests,
+            length,
+            needed=needed,
+            kv_memory_bytes=kv_memory_bytes,
+            most=most_held(self.capacity, kv_memory_bytes, length),
+        )
+        return Recommendation(
+            engine=self.engine,
+            requests=requests,
+            max_model_len=length,
+            kv_memory_bytes=memory,
+            needed_bytes=needed,
+            unused_bytes=memory - needed,
+            flags=(
+                ("--max-num-seqs", str(requests)),
+                ("--max-model-len", str(length)),
+                ("--kv-cache-memory-bytes", str(memory)),
+            ),
+            capacity=self.capacity(memory, length),
+        )
 
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:
         """What ``budget_bytes`` holds, as (label, value) rows."""
@@ -285,7 +324,7 @@ class VllmPlan(SelfChecked, LayoutBase):
             "kda_page_padding_bytes": self.kda_page_padding_bytes,
             "attention_span_tokens": self.attention_span_tokens,
             "kda_span_tokens": self.kda_span_tokens,
-            "attention_backend": self.deployment.attention_backend,
+            "attention_backend": backend_of(self.deployment),
             "kernel_block_tokens": self.kernel_block_tokens,
             "kv_cache_layout": self.deployment.kv_cache_layout,
         }, "block_bytes"
@@ -330,9 +369,10 @@ def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
     refuse_settings(deployment, TOKENSPEED_SETTINGS, "tokenspeed")
     if model.drafter == "mtp":
         check_mtp_depth(len(model.draft_layers), deployment.spec_tokens)
-    backend = deployment.attention_backend
+    backend = backend_of(deployment)
     if model.mla_layers:
         check_kv_dtype(deployment.kv_dtype, backend)
+        check_backend_runs(backend, deployment.gpu, deployment.kv_dtype)
     if deployment.block_tokens is not None:
         check_block_supported(backend, deployment.block_tokens)
     built = built_model(model, deployment)
@@ -429,10 +469,10 @@ def pack_vllm(
 ) -> VllmPlan:
     """Raise the block, size the shared page and check DCP's interleave against it."""
     page = unified_page_bytes(
-        sizes, block_tokens_for(sizes, deployment.block_tokens, deployment.attention_backend)
+        sizes, block_tokens_for(sizes, deployment.block_tokens, backend_of(deployment))
     )
     block = page // sizes.attention_bytes_per_token
-    check_layout_serves(deployment.attention_backend, deployment.kv_cache_layout, block)
+    check_layout_serves(backend_of(deployment), deployment.kv_cache_layout, block)
     if block % deployment.dcp_interleave:
         raise Refusal(
             "dcp_interleave",

@@ -23,6 +23,7 @@ from typing import Final
 
 from ..._args import expect_args, expect_int, expect_items
 from ...constants import MLA_KERNEL_BLOCK_TOKENS
+from ...deployment import Deployment
 from ...errors import Refusal
 from ...gpus import DEFAULT_GPU, GPUS, GpuName
 from ...settings import (
@@ -45,11 +46,74 @@ KERNEL_BLOCK_TOKENS: Final[dict[AttentionBackend, tuple[int, ...]]] = {
     "CUTLASS_MLA": (128,),
     "FLASHINFER_MLA": (32, 64),
     "TRITON_MLA": (),  # any multiple of KERNEL_MULTIPLE_OF
+    "FLASH_ATTN_MLA": (),
 }
 """The kernel block sizes each backend takes; empty: any multiple of
 :data:`KERNEL_MULTIPLE_OF`."""
 
-KERNEL_MULTIPLE_OF: Final[dict[AttentionBackend, int]] = {"TRITON_MLA": 16}
+KERNEL_MULTIPLE_OF: Final[dict[AttentionBackend, int]] = {"TRITON_MLA": 16, "FLASH_ATTN_MLA": 16}
+
+
+def default_attention_backend(gpu: GpuName, kv_dtype: str) -> AttentionBackend:
+    """The dense MLA backend vLLM 0.33's selector picks for Kimi-K3 on ``gpu`` (the first of
+    its priorities that the configuration passes; checked by running vLLM's own validation):
+    FlashInfer MLA on SM 10x; on SM 90 FlashAttention MLA for a bf16 cache (it takes no fp8)
+    and FlashMLA for fp8; Triton MLA on SM 80 and 12x, and on ROCm (AITER MLA, where enabled,
+    takes any block as Triton MLA does)."""
+    device = GPUS[gpu]
+    if device.vendor == "amd":
+        return "TRITON_MLA"
+    major = device.capability[0]
+    if major == 10:
+        return "FLASHINFER_MLA"
+    if major == 9:
+        return "FLASHMLA" if kv_dtype != "bf16" else "FLASH_ATTN_MLA"
+    return "TRITON_MLA"
+
+
+BACKEND_SM_MAJORS: Final[dict[AttentionBackend, tuple[int, ...] | None]] = {
+    "FLASHMLA": (9, 10),
+    "CUTLASS_MLA": (10,),
+    "FLASHINFER_MLA": (10,),
+    "FLASH_ATTN_MLA": (9,),
+    "TRITON_MLA": None,  # any GPU, ROCm included
+}
+"""The CUDA capability majors each MLA backend runs on (``supports_compute_capability``)."""
+
+
+def check_backend_runs(backend: AttentionBackend, gpu: GpuName, kv_dtype: str) -> None:
+    """Refuse (``kernel_unsupported``) an MLA backend vLLM's selector rejects on ``gpu`` or
+    for the cache dtype: a CUDA backend on ROCm or on another SM, FlashAttention MLA with an
+    fp8 cache."""
+    device = GPUS[gpu]
+    majors = BACKEND_SM_MAJORS[backend]
+    if majors is not None and (device.vendor == "amd" or device.capability[0] not in majors):
+        raise Refusal(
+            "kernel_unsupported",
+            f"attention_backend={backend!r} does not run on {gpu} (SM {device.sm}, "
+            f"{device.vendor}): vLLM {VLLM_VERSION}'s selector rejects it",
+            facts={"attention_backend": backend, "gpu": gpu, "field": "attention_backend"},
+            hint="leave attention_backend unset (vLLM's own pick for the GPU), or TRITON_MLA",
+        )
+    if backend == "FLASH_ATTN_MLA" and kv_dtype != "bf16":
+        raise Refusal(
+            "kernel_unsupported",
+            f"attention_backend='FLASH_ATTN_MLA' takes no {kv_dtype} cache (bf16 only, in "
+            f"vLLM {VLLM_VERSION})",
+            facts={"attention_backend": backend, "kv_dtype": kv_dtype, "field": "kv_dtype"},
+            hint="use kv_dtype='bf16', or FLASHMLA for an fp8 cache",
+        )
+
+
+def backend_of(deployment: Deployment) -> AttentionBackend:
+    """The MLA backend a vLLM deployment runs: its own, else :func:`default_attention_backend`."""
+    chosen = deployment.attention_backend
+    return (
+        chosen
+        if chosen is not None
+        else default_attention_backend(deployment.gpu, deployment.kv_dtype)
+    )
+
 
 DEFAULT_BLOCK_TOKENS: Final = 16
 """vLLM's ``CacheConfig.DEFAULT_BLOCK_SIZE``, from which a backend's preferred block starts."""
@@ -372,10 +436,13 @@ __all__ = [
     "KvCacheLayout",
     "MambaCacheMode",
     "aligned_block_tokens",
+    "backend_of",
+    "check_backend_runs",
     "check_block_supported",
     "check_kv_dtype",
     "check_layout_serves",
     "check_mtp_depth",
+    "default_attention_backend",
     "kernel_block_tokens",
     "preferred_block_tokens",
     "prefill_checkpoint_blocks",

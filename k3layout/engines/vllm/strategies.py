@@ -7,8 +7,15 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from ...gpus import GPU_NAMES, GPUS
 from ...model import HybridModel
-from .rules import ATTENTION_BACKENDS, smallest_kernel_block, supports_block
+from .rules import (
+    ATTENTION_BACKENDS,
+    BACKEND_SM_MAJORS,
+    default_attention_backend,
+    smallest_kernel_block,
+    supports_block,
+)
 
 
 def settings(
@@ -18,9 +25,23 @@ def settings(
     layouts: tuple[str, ...],
     plannable: bool,
 ) -> dict[str, Any]:
-    """An attention backend, a KV-cache layout it serves (``BLHNC`` only on the one backend
-    whose kernel takes a whole block) and the drawn block raised onto its kernel blocks."""
-    backend = draw(st.sampled_from(ATTENTION_BACKENDS))
+    """A GPU, an attention backend that runs on it (or vLLM's own pick), a KV-cache layout it
+    serves (``BLHNC`` only on the one backend whose kernel takes a whole block) and the drawn
+    block raised onto its kernel blocks; FlashAttention MLA with a bf16 cache."""
+    gpu = draw(st.sampled_from(GPU_NAMES))
+    kv_dtype = fields["kv_dtype"]
+    chosen = draw(st.sampled_from((None, *ATTENTION_BACKENDS)))
+    if chosen is not None:
+        majors = BACKEND_SM_MAJORS[chosen]
+        runs = [
+            g
+            for g in GPU_NAMES
+            if majors is None or (GPUS[g].vendor == "nvidia" and GPUS[g].capability[0] in majors)
+        ]
+        gpu = draw(st.sampled_from(runs))
+        if chosen == "FLASH_ATTN_MLA":
+            kv_dtype = "bf16"
+    backend = chosen or default_attention_backend(gpu, kv_dtype)
     layout = "LBNHC"
     if backend == "TRITON_MLA":
         layout = draw(st.sampled_from(layouts))
@@ -28,4 +49,10 @@ def settings(
     if block is not None and not supports_block(backend, block):
         kernel = smallest_kernel_block(backend)
         block = kernel * -(-block // kernel)
-    return {"attention_backend": backend, "kv_cache_layout": layout, "block_tokens": block}
+    return {
+        "gpu": gpu,
+        "kv_dtype": kv_dtype,
+        "attention_backend": chosen,
+        "kv_cache_layout": layout,
+        "block_tokens": block,
+    }

@@ -1,0 +1,64 @@
+"""``k3layout recommend``: the engine's flags for N requests of L tokens at once, as a ready
+command-line fragment, with the capacity behind them (``--json``: the recommendation)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..layouts import plan
+from .common import (
+    add_deployment_options,
+    add_model_options,
+    console,
+    deployment_from_args,
+    model_from_args,
+    run_refusing,
+    summary_table,
+)
+from .plan import budget_bytes
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``recommend`` to the command line."""
+    parser = subparsers.add_parser(
+        "recommend", help="the engine's flags that serve N requests of L tokens at once"
+    )
+    add_model_options(parser)
+    add_deployment_options(parser)
+    parser.add_argument(
+        "--requests", type=int, required=True, help="requests held at once (per DP replica)"
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="tokens of one request (default: the model's context)",
+    )
+    parser.add_argument(
+        "--kv-memory-gib",
+        type=float,
+        default=None,
+        help="KV memory per rank the flags may use (default: the least that holds the workload)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the recommendation as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Recommend and print; exit 2 on a refusal (a budget too small names the most it holds
+    and the memory the workload needs)."""
+
+    def action() -> int:
+        result = plan(model_from_args(args), deployment_from_args(args))
+        memory = None if args.kv_memory_gib is None else budget_bytes(args.kv_memory_gib)
+        answer = result.recommend(args.requests, args.max_model_len, memory)
+        if args.json:
+            print(answer.model_dump_json(indent=2))
+            return 0
+        out = console()
+        out.print(f"{result.model.name} | engine {result.engine} | {result.deployment.gpu}")
+        print(answer.command_line)
+        out.print(summary_table(answer.rows()))
+        return 0
+
+    return run_refusing(action, args.json)

@@ -1,0 +1,149 @@
+"""From the answer to the flags: the engine settings that serve a target workload of
+``requests`` requests of ``max_model_len`` tokens at once.
+
+Each engine recommends in its own CLI's spelling (its plan's ``recommend``); what is shared
+lives here: the :class:`Recommendation` value and the budget rule. Given a KV budget per rank,
+the flags use it, and a budget that cannot hold the workload is refused (``budget_too_small``)
+naming the most requests it holds and the memory the workload needs. Without a budget, the
+recommendation takes the least memory that holds the workload (``memory_for``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+
+from pydantic import Field, NonNegativeInt, PositiveInt, SerializeAsAny
+
+from .._args import expect_args, expect_int
+from .._frozen import Frozen
+from ..deployment import Deployment
+from ..errors import Refusal
+from ..model import HybridModel
+from .answer import RequestCapacity
+from .pipeline import plan
+
+
+class Recommendation(Frozen):
+    """An engine's flags for a workload, the capacity they give and the memory left over."""
+
+    engine: str = Field(description="the engine the flags are for")
+    requests: PositiveInt = Field(description="requests of max_model_len tokens held at once")
+    max_model_len: PositiveInt = Field(description="tokens of one request")
+    kv_memory_bytes: NonNegativeInt = Field(
+        description="the KV memory per rank the flags use: the given budget, else the least "
+        "that holds the workload"
+    )
+    needed_bytes: NonNegativeInt = Field(
+        description="the least KV memory per rank that holds the workload with these flags"
+    )
+    unused_bytes: NonNegativeInt = Field(
+        description="kv_memory_bytes - needed_bytes: memory the workload leaves unused"
+    )
+    flags: tuple[tuple[str, str], ...] = Field(
+        description="the engine's own flags, as its command line spells them, with values"
+    )
+    capacity: SerializeAsAny[RequestCapacity] = Field(
+        description="the capacity the flags give in kv_memory_bytes (the engine's own figures "
+        "and the common answer)"
+    )
+
+    @property
+    def command_line(self) -> str:
+        """The flags as a ready command-line fragment (``--max-num-seqs 64 ...``)."""
+        return " ".join(f"{flag} {shlex.quote(value)}" for flag, value in self.flags)
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The recommendation as (label, value) rows, each saying what it counts."""
+        return [
+            ("workload", f"{self.requests:,} requests x {self.max_model_len:,} tokens"),
+            ("flags", self.command_line),
+            ("KV memory per rank", f"{self.kv_memory_bytes:,} B"),
+            ("least KV memory for the workload", f"{self.needed_bytes:,} B"),
+            ("KV memory left unused", f"{self.unused_bytes:,} B"),
+            *self.capacity.rows(),
+        ]
+
+
+def check_workload(requests: int, kv_memory_bytes: int | None) -> None:
+    """Refuse (``invalid_argument``) ``requests < 1`` and a negative budget."""
+    if expect_int("requests", requests) < 1:
+        raise Refusal(
+            "invalid_argument",
+            f"requests={requests} must be >= 1",
+            facts={"field": "requests"},
+            hint="ask for one request or more",
+        )
+    if kv_memory_bytes is not None and expect_int("kv_memory_bytes", kv_memory_bytes) < 0:
+        raise Refusal(
+            "invalid_argument",
+            f"kv_memory_bytes={kv_memory_bytes} must be >= 0",
+            facts={"field": "kv_memory_bytes"},
+            hint="pass the KV memory per rank in bytes, or None for the least",
+        )
+
+
+def most_held(
+    capacity: Callable[[int, int], RequestCapacity], kv_memory_bytes: int | None, length: int
+) -> int:
+    """The requests of ``length`` tokens a budget holds (0 without a budget, or where the
+    engine refuses it as too small)."""
+    if kv_memory_bytes is None:
+        return 0
+    try:
+        return capacity(kv_memory_bytes, length).max_requests
+    except Refusal as refusal:
+        if refusal.code != "budget_too_small":
+            raise
+        return 0
+
+
+def budget_for(
+    engine: str,
+    requests: int,
+    max_model_len: int,
+    *,
+    needed: int,
+    kv_memory_bytes: int | None,
+    most: int,
+) -> int:
+    """The memory the flags use: the budget, refused (``budget_too_small``) where it is under
+    ``needed`` (``most``: the requests it holds), else ``needed``."""
+    if kv_memory_bytes is None:
+        return needed
+    if kv_memory_bytes < needed:
+        raise Refusal(
+            "budget_too_small",
+            f"kv_memory_bytes={kv_memory_bytes:,} holds {most:,} requests of "
+            f"{max_model_len:,} tokens on engine={engine}, not {requests:,}: they need "
+            f"{needed:,} B per rank",
+            facts={
+                "engine": engine,
+                "requests": requests,
+                "max_model_len": max_model_len,
+                "max_requests": most,
+                "needed_bytes": needed,
+                "kv_memory_bytes": kv_memory_bytes,
+            },
+            hint=f"give {needed:,} B of KV memory per rank, or ask for {most:,} requests",
+        )
+    return kv_memory_bytes
+
+
+def recommend(
+    model: HybridModel,
+    deployment: Deployment,
+    *,
+    requests: int,
+    max_model_len: int | None = None,
+    kv_memory_bytes: int | None = None,
+) -> Recommendation:
+    """The flags with which ``deployment.engine`` serves ``requests`` requests of
+    ``max_model_len`` tokens at once (default: the model's context), in ``kv_memory_bytes``
+    per rank or, where ``None``, in the least memory that holds them; refuses
+    (``budget_too_small``) a budget that cannot, naming the most it holds and the memory the
+    workload needs (each engine's plan's ``recommend``)."""
+    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
+    result = plan(model, deployment)
+    answer: Recommendation = result.recommend(requests, max_model_len, kv_memory_bytes)
+    return answer
