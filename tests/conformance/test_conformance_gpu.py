@@ -219,6 +219,6 @@ def test_the_default_mla_backend_is_the_one_vllms_selector_picks(
     theirs = vllms_default_backend(gpu, kv_dtype, 8, tmp_path)
     result = plan(
         preset("kimi-k3"),
-        Deployment(engine="vllm", gpu=gpu, attn_tp=8, kv_dtype=kv_dtype),  # type: ignore[arg-type]
+        Deployment(engine="vllm", gpu=gpu, attn_tp=8, kv_dtype=kv_dtype),
     )
     assert result.report_fields()[0]["attention_backend"] == theirs
