@@ -15,6 +15,7 @@ from .deployment import Deployment, EngineFlavour
 from .dtypes import KvCacheDtype
 from .errors import Refusal, RefusalCode
 from .layouts import plan
+from .layouts.recommend import most_served
 from .limits import check_bound
 from .model import HybridModel
 from .registry import engine_names, facts_of
@@ -147,9 +148,13 @@ def requests_sweep(
     contexts: Iterable[int],
     base: Deployment | None = None,
     engines: Iterable[EngineFlavour] | None = None,
+    *,
+    recommended: bool = False,
 ) -> tuple[RequestsCell, ...]:
     """How requests trade against context length in one KV budget per rank, for every engine
-    (``base`` supplies the deployment; each engine plans it as its own). A budget an engine
+    (``base`` supplies the deployment; each engine plans it as its own): the requests the
+    engine holds with its settings as given, or (``recommended``) the most it serves with its
+    recommended flags (:func:`~k3layout.layouts.recommend.most_served`). A budget an engine
     refuses, or a deployment it does not run, becomes a cell carrying the refusal code."""
     expect_args(
         ("model", model, HybridModel),
@@ -174,7 +179,11 @@ def requests_sweep(
             continue
         for length in cast(tuple[int, ...], lengths):
             try:
-                held = planned.capacity(kv_memory_bytes, length).max_requests
+                if recommended:
+                    best = most_served(planned, length, kv_memory_bytes)
+                    held = 0 if best is None else best.requests
+                else:
+                    held = planned.capacity(kv_memory_bytes, length).max_requests
             except Refusal as refusal:
                 cells.append(
                     RequestsCell(

@@ -94,7 +94,7 @@ def cli_examples() -> list[tuple[list[str], int]]:
 
 def test_the_cli_reference_shows_every_command() -> None:
     shown = {args[0] for args, _ in cli_examples()}
-    assert shown == {"plan", "sweep", "ride", "transfer", "draw"}
+    assert shown == {"plan", "recommend", "sweep", "ride", "transfer", "draw"}
     assert {args[1] for args, _ in cli_examples() if args[0] == "draw"} == {
         "planes",
         "image",
@@ -102,6 +102,7 @@ def test_the_cli_reference_shows_every_command() -> None:
         "transfer",
         "segments",
         "sweep",
+        "requests",
     }
 
 

@@ -134,7 +134,7 @@ def test_the_k_channels_of_row_0_sit_where_conv_channel_offset_says(
 def test_a_dsa_index_region_follows_the_latent_rows_in_the_page() -> None:
     mla = MLALayer(num_heads=8, index_bytes_per_token=132)
     model = HybridModel(name="dsa", model_type="x", layers=(mla,) * 3)
-    p = plan_vllm(model, Deployment(kv_dtype="bf16"))
+    p = plan_vllm(model, Deployment(kv_dtype="bf16", attention_backend="FLASHMLA"))
     cache = allocate(p, num_blocks=2)
     (latent,) = cache.layers["model.layers.1.self_attn.attn"]
     (index,) = cache.layers["model.layers.1.self_attn.attn.indexer.k_cache"]

@@ -18,22 +18,41 @@ from k3layout.engines.vllm.rules import (
 K3_TP8_STATE = 3 * 4608 * 2 + 12 * 128 * 128 * 4  # conv (K-1 rows x q|k|v bf16) + fp32 state
 
 
+def runs(backend: str, **fields: object) -> Deployment:
+    """A deployment on a GPU ``backend`` runs on: Blackwell for CUTLASS and FlashInfer MLA,
+    Hopper otherwise; FlashAttention MLA with a bf16 cache."""
+    gpu = "b200" if backend in ("CUTLASS_MLA", "FLASHINFER_MLA") else "h200"
+    dtype = "bf16" if backend == "FLASH_ATTN_MLA" else "fp8"
+    return Deployment.model_validate(
+        {"attention_backend": backend, "gpu": gpu, "kv_dtype": dtype, **fields}
+    )
+
+
 def test_kernel_blocks_are_each_backends_own() -> None:
     assert {b: smallest_kernel_block(b) for b in ATTENTION_BACKENDS} == {
         "FLASHMLA": 64,
         "CUTLASS_MLA": 128,
         "FLASHINFER_MLA": 32,
         "TRITON_MLA": 16,
+        "FLASH_ATTN_MLA": 16,
     }
-    assert [kernel_block_tokens(b, 1536) for b in ATTENTION_BACKENDS] == [64, 128, 64, 1536]
-    assert [preferred_block_tokens(b) for b in ATTENTION_BACKENDS] == [64, 128, 32, 16]
+    assert [kernel_block_tokens(b, 1536) for b in ATTENTION_BACKENDS] == [
+        64,
+        128,
+        64,
+        1536,
+        1536,
+    ]
+    assert [preferred_block_tokens(b) for b in ATTENTION_BACKENDS] == [64, 128, 32, 16, 16]
 
 
 @pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
 def test_every_backend_raises_k3_tp8_to_1536(k3: HybridModel, backend: str) -> None:
-    p = plan_vllm(k3, Deployment(attn_tp=8, attention_backend=backend))
-    assert p.block_tokens == 1536 and p.page_bytes == 1536 * 576
-    assert p.kernel_block_tokens == kernel_block_tokens(backend, 1536)  # type: ignore[arg-type]
+    p = plan_vllm(k3, runs(backend, attn_tp=8))
+    per_token = 576 if p.deployment.kv_dtype == "fp8" else 1152
+    block = 1536 if per_token == 576 else 768
+    assert p.block_tokens == block and p.page_bytes == block * per_token
+    assert p.kernel_block_tokens == kernel_block_tokens(backend, block)  # type: ignore[arg-type]
     assert p.sizes.state_bytes == K3_TP8_STATE
 
 
@@ -52,7 +71,7 @@ def test_a_block_off_the_kernel_grid_is_refused_as_vllms_selector_does(
     k3: HybridModel, backend: str, kernel: int
 ) -> None:
     with pytest.raises(Refusal) as refused:
-        plan(k3, Deployment(attn_tp=8, block_tokens=200, attention_backend=backend))
+        plan(k3, runs(backend, attn_tp=8, block_tokens=200))
     assert refused.value.code == "block_unsupported"
     assert refused.value.facts == {
         "block_tokens": 200,
@@ -65,7 +84,7 @@ def test_a_block_off_the_kernel_grid_is_refused_as_vllms_selector_does(
 def test_an_attention_only_model_keeps_the_backends_preferred_block() -> None:
     model = HybridModel(name="m", model_type="x", layers=(MLALayer(num_heads=8),) * 2)
     assert plan_vllm(model, Deployment()).block_tokens == 64
-    assert plan_vllm(model, Deployment(attention_backend="CUTLASS_MLA")).block_tokens == 128
+    assert plan_vllm(model, runs("CUTLASS_MLA")).block_tokens == 128
 
 
 def test_block_outermost_pages_of_one_block_are_one_run(k3: HybridModel) -> None:
@@ -87,11 +106,39 @@ def test_block_outermost_is_refused_where_kernel_blocks_would_split_it(
     k3: HybridModel, backend: str
 ) -> None:
     with pytest.raises(Refusal) as refused:
-        plan(k3, Deployment(attn_tp=8, attention_backend=backend, kv_cache_layout="BLHNC"))
+        plan(k3, runs(backend, attn_tp=8, kv_cache_layout="BLHNC"))
     assert refused.value.code == "layout_unsupported"
     assert refused.value.facts["block_tokens"] == 1536
     assert refused.value.facts["kernel_block_tokens"] == kernel_block_tokens(backend, 1536)  # type: ignore[arg-type]
     assert "TRITON_MLA" in (refused.value.hint or "")
+
+
+def test_a_backend_runs_only_on_the_gpus_vllms_selector_takes_it_on(k3: HybridModel) -> None:
+    for backend, gpu in (("CUTLASS_MLA", "h200"), ("FLASHMLA", "a100"), ("FLASHMLA", "mi300x")):
+        with pytest.raises(Refusal) as refused:
+            plan(k3, Deployment.model_validate({"attention_backend": backend, "gpu": gpu}))
+        assert refused.value.code == "kernel_unsupported"
+    with pytest.raises(Refusal) as refused:  # FlashAttention MLA takes no fp8 cache
+        plan(k3, Deployment(attention_backend="FLASH_ATTN_MLA", kv_dtype="fp8"))
+    assert refused.value.facts["field"] == "kv_dtype"
+    # unset, the GPU's own pick: Blackwell FlashInfer, Hopper FlashMLA (fp8) or FA MLA (bf16)
+    picks = {
+        (gpu, dtype): plan_vllm(k3, Deployment(gpu=gpu, kv_dtype=dtype, attn_tp=8)).report_fields()[
+            0
+        ]["attention_backend"]
+        for gpu in ("a100", "h200", "b200", "mi355x")
+        for dtype in ("fp8", "bf16")
+    }
+    assert picks == {
+        ("a100", "fp8"): "TRITON_MLA",
+        ("a100", "bf16"): "TRITON_MLA",
+        ("h200", "fp8"): "FLASHMLA",
+        ("h200", "bf16"): "FLASH_ATTN_MLA",
+        ("b200", "fp8"): "FLASHINFER_MLA",
+        ("b200", "bf16"): "FLASHINFER_MLA",
+        ("mi355x", "fp8"): "TRITON_MLA",
+        ("mi355x", "bf16"): "TRITON_MLA",
+    }
 
 
 def test_vllms_dense_mla_backends_refuse_fp8_ds_mla(k3: HybridModel) -> None:

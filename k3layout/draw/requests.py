@@ -1,5 +1,6 @@
 """Requests against context length, one line per engine, for one KV budget per rank: the
-operator's answer over every context at once (:func:`~k3layout.sweep.requests_sweep`).
+operator's answer over every context at once (:func:`~k3layout.sweep.requests_sweep`), both
+axes in powers of two where every point holds a request.
 
 Gids: ``line.<engine>`` (an engine's line), ``point.<engine>.<max_model_len>`` (a point's
 label, its requests).
@@ -46,6 +47,9 @@ def draw_requests(cells: Sequence[RequestsCell], title: str = "") -> Figure:
             text.set_fontsize(7)
             text.set_gid(f"point.{engine}.{x}")
     axes.set_xscale("log", base=2)
+    drawn = [c.max_requests for c in cells if c.max_requests is not None]
+    if drawn and min(drawn) >= 1:  # requests fall roughly as 1 / context: log on both axes
+        axes.set_yscale("log", base=2)
     axes.set_xlabel("context length (tokens per request)")
     axes.set_ylabel("requests held at once")
     memory = human_bytes(cells[0].kv_memory_bytes)

@@ -22,6 +22,7 @@ from ..errors import Refusal
 from ..model import HybridModel
 from .answer import RequestCapacity
 from .pipeline import plan
+from .protocol import EngineLayout
 
 
 class Recommendation(Frozen):
@@ -147,3 +148,37 @@ def recommend(
     result = plan(model, deployment)
     answer: Recommendation = result.recommend(requests, max_model_len, kv_memory_bytes)
     return answer
+
+
+def most_served(
+    result: EngineLayout, max_model_len: int, kv_memory_bytes: int
+) -> Recommendation | None:
+    """The recommendation for the most requests of ``max_model_len`` tokens that
+    ``kv_memory_bytes`` per rank serves with the engine's recommended flags (SGLang's state
+    pool sized for the requests serves more than its default split); ``None`` where not one
+    fits."""
+
+    def served(requests: int) -> Recommendation | None:
+        try:
+            advice: Recommendation = result.recommend(requests, max_model_len, kv_memory_bytes)
+        except Refusal as refusal:
+            if refusal.code != "budget_too_small":
+                raise
+            return None
+        return advice
+
+    best = served(1)
+    if best is None:
+        return None
+    low = 1
+    while (found := served(2 * low)) is not None:  # each request takes memory: this ends
+        low, best = 2 * low, found
+    high = 2 * low
+    while high - low > 1:
+        middle = (low + high) // 2
+        found = served(middle)
+        if found is None:
+            high = middle
+        else:
+            low, best = middle, found
+    return best

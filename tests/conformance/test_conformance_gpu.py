@@ -141,7 +141,7 @@ def test_an_unmodelled_setting_is_logged_and_the_engine_starts(
     engine = start(Case(attn_tp=8), tmp_path)
     config = copy.copy(engine.workers[0])
     config.attention_config = copy.copy(config.attention_config)
-    config.attention_config.backend = AttentionBackendEnum.FLASH_ATTN_MLA
+    config.attention_config.backend = AttentionBackendEnum.TOKENSPEED_MLA
     with caplog.at_level(logging.WARNING):
         assert check_after_kv_cache_init(config, engine.kv_cache_configs[0], bind(engine)) is None
     assert "cannot check the KV cache" in caplog.text

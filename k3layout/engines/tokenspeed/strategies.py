@@ -31,7 +31,12 @@ def settings(
 ) -> dict[str, Any]:
     """None of vLLM's or SGLang's settings, no pipeline stages or DCP (tokenspeed has neither)
     and its own conv layout (channel-major); plannable draws keep a draft's dtype its own."""
-    drawn: dict[str, Any] = {"replayssm": draw(st.booleans()), "block_tokens": None}
+    drawn: dict[str, Any] = {
+        "replayssm": draw(st.booleans()),
+        "block_tokens": None,
+        "dcp_interleave": 1,
+        "max_padding": draw(st.one_of(st.none(), st.floats(0.05, 1.0))),
+    }
     if plannable:
         drawn["pp"] = 1
         drawn["dcp"] = 1
