@@ -131,6 +131,37 @@ def budget_for(
     return kv_memory_bytes
 
 
+def advise(
+    result: EngineLayout,
+    workload: tuple[int, int, int | None],
+    needed: int,
+    flags: Callable[[int], tuple[tuple[str, str], ...]],
+    capacity: Callable[[int], RequestCapacity],
+) -> Recommendation:
+    """An engine's recommendation for ``workload`` (requests, context, budget or ``None``):
+    the memory (:func:`budget_for`, the engine's capacity naming the most a short budget
+    holds), ``flags`` and ``capacity`` of that memory, and what the workload leaves unused."""
+    requests, length, kv_memory_bytes = workload
+    memory = budget_for(
+        result.engine,
+        requests,
+        length,
+        needed=needed,
+        kv_memory_bytes=kv_memory_bytes,
+        most=most_held(result.capacity, kv_memory_bytes, length),
+    )
+    return Recommendation(
+        engine=result.engine,
+        requests=requests,
+        max_model_len=length,
+        kv_memory_bytes=memory,
+        needed_bytes=needed,
+        unused_bytes=memory - needed,
+        flags=flags(memory),
+        capacity=capacity(memory),
+    )
+
+
 def recommend(
     model: HybridModel,
     deployment: Deployment,

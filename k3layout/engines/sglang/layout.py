@@ -31,7 +31,7 @@ from ...layouts.answer import check_context
 from ...layouts.groups import Group, Stage
 from ...layouts.pipeline import plan
 from ...layouts.protocol import ByteRange, LayoutBase, check_block, check_non_negative
-from ...layouts.recommend import Recommendation, budget_for, check_workload, most_held
+from ...layouts.recommend import Recommendation, advise, check_workload
 from ...layouts.seams import TOKENSPEED_SETTINGS, refuse_settings
 from ...model import HybridModel
 from ...sizes import RankSizes
@@ -276,28 +276,16 @@ class SglangPlan(SelfChecked, LayoutBase):
         flagged = cast(
             "SglangPlan", plan(self.model, Deployment.model_validate({**fields, **flags}))
         )
-        needed = flagged.memory_for(requests, length)
-        memory = budget_for(
-            self.engine,
-            requests,
-            length,
-            needed=needed,
-            kv_memory_bytes=kv_memory_bytes,
-            most=most_held(self.capacity, kv_memory_bytes, length),
-        )
-        return Recommendation(
-            engine=self.engine,
-            requests=requests,
-            max_model_len=length,
-            kv_memory_bytes=memory,
-            needed_bytes=needed,
-            unused_bytes=memory - needed,
-            flags=(
+        return advise(
+            self,
+            (requests, length, kv_memory_bytes),
+            flagged.memory_for(requests, length),
+            lambda memory: (
                 ("--max-running-requests", str(requests)),
                 ("--max-mamba-cache-size", str(slots)),
                 ("--context-length", str(length)),
             ),
-            capacity=flagged.capacity(memory, length),
+            lambda memory: flagged.capacity(memory, length),
         )
 
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:

@@ -26,7 +26,7 @@ from ...layouts.answer import check_context, least_memory
 from ...layouts.groups import Group, GroupKind, Stage
 from ...layouts.packing import Packing, RuleCheck
 from ...layouts.protocol import ByteRange, LayoutBase, check_non_negative
-from ...layouts.recommend import Recommendation, budget_for, check_workload, most_held
+from ...layouts.recommend import Recommendation, advise, check_workload
 from ...limits import checked_bytes
 from ...model import HybridModel
 from ...sizes import RankSizes
@@ -704,28 +704,16 @@ class ParentPlan(SelfChecked, LayoutBase):
         def sized(memory: int, context: int = length) -> ParentCapacity:
             return self.capacity(memory, context, max_live=requests, max_total_tokens=tokens)
 
-        needed = least_memory(sized, requests)
-        memory = budget_for(
-            self.engine,
-            requests,
-            length,
-            needed=needed,
-            kv_memory_bytes=kv_memory_bytes,
-            most=most_held(self.capacity, kv_memory_bytes, length),
-        )
-        return Recommendation(
-            engine=self.engine,
-            requests=requests,
-            max_model_len=length,
-            kv_memory_bytes=memory,
-            needed_bytes=needed,
-            unused_bytes=memory - needed,
-            flags=(
+        return advise(
+            self,
+            (requests, length, kv_memory_bytes),
+            least_memory(sized, requests),
+            lambda memory: (
                 ("--max-num-seqs", str(requests * self.deployment.attn_dp)),
                 ("--max-total-tokens", str(tokens)),
                 ("--max-model-len", str(length)),
             ),
-            capacity=sized(memory),
+            sized,
         )
 
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:

@@ -31,7 +31,7 @@ from ...errors import Refusal
 from ...layouts.answer import check_context
 from ...layouts.groups import Group, Stage, group_kind, group_names, split_strided
 from ...layouts.protocol import ByteRange, LayoutBase, check_block, check_non_negative
-from ...layouts.recommend import Recommendation, budget_for, check_workload, most_held
+from ...layouts.recommend import Recommendation, advise, check_workload
 from ...layouts.seams import SGLANG_SETTINGS, TOKENSPEED_SETTINGS, refuse_settings
 from ...limits import check_bound, checked_bytes
 from ...model import HybridModel
@@ -279,28 +279,16 @@ class VllmPlan(SelfChecked, LayoutBase):
         (:mod:`k3layout.layouts.recommend`)."""
         check_workload(requests, kv_memory_bytes)
         length = check_context(self, max_model_len)
-        needed = self.memory_for(requests, length)
-        memory = budget_for(
-            self.engine,
-            requests,
-            length,
-            needed=needed,
-            kv_memory_bytes=kv_memory_bytes,
-            most=most_held(self.capacity, kv_memory_bytes, length),
-        )
-        return Recommendation(
-            engine=self.engine,
-            requests=requests,
-            max_model_len=length,
-            kv_memory_bytes=memory,
-            needed_bytes=needed,
-            unused_bytes=memory - needed,
-            flags=(
+        return advise(
+            self,
+            (requests, length, kv_memory_bytes),
+            self.memory_for(requests, length),
+            lambda memory: (
                 ("--max-num-seqs", str(requests)),
                 ("--max-model-len", str(length)),
                 ("--kv-cache-memory-bytes", str(memory)),
             ),
-            capacity=self.capacity(memory, length),
+            lambda memory: self.capacity(memory, length),
         )
 
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:
