@@ -147,3 +147,14 @@ def test_options_that_do_not_apply_to_the_engine_are_refused_with_the_reason() -
         "plan", "--engine", "tokenspeed", "--kv-memory-gib", "60", "--max-model-len", "8192"
     )
     assert run.returncode == 0, run.stderr
+
+
+def test_under_pp_the_table_says_which_rows_are_the_whole_models_and_which_a_stages() -> None:
+    run = k3layout("plan", "--attn-tp", "8", "--pp", "2", "--kv-memory-gib", "60")
+    assert run.returncode == 0, run.stderr
+    assert "planes (group_size) (whole model)" in run.stdout
+    assert "bytes / token (attention cache) (whole model)" in run.stdout
+    assert "num_blocks (stage 0, every group's pool)" in run.stdout
+    assert "pipeline stages" in run.stdout  # each stage's own planes and block bytes
+    single = k3layout("plan", "--attn-tp", "8")
+    assert "whole model" not in single.stdout

@@ -222,8 +222,9 @@ def show(result: EngineLayout, capacity: RequestCapacity | None, requests: int |
         f"pp {d.pp} | dcp {d.dcp} | {d.kv_dtype} | spec {d.spec_tokens} | {d.gpu}",
         style="bold",
     )
-    rows = _size_rows(result) + result.summary()
+    # Under PP the layout's rows are the whole model's; each stage's are in the stages table.
     whole = " (whole model)" if len(result.stages) > 1 else ""
+    rows = _size_rows(result) + [(f"{label}{whole}", value) for label, value in result.summary()]
     rows.append((f"bytes / token (attention cache){whole}", f"{result.bytes_per_token:,.1f}"))
     if capacity is not None:
         memory = (
