@@ -77,7 +77,8 @@ class Deployment(Frozen):
       allows it); FlashKDA holds one more state block per request.
 
     - ``gpu``: the GPU the engine runs on (engines pick kernels, and so pages, by it).
-    - ``mamba_full_memory_ratio``, ``max_running_requests``, ``max_mamba_cache_size``:
+    - ``mamba_full_memory_ratio``, ``max_running_requests``, ``max_mamba_cache_size``,
+      ``max_total_tokens``:
       SGLang's flags of those names (``None``: SGLang's own defaults); ``sglang`` settings.
       ``prefix_caching=False`` is SGLang's ``--disable-radix-cache``.
 
@@ -189,6 +190,11 @@ class Deployment(Frozen):
         None,
         description="SGLang's --max-mamba-cache-size: KDA state slots over all attention-DP "
         "workers; None: sized from mamba_full_memory_ratio",
+    )
+    max_total_tokens: Annotated[int, Field(gt=0, le=MAX_RANKS)] | None = Field(
+        None,
+        description="SGLang's --max-total-tokens: a cap on the token pool per rank (the pool is "
+        "the smaller of it and what the memory gives); None: no cap",
     )
 
     @field_validator("engine", mode="before")

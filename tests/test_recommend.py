@@ -19,7 +19,12 @@ from k3layout import Deployment, Recommendation, Refusal, plan, preset, recommen
 ENGINES = ("vllm", "tokenspeed", "sglang")
 FLAGS = {
     "vllm": ("--max-num-seqs", "--max-model-len", "--kv-cache-memory-bytes"),
-    "sglang": ("--max-running-requests", "--max-mamba-cache-size", "--context-length"),
+    "sglang": (
+        "--max-running-requests",
+        "--max-mamba-cache-size",
+        "--max-total-tokens",
+        "--context-length",
+    ),
     "tokenspeed": ("--max-num-seqs", "--max-total-tokens", "--max-model-len"),
 }
 

@@ -133,6 +133,12 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
         help="SGLang's state slots, instead of the ratio's (sglang)",
     )
     parser.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="SGLang's cap on the token pool per rank (sglang)",
+    )
+    parser.add_argument(
         "--kda-prefill-backend",
         choices=KDA_PREFILL_BACKENDS,
         default="auto",
@@ -216,6 +222,7 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
         "mamba_full_memory_ratio": getattr(args, "mamba_full_memory_ratio", None),
         "max_running_requests": getattr(args, "max_running_requests", None),
         "max_mamba_cache_size": getattr(args, "max_mamba_cache_size", None),
+        "max_total_tokens": getattr(args, "max_total_tokens", None),
     }
     return validated(Deployment, {**fields, **override})
 

@@ -70,6 +70,7 @@ SGLANG_SETTINGS: tuple[tuple[str, object], ...] = (
     ("mamba_full_memory_ratio", None),
     ("max_running_requests", None),
     ("max_mamba_cache_size", None),
+    ("max_total_tokens", None),
 )
 """Deployment fields only SGLang takes, at their unset values."""
 

@@ -66,7 +66,10 @@ def test_the_recommended_flags_start_and_hold_the_workload(
     assert isinstance(result, SglangPlan)
     got = result.recommend(requests, context)
     recommended = dict(got.flags)
-    server_args: dict[str, Any] = {"context_length": context}
+    server_args: dict[str, Any] = {
+        "context_length": context,
+        "max_total_tokens": int(recommended["--max-total-tokens"]),
+    }
     if flags.get("radix_off"):
         server_args["disable_radix_cache"] = True
     answer = sglang_case(
@@ -84,3 +87,17 @@ def test_the_recommended_flags_start_and_hold_the_workload(
     assert got.capacity.max_requests == min(
         answer["max_running_requests"], answer["logical_max_total_num_tokens"] // context
     )
+    assert answer["max_total_num_tokens"] == int(recommended["--max-total-tokens"])
+    # in a larger budget the same workload's flags cap the pool, and SGLang keeps the cap
+    roomy = result.recommend(requests, context, got.needed_bytes + (8 << 30))
+    again = sglang_case(
+        MODEL_FILES[model],
+        budget_bytes=roomy.kv_memory_bytes,
+        pools=False,
+        server_args=server_args,
+        max_running_requests=int(recommended["--max-running-requests"]),
+        max_mamba_cache_size=int(recommended["--max-mamba-cache-size"]),
+        **launch,
+    )
+    assert again["max_total_num_tokens"] == roomy.capacity.max_total_num_tokens
+    assert again["max_running_requests"] == roomy.capacity.max_running_requests

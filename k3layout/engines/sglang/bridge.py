@@ -152,6 +152,7 @@ def deployment_from_sglang(server_args: Any, gpu: str = DEFAULT_GPU) -> Deployme
         "mamba_full_memory_ratio": _get(server_args, "mamba_full_memory_ratio"),
         "max_running_requests": _get(server_args, "max_running_requests"),
         "max_mamba_cache_size": _get(server_args, "max_mamba_cache_size"),
+        "max_total_tokens": _get(server_args, "max_total_tokens"),
     }
     return Deployment.model_validate(fields)
 

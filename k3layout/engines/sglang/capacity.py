@@ -162,6 +162,29 @@ def _budget_too_small(why: str, **facts: int | float) -> Refusal:
     )
 
 
+def _token_pool(plan: PoolPlan, available: int) -> tuple[list[SglangStageCapacity], int]:
+    """Each stage's own token pool of ``available`` bytes (whole pages of cells) and the
+    pool every stage keeps: their MIN, under ``--max-total-tokens`` (aligned to the page)."""
+    page = plan.page_tokens
+    stages = []
+    for stage in plan.stages:
+        cell = plan.cell_bytes(stage.index)
+        stages.append(
+            SglangStageCapacity(
+                stage=stage.index,
+                layers=stage.layers,
+                cell_bytes=cell,
+                state_slot_bytes=plan.state_slot_bytes(stage.index),
+                max_total_num_tokens=available // cell // page * page,
+            )
+        )
+    tokens = min(stage.max_total_num_tokens for stage in stages)
+    cap = plan.deployment.max_total_tokens
+    if cap is not None:
+        tokens = min(tokens, cap // page * page)
+    return stages, tokens
+
+
 def sglang_capacity(plan: PoolPlan, budget_bytes: int, max_model_len: int) -> SglangCapacity:
     """SGLang's pool sizes for ``budget_bytes`` per rank at a context of ``max_model_len``
     tokens (its ``context_len``); refuses (``budget_too_small``) where SGLang refuses to
@@ -219,21 +242,7 @@ def sglang_capacity(plan: PoolPlan, budget_bytes: int, max_model_len: int) -> Sg
             f"the state pool leaves no memory for the token pool in {budget_bytes:,} B",
             budget_bytes=budget_bytes,
         )
-    available = int(rest * GIB)
-    page = plan.page_tokens
-    stages = []
-    for stage in plan.stages:
-        cell = plan.cell_bytes(stage.index)
-        stages.append(
-            SglangStageCapacity(
-                stage=stage.index,
-                layers=stage.layers,
-                cell_bytes=cell,
-                state_slot_bytes=plan.state_slot_bytes(stage.index),
-                max_total_num_tokens=available // cell // page * page,
-            )
-        )
-    tokens = min(stage.max_total_num_tokens for stage in stages)
+    stages, tokens = _token_pool(plan, int(rest * GIB))
     if requested is not None:
         running = min(max(1, requested // dp), tokens // 2)
     else:

@@ -263,30 +263,40 @@ class SglangPlan(SelfChecked, LayoutBase):
     ) -> Recommendation:
         """SGLang 0.5.23's flags for ``requests`` requests of ``max_model_len`` tokens at once:
         ``--max-running-requests`` (so SGLang's own cap is stated, not guessed from its log),
-        ``--max-mamba-cache-size`` (exactly the state slots they hold, the rest of the memory
-        to the token pool, whatever the context) and ``--context-length``; the memory is the
+        ``--max-mamba-cache-size`` (exactly the state slots they hold, whatever the context),
+        ``--max-total-tokens`` (the token pool of the least memory: a larger budget's rest is
+        left idle, not guessed into the pool) and ``--context-length``; the memory is the
         budget or the least that holds them with these flags. Refuses (``budget_too_small``)
         a budget that cannot, naming the most it holds and the memory they need."""
         check_workload(requests, kv_memory_bytes)
         length = check_context(self, max_model_len)
         d = self.deployment
-        slots = requests * state_slots_per_request(d.prefix_caching, overlap=d.pp == 1)
-        fields = {name: getattr(d, name) for name in Deployment.model_fields}
-        flags = {"max_running_requests": requests, "max_mamba_cache_size": slots}
-        flagged = cast(
-            "SglangPlan", plan(self.model, Deployment.model_validate({**fields, **flags}))
-        )
+        # both flags count over every attention-DP worker; the requests are per replica
+        running = requests * d.attn_dp
+        slots = running * state_slots_per_request(d.prefix_caching, overlap=d.pp == 1)
+        flags = {"max_running_requests": running, "max_mamba_cache_size": slots}
+        flagged = self._replanned(flags)
+        needed = flagged.memory_for(requests, length)
+        # the token pool the least memory gives: a cap that leaves a larger budget's rest idle
+        pool = flagged.capacity(needed, length).max_total_num_tokens
+        capped = self._replanned({**flags, "max_total_tokens": pool})
         return advise(
             self,
             (requests, length, kv_memory_bytes),
-            flagged.memory_for(requests, length),
+            needed,
             lambda memory: (
-                ("--max-running-requests", str(requests)),
+                ("--max-running-requests", str(running)),
                 ("--max-mamba-cache-size", str(slots)),
+                ("--max-total-tokens", str(pool)),
                 ("--context-length", str(length)),
             ),
-            lambda memory: flagged.capacity(memory, length),
+            lambda memory: capped.capacity(memory, length),
         )
+
+    def _replanned(self, flags: dict[str, int]) -> SglangPlan:
+        """This plan's model and deployment with SGLang ``flags`` set."""
+        fields = {name: getattr(self.deployment, name) for name in Deployment.model_fields}
+        return cast("SglangPlan", plan(self.model, Deployment.model_validate({**fields, **flags})))
 
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:
         """What ``budget_bytes`` holds, as (label, value) rows, at the model's context."""
