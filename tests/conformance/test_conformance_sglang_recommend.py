@@ -18,7 +18,7 @@ from sglang_engine import MODEL_FILES, sglang_case  # noqa: E402
 from test_conformance_sglang import k3_with_gqa_draft  # noqa: E402
 
 from k3layout import Deployment, load_config, plan  # noqa: E402
-from k3layout.engines.sglang import SglangPlan  # noqa: E402
+from k3layout.engines.sglang import SglangCapacity, SglangPlan  # noqa: E402
 
 MODELS = {name: load_config(path) for name, path in MODEL_FILES.items()}
 DSPARK_DRAFT = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-dspark-draft"
@@ -99,5 +99,7 @@ def test_the_recommended_flags_start_and_hold_the_workload(
         max_mamba_cache_size=int(recommended["--max-mamba-cache-size"]),
         **launch,
     )
-    assert again["max_total_num_tokens"] == roomy.capacity.max_total_num_tokens
-    assert again["max_running_requests"] == roomy.capacity.max_running_requests
+    pools = roomy.capacity
+    assert isinstance(pools, SglangCapacity)
+    assert again["max_total_num_tokens"] == pools.max_total_num_tokens
+    assert again["max_running_requests"] == pools.max_running_requests
