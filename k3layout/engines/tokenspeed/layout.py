@@ -275,6 +275,10 @@ class ParentPlan(SelfChecked, LayoutBase):
 
     def raw_bytes(self, group: Group) -> int:
         """``raw_g``: the payload of every layer of ``group`` on one page."""
+        expect("group", group, Group)
+        known = self.arena.raw_bytes.get(group.name)
+        if known is not None and group in self.groups:
+            return known
         return sum(payload_bytes(self.sizes, layer) for layer in group.layers)
 
     @property
@@ -792,17 +796,12 @@ def pack_tokenspeed(
     packing = trusted(
         Packing, mla_pages=mla_pages, state_pages=state_pages, plane_bytes=arena.plane_bytes[0]
     )
-    worst = max(
-        (g for g in groups if g.layers),
-        key=lambda g: (
-            (
-                arena.parent_bytes // arena.packing[g.name]
-                - (raw := sum(payload_bytes(sizes, layer) for layer in g.layers))
-            )
-            / raw
-        ),
-    )
-    raw = sum(payload_bytes(sizes, layer) for layer in worst.layers)
+
+    def padding(name: str) -> float:
+        raw = arena.raw_bytes[name]
+        return (arena.parent_bytes // arena.packing[name] - raw) / raw
+
+    worst = max((g for g in groups if g.layers), key=lambda g: padding(g.name))
     rule = trusted(
         RuleCheck,
         mla_pages=mla_pages,
@@ -811,19 +810,18 @@ def pack_tokenspeed(
         parent_bytes=arena.parent_bytes,
         exact_stride=True,
         worst_group=worst.name,
-        worst_padding=(arena.parent_bytes // arena.packing[worst.name] - raw) / raw,
+        worst_padding=padding(worst.name),
         chosen=True,
         reason=None,
     )
-    return checked_bytes(
-        ParentPlan(
-            model=model,
-            deployment=deployment,
-            groups=groups,
-            stages=stages,
-            packing=packing,
-            max_padding=limit,
-            rule_1152=rule,
-        ),
-        "parent_bytes",
+    result = ParentPlan(
+        model=model,
+        deployment=deployment,
+        groups=groups,
+        stages=stages,
+        packing=packing,
+        max_padding=limit,
+        rule_1152=rule,
     )
+    result.__dict__["arena"] = arena  # the one just laid out (a cached property)
+    return checked_bytes(result, "parent_bytes")

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pydantic import PositiveInt
 
 from ..._frozen import Frozen, trusted
+from ...cache import LayerCacheSpec
 from ...constants import DEFAULT_MAX_PADDING_FRACTION, PARENT_ALIGNMENT_BYTES, PARENT_PAGE_TOKENS
 from ...errors import Refusal
 from ...layouts.groups import Group
@@ -50,6 +51,8 @@ class Arena(Frozen):
     packing: dict[str, PositiveInt]
     plane_bytes: tuple[PositiveInt, ...]
     parent_bytes: PositiveInt
+    raw_bytes: dict[str, PositiveInt]
+    """``raw_g``: every layer of group ``g``'s payload on one page."""
 
     def page_stride(self, group: Group, plane: int) -> int:
         """Bytes between consecutive pages of ``group`` on plane ``plane``: ``plane / p_g``."""
@@ -75,23 +78,21 @@ def plane_starts(plane_bytes: Sequence[int], num_parents: int) -> tuple[int, ...
 def field_offsets(sizes: RankSizes, layer: int) -> tuple[tuple[str, int, int], ...]:
     """``(part, offset, bytes)`` of each part of one page of ``layer``: tokenspeed lays a
     layer's fields back to back, each aligned to its element size."""
-    spec = sizes.spec_of(layer)
+    return _spec_fields(sizes.spec_of(layer), sizes.attn_tp)
+
+
+def _spec_fields(spec: LayerCacheSpec, tp: int) -> tuple[tuple[str, int, int], ...]:
+    """:func:`field_offsets` of one spec."""
     rows = PARENT_PAGE_TOKENS if spec.paging == "token" else 1
     out: list[tuple[str, int, int]] = []
     offset = 0
     for part in spec.parts:
         element = part.elem_bytes
         offset = -(-offset // element) * element
-        size = rows * part.local_bytes(sizes.attn_tp)
+        size = rows * part.local_bytes(tp)
         out.append((part.name, offset, size))
         offset += size
     return tuple(out)
-
-
-def _page_span(sizes: RankSizes, layer: int) -> int:
-    """A layer's bytes on one page with its fields aligned (what a plane must hold)."""
-    _, offset, size = field_offsets(sizes, layer)[-1]
-    return offset + size
 
 
 def payload_bytes(sizes: RankSizes, layer: int) -> int:
@@ -119,6 +120,26 @@ def pack(
     group padded past ``max_padding`` and (``exact_stride``) an MLA page that is not
     ``plane / p_m``, each with tokenspeed's own words."""
     held = [g for g in groups if g.layers]
+    # the fields of each distinct spec, once (the layers share a few)
+    table = [_spec_fields(spec, sizes.attn_tp) for spec in sizes.specs]
+    spans = [table[i][-1][1] + table[i][-1][2] for i in range(len(table))]
+    payloads = [sum(size for _, _, size in fields) for fields in table]
+    elements = [[part.elem_bytes for part in spec.parts] for spec in sizes.specs]
+    index_of = sizes.layer_specs
+
+    def span(layer: int) -> int:
+        return spans[index_of[layer]]
+
+    def payload(layer: int) -> int:
+        return payloads[index_of[layer]]
+
+    # a plane aligns to every ``p_g x element`` of the fields on it: per (p_g, spec), once
+    aligned = {
+        (count, index): _lcm([*(count * e for e in elements[index]), count])
+        for count in set(packing.values())
+        for index in range(len(table))
+    }
+
     num_planes = max(g.plane_of(len(g.layers) - 1) + 1 for g in held)
     required = [0] * num_planes
     alignment = [PLANE_ALIGNMENT] * num_planes
@@ -126,9 +147,8 @@ def pack(
         count = packing[group.name]
         for position, layer in enumerate(group.layers):
             plane = group.plane_of(position)
-            required[plane] = max(required[plane], count * _page_span(sizes, layer))
-            elements = [count * part.elem_bytes for part in sizes.spec_of(layer).parts]
-            alignment[plane] = _lcm([alignment[plane], *elements, count])
+            required[plane] = max(required[plane], count * span(layer))
+            alignment[plane] = _lcm([alignment[plane], aligned[count, index_of[layer]]])
     plane_bytes = tuple(
         -(-need // align) * align for need, align in zip(required, alignment, strict=True)
     )
@@ -138,7 +158,7 @@ def pack(
         for position, layer in enumerate(group.layers):
             plane = group.plane_of(position)
             stride = plane_bytes[plane] // packing[group.name]
-            page = payload_bytes(sizes, layer)
+            page = payload(layer)
             if stride != page:
                 raise Refusal(
                     "layout_unsupported",
@@ -152,8 +172,9 @@ def pack(
                 )
     parent_align = _lcm([PLANE_ALIGNMENT, *packing.values()])
     parent = -(-sum(plane_bytes) // parent_align) * parent_align
+    raws = {group.name: sum(payload(layer) for layer in group.layers) for group in held}
     for group in sorted(held, key=lambda g: g.name):
-        raw = sum(payload_bytes(sizes, layer) for layer in group.layers)
+        raw = raws[group.name]
         stride = parent // packing[group.name]
         # tokenspeed compares the float it prints; so does the planner.
         padding = (stride - raw) / raw
@@ -174,7 +195,9 @@ def pack(
                 hint="tokenspeed's recipe pins #1152's packing: another attention TP or cache "
                 "dtype, or engine=vllm, plans",
             )
-    return trusted(Arena, packing=dict(packing), plane_bytes=plane_bytes, parent_bytes=parent)
+    return trusted(
+        Arena, packing=dict(packing), plane_bytes=plane_bytes, parent_bytes=parent, raw_bytes=raws
+    )
 
 
 def recipe_groups(model_attention: tuple[int, ...], kda: tuple[int, ...]) -> tuple[Group, ...]:

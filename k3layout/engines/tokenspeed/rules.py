@@ -83,7 +83,8 @@ def check_settings(deployment: Deployment) -> None:
 def check_model(model: HybridModel, attn_tp: int) -> None:
     """Refuse what tokenspeed's K3 recipe does not group or shard (see the module)."""
     kda = model.kda_layer_ids
-    mla = [i for i in range(model.num_layers) if i not in set(kda)]
+    state = set(kda)
+    mla = [i for i in range(model.num_layers) if i not in state]
     if not kda or not mla:
         raise _refuse(
             "layout_unsupported",
