@@ -10,16 +10,61 @@ the field.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import cache
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic._internal._model_construction import ModelMetaclass
 from typing_extensions import Self
 
 from ._validation import refusal_from_validation
 from .errors import Refusal
 
+_SHOWN_BASE_MEMBERS: frozenset[str] = frozenset({"model_config", "model_fields"})
+"""pydantic ``BaseModel`` members a record's ``dir()`` (and so ``help()``) still lists."""
 
-class Frozen(BaseModel):
+_PLUMBING: frozenset[str] = frozenset(
+    {
+        "__abstractmethods__",
+        "__annotations__",
+        "__class_vars__",
+        "__private_attributes__",
+        "__signature__",
+        "__slots__",
+        "__weakref__",
+    }
+)
+"""Attributes pydantic's metaclass sets on every record class."""
+
+
+class _RecordMeta(ModelMetaclass):
+    """pydantic's metaclass, with a ``dir()`` that leaves out ``BaseModel``'s own members and
+    the plumbing pydantic sets on each class (``__pydantic_validator__``, the deprecated v1
+    methods, ...), which ``help()`` would otherwise print in full for every record. They stay
+    reachable by name; the record's own fields, methods and properties are listed."""
+
+    def __dir__(cls) -> list[str]:
+        return [name for name in super().__dir__() if _listed(name)]
+
+
+@cache
+def _base_members() -> frozenset[str]:
+    """Every name ``BaseModel`` and its bases define (``object`` aside)."""
+    return frozenset(
+        name for klass in BaseModel.__mro__ if klass is not object for name in vars(klass)
+    )
+
+
+@cache
+def _listed(name: str) -> bool:
+    """Whether a record's ``dir()`` lists ``name``."""
+    if name in _SHOWN_BASE_MEMBERS:
+        return True
+    plumbing = name.startswith("__pydantic") or name in _PLUMBING
+    return not plumbing and name not in _base_members()
+
+
+class Frozen(BaseModel, metaclass=_RecordMeta):
     """A frozen pydantic record with no extra fields (hashable, JSON round-trips)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)

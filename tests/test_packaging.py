@@ -67,3 +67,18 @@ def test_the_test_setup_installs_vllm_without_its_cuda_torch() -> None:
     assert setup_and_test.index("torch==2.13.0") < setup_and_test.index("vllm-no-deps")
     # Nothing installed with its dependencies may pull torch (vLLM pins a CUDA 2.14).
     assert not any(line.startswith("torch") for line in requirements("vllm-deps.txt"))
+
+
+def test_help_on_the_package_stays_readable() -> None:
+    # pydoc documents every exported record; pydantic's own members would swell each one
+    import pydoc  # noqa: PLC0415
+
+    import k3layout  # noqa: PLC0415
+    from k3layout import Deployment  # noqa: PLC0415
+
+    text = pydoc.render_doc(k3layout, renderer=pydoc.plaintext)  # type: ignore[attr-defined]
+    assert len(text.splitlines()) < 4000
+    assert "model_dump" not in pydoc.render_doc(Deployment, renderer=pydoc.plaintext)  # type: ignore[attr-defined]
+    # still there for whoever asks by name, and on instances
+    assert callable(Deployment.model_dump) and "model_dump" in dir(Deployment())
+    assert "world_size" in dir(Deployment)  # the record's own members are listed
