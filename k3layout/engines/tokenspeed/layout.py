@@ -244,7 +244,8 @@ class ParentPlan(SelfChecked, LayoutBase):
     @cached_property
     def arena(self) -> Arena:
         """One parent as the recipe packs it: pages per parent, plane bytes, parent bytes."""
-        return _arena(self.groups, self.sizes, self.packing, None)
+        packing = self.packing
+        return _arena(self.groups, self.sizes, (packing.mla_pages, packing.state_pages), None)
 
     @property
     def plane_sizes(self) -> tuple[int, ...]:
@@ -289,12 +290,7 @@ class ParentPlan(SelfChecked, LayoutBase):
     @property
     def padding_fraction(self) -> dict[str, float]:
         """``(parent / p_g - raw_g) / raw_g`` keyed by group name."""
-        parent = self.parent_bytes
-        return {
-            g.name: (parent // self.pages_per_parent(g) - raw) / raw
-            for g in self.groups
-            if (raw := self.raw_bytes(g))
-        }
+        return {g.name: self.arena.padding(g.name) for g in self.groups if g.layers}
 
     @property
     def utilization(self) -> dict[str, float]:
@@ -753,12 +749,15 @@ def _check_load(tokens: int, max_live: int, protected_pages: int) -> None:
 
 
 def _arena(
-    groups: tuple[Group, ...], sizes: RankSizes, packing: Packing, max_padding: float | None
+    groups: tuple[Group, ...],
+    sizes: RankSizes,
+    pages: tuple[int, int],
+    max_padding: float | None,
 ) -> Arena:
+    """The recipe's parent with ``(p_m, p_l)`` pages per parent for attention and state."""
+    mla_pages, state_pages = pages
     by_group = {
-        g.name: packing.mla_pages if g.kind == "attention" else packing.state_pages
-        for g in groups
-        if g.layers
+        g.name: mla_pages if g.kind == "attention" else state_pages for g in groups if g.layers
     }
     return pack(groups, sizes, by_group, max_padding)
 
@@ -789,19 +788,11 @@ def pack_tokenspeed(
     state = sizes.state_bytes
     mla_pages, state_pages = rule_1152(page, state)
     limit = default_max_padding(model, deployment)
-    packing = trusted(
-        Packing, mla_pages=mla_pages, state_pages=state_pages, plane_bytes=mla_pages * page
-    )
-    arena = _arena(groups, sizes, packing, limit)
+    arena = _arena(groups, sizes, (mla_pages, state_pages), limit)
     packing = trusted(
         Packing, mla_pages=mla_pages, state_pages=state_pages, plane_bytes=arena.plane_bytes[0]
     )
-
-    def padding(name: str) -> float:
-        raw = arena.raw_bytes[name]
-        return (arena.parent_bytes // arena.packing[name] - raw) / raw
-
-    worst = max((g for g in groups if g.layers), key=lambda g: padding(g.name))
+    worst = max(arena.raw_bytes, key=arena.padding)
     rule = trusted(
         RuleCheck,
         mla_pages=mla_pages,
@@ -809,8 +800,8 @@ def pack_tokenspeed(
         plane_bytes=arena.plane_bytes[0],
         parent_bytes=arena.parent_bytes,
         exact_stride=True,
-        worst_group=worst.name,
-        worst_padding=padding(worst.name),
+        worst_group=worst,
+        worst_padding=arena.padding(worst),
         chosen=True,
         reason=None,
     )

@@ -58,6 +58,12 @@ class Arena(Frozen):
         """Bytes between consecutive pages of ``group`` on plane ``plane``: ``plane / p_g``."""
         return self.plane_bytes[plane] // self.packing[group.name]
 
+    def padding(self, group: str) -> float:
+        """``(parent / p_g - raw_g) / raw_g`` of group ``group``: the float tokenspeed prints
+        and compares with its limit."""
+        raw = self.raw_bytes[group]
+        return (self.parent_bytes // self.packing[group] - raw) / raw
+
 
 def plane_order(num_planes: int) -> tuple[int, ...]:
     """Plane indexes in the order tokenspeed binds them: sorted ids ``slot.j`` as strings."""
@@ -173,11 +179,11 @@ def pack(
     parent_align = _lcm([PLANE_ALIGNMENT, *packing.values()])
     parent = -(-sum(plane_bytes) // parent_align) * parent_align
     raws = {group.name: sum(payload(layer) for layer in group.layers) for group in held}
+    arena = trusted(
+        Arena, packing=dict(packing), plane_bytes=plane_bytes, parent_bytes=parent, raw_bytes=raws
+    )
     for group in sorted(held, key=lambda g: g.name):
-        raw = raws[group.name]
-        stride = parent // packing[group.name]
-        # tokenspeed compares the float it prints; so does the planner.
-        padding = (stride - raw) / raw
+        padding = arena.padding(group.name)
         if max_padding is not None and padding > max_padding:
             raise Refusal(
                 "padding_limit",
@@ -195,9 +201,7 @@ def pack(
                 hint="tokenspeed's recipe pins #1152's packing: another attention TP or cache "
                 "dtype, or engine=vllm, plans",
             )
-    return trusted(
-        Arena, packing=dict(packing), plane_bytes=plane_bytes, parent_bytes=parent, raw_bytes=raws
-    )
+    return arena
 
 
 def recipe_groups(model_attention: tuple[int, ...], kda: tuple[int, ...]) -> tuple[Group, ...]:
