@@ -31,7 +31,7 @@ from ...model import HybridModel, config_of, model_from_config
 from .caches import check_bound_caches
 from .engine import plan_vllm
 from .layout import VllmPlan
-from .rules import ATTENTION_BACKENDS, BACKEND_SM_MAJORS, VLLM_VERSION
+from .rules import ATTENTION_BACKENDS, VLLM_VERSION, runs_on
 
 __all__ = [
     "check_kv_cache_config",
@@ -139,12 +139,9 @@ def unmodelled(option: str, value: object, why: str) -> Refusal:
 def _gpu_running(backend: str | None) -> GpuName:
     """Where the engine's GPU is unknown (a check run off the engine): the default GPU, or the
     first one the named backend runs on (a Blackwell backend names a Blackwell GPU)."""
-    majors = BACKEND_SM_MAJORS.get(backend) if backend in ATTENTION_BACKENDS else None
-    if majors is None or GPUS[DEFAULT_GPU].capability[0] in majors:
+    if backend not in ATTENTION_BACKENDS or runs_on(backend, DEFAULT_GPU):
         return DEFAULT_GPU
-    return next(
-        g for g in GPU_NAMES if GPUS[g].vendor == "nvidia" and GPUS[g].capability[0] in majors
-    )
+    return next(g for g in GPU_NAMES if runs_on(backend, g))
 
 
 def deployment_from_vllm(vllm_config: Any, gpu: GpuName | None = None) -> Deployment:

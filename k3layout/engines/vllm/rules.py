@@ -81,13 +81,20 @@ BACKEND_SM_MAJORS: Final[dict[AttentionBackend, tuple[int, ...] | None]] = {
 """The CUDA capability majors each MLA backend runs on (``supports_compute_capability``)."""
 
 
+def runs_on(backend: AttentionBackend, gpu: GpuName) -> bool:
+    """Whether vLLM's selector takes ``backend`` on ``gpu``: Triton MLA anywhere, the CUDA
+    backends on the NVIDIA GPUs of their capability majors."""
+    majors = BACKEND_SM_MAJORS[backend]
+    device = GPUS[gpu]
+    return majors is None or (device.vendor == "nvidia" and device.capability[0] in majors)
+
+
 def check_backend_runs(backend: AttentionBackend, gpu: GpuName, kv_dtype: str) -> None:
     """Refuse (``kernel_unsupported``) an MLA backend vLLM's selector rejects on ``gpu`` or
     for the cache dtype: a CUDA backend on ROCm or on another SM, FlashAttention MLA with an
     fp8 cache."""
-    device = GPUS[gpu]
-    majors = BACKEND_SM_MAJORS[backend]
-    if majors is not None and (device.vendor == "amd" or device.capability[0] not in majors):
+    if not runs_on(backend, gpu):
+        device = GPUS[gpu]
         raise Refusal(
             "kernel_unsupported",
             f"attention_backend={backend!r} does not run on {gpu} (SM {device.sm}, "
@@ -451,6 +458,7 @@ __all__ = [
     "resolved_kda_prefill_backend",
     "resolved_mamba_cache_mode",
     "restored_prefix",
+    "runs_on",
     "smallest_kernel_block",
     "state_blocks_per_request",
     "supports_block",

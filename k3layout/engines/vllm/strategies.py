@@ -7,12 +7,12 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ...gpus import GPU_NAMES, GPUS
+from ...gpus import GPU_NAMES
 from ...model import HybridModel
 from .rules import (
     ATTENTION_BACKENDS,
-    BACKEND_SM_MAJORS,
     default_attention_backend,
+    runs_on,
     smallest_kernel_block,
     supports_block,
 )
@@ -32,13 +32,7 @@ def settings(
     kv_dtype = fields["kv_dtype"]
     chosen = draw(st.sampled_from((None, *ATTENTION_BACKENDS)))
     if chosen is not None:
-        majors = BACKEND_SM_MAJORS[chosen]
-        runs = [
-            g
-            for g in GPU_NAMES
-            if majors is None or (GPUS[g].vendor == "nvidia" and GPUS[g].capability[0] in majors)
-        ]
-        gpu = draw(st.sampled_from(runs))
+        gpu = draw(st.sampled_from([g for g in GPU_NAMES if runs_on(chosen, g)]))
         if chosen == "FLASH_ATTN_MLA":
             kv_dtype = "bf16"
     backend = chosen or default_attention_backend(gpu, kv_dtype)
