@@ -25,6 +25,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 
 from .._args import expect_int
 from .._frozen import Frozen
+from .._search import fits, last_holding
 from ..constants import INT64_MAX, MAX_PROMPT_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
@@ -182,28 +183,16 @@ def least_memory(capacity: Callable[[int], RequestCapacity], requests: int) -> i
             hint="ask the memory for one request or more",
         )
 
-    def holds(memory: int) -> bool:
-        try:
-            return capacity(memory).max_requests >= requests
-        except Refusal as refusal:
-            if refusal.code == "budget_too_small":
-                return False
-            raise
+    def short(memory: int) -> bool:  # the memory does not hold them
+        return not fits(lambda: capacity(memory).max_requests >= requests)
 
-    low, high = 0, 1 << 20  # ``low`` never holds them, ``high`` does once found
-    while not holds(high):
-        if high > INT64_MAX // 2:
-            raise Refusal(
-                "size_limit",
-                f"requests={requests:,}: no KV memory an int64 counts holds them",
-                facts={"field": "requests", "requests": requests},
-                hint="ask for fewer requests or a shorter context",
-            )
-        low, high = high, 2 * high
-    while high - low > 1:
-        middle = (low + high) // 2
-        if holds(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+    # no memory (0) holds a request; probe from 1 MiB
+    most = last_holding(short, 0, 1 << 20, limit=INT64_MAX // 2)
+    if most is None:
+        raise Refusal(
+            "size_limit",
+            f"requests={requests:,}: no KV memory an int64 counts holds them",
+            facts={"field": "requests", "requests": requests},
+            hint="ask for fewer requests or a shorter context",
+        )
+    return most + 1

@@ -17,6 +17,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, SerializeAsAny
 
 from .._args import expect_args, expect_int
 from .._frozen import Frozen
+from .._search import fits, last_holding
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
@@ -189,27 +190,15 @@ def most_served(
     pool sized for the requests serves more than its default split); ``None`` where not one
     fits."""
 
-    def served(requests: int) -> Recommendation | None:
-        try:
-            advice: Recommendation = result.recommend(requests, max_model_len, kv_memory_bytes)
-        except Refusal as refusal:
-            if refusal.code != "budget_too_small":
-                raise
-            return None
-        return advice
+    found: dict[int, Recommendation] = {}
 
-    best = served(1)
-    if best is None:
+    def served(requests: int) -> bool:
+        def advised() -> bool:
+            found[requests] = result.recommend(requests, max_model_len, kv_memory_bytes)
+            return True
+
+        return fits(advised)
+
+    if not served(1):
         return None
-    low = 1
-    while (found := served(2 * low)) is not None:  # each request takes memory: this ends
-        low, best = 2 * low, found
-    high = 2 * low
-    while high - low > 1:
-        middle = (low + high) // 2
-        found = served(middle)
-        if found is None:
-            high = middle
-        else:
-            low, best = middle, found
-    return best
+    return found[last_holding(served, 1, 2)]  # each request takes memory: this ends

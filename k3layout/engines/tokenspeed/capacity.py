@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from ..._args import expect_int
+from ..._search import fits, last_holding
 from ...constants import PARENT_PAGE_TOKENS
 from ...errors import Refusal
 from ...layouts.answer import RequestCapacity, answer, check_context
@@ -180,13 +181,11 @@ def most_live(
     a budget that holds not one."""
 
     def holds(live: int) -> bool:
-        try:
+        def enough() -> bool:
             figures = _figures(plan, budget_bytes, live, overlap_depth, max_total_tokens)
-        except Refusal as refusal:
-            if refusal.code == "budget_too_small":
-                return False
-            raise
-        return int(figures["token_capacity"]) >= live * max_model_len
+            return int(figures["token_capacity"]) >= live * max_model_len
+
+        return fits(enough)
 
     if not holds(1):
         raise Refusal(
@@ -196,17 +195,7 @@ def most_live(
             facts={"budget_bytes": budget_bytes, "max_model_len": max_model_len},
             hint="give the cache more memory or ask a shorter context",
         )
-    low = 1
-    while holds(2 * low):  # each live request takes its state pages: this ends
-        low *= 2
-    high = 2 * low  # holds(low), not holds(high)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if holds(middle):
-            low = middle
-        else:
-            high = middle
-    return low
+    return last_holding(holds, 1, 2)  # each live request takes its state pages: this ends
 
 
 def _figures(
