@@ -21,6 +21,7 @@ from .protocol import LayoutBase
 __all__ = [
     "SGLANG_SETTINGS",
     "TOKENSPEED_SETTINGS",
+    "VLLM_SETTINGS",
     "EngineRules",
     "refuse_settings",
     "register_engine",
@@ -73,6 +74,17 @@ SGLANG_SETTINGS: tuple[tuple[str, object], ...] = (
     ("max_total_tokens", None),
 )
 """Deployment fields only SGLang takes, at their unset values."""
+
+VLLM_SETTINGS: tuple[tuple[str, object], ...] = (
+    ("attention_backend", None),
+    ("kv_cache_layout", "LBNHC"),
+    ("kda_prefill_backend", "auto"),
+    ("mamba_cache_mode", None),
+    ("block_tokens", None),
+    ("dcp_interleave", 1),
+)
+"""Deployment fields only vLLM takes, at their unset values: its attention backend, cache
+layout, KDA prefill kernel, mamba cache mode, block size and DCP interleave."""
 
 
 def refuse_settings(

@@ -32,27 +32,22 @@ from ...layouts.groups import Group, Stage
 from ...layouts.pipeline import plan
 from ...layouts.protocol import ByteRange, LayoutBase, check_block, check_non_negative
 from ...layouts.recommend import Recommendation, advise, check_workload
-from ...layouts.seams import TOKENSPEED_SETTINGS, refuse_settings
+from ...layouts.seams import TOKENSPEED_SETTINGS, VLLM_SETTINGS, refuse_settings
 from ...model import HybridModel
 from ...sizes import RankSizes
 from .capacity import SglangCapacity, sglang_capacity
 from .report import SglangReport
 from .rules import SGLANG_VERSION, attention_backends, state_slots_per_request
 
-VLLM_SETTINGS: tuple[tuple[str, object], ...] = (
-    ("attention_backend", None),
-    ("kv_cache_layout", "LBNHC"),
-    ("kda_prefill_backend", "auto"),
-    ("mamba_cache_mode", None),
-    ("block_tokens", None),
+_KDA_STATE_SETTINGS: tuple[tuple[str, object], ...] = (
     ("conv_layout", "SD"),
     ("replayssm", False),
-    ("dcp_interleave", 1),
 )
-"""Deployment fields SGLang does not take, at the values that mean "not set": SGLang picks its
-attention backend and page from the GPU, keeps the conv state time-major, has no ``align``
-block checkpoints, and deals a DCP decode's tokens one at a time (its CUDA P/D relayout has
-no interleave)."""
+"""vLLM's KDA state settings (tokenspeed takes them too) that SGLang does not: SGLang keeps
+the conv state time-major and writes no ReplaySSM records. Of vLLM's own settings
+(:data:`VLLM_SETTINGS`): SGLang picks its attention backend and page from the GPU, has no
+``align`` block checkpoints, and deals a DCP decode's tokens one at a time (its CUDA P/D
+relayout has no interleave)."""
 
 
 class SglangPlan(SelfChecked, LayoutBase):
@@ -339,7 +334,7 @@ def check_sglang(model: HybridModel, deployment: Deployment) -> HybridModel:
     backend does not run (Hopper), and a draft that is not SGLang's dense K/V draft.
     Returns the model SGLang builds (:func:`built_model`)."""
     model = built_model(model, deployment)
-    refuse_settings(deployment, VLLM_SETTINGS, "vLLM")
+    refuse_settings(deployment, VLLM_SETTINGS + _KDA_STATE_SETTINGS, "vLLM")
     refuse_settings(deployment, TOKENSPEED_SETTINGS, "tokenspeed")
     if deployment.kv_dtype == "fp8_ds_mla":
         raise Refusal(

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ...cache import GQALayer, KDALayer, MLALayer
 from ...deployment import Deployment
 from ...errors import Refusal
-from ...layouts.seams import SGLANG_SETTINGS, refuse_settings
+from ...layouts.seams import SGLANG_SETTINGS, VLLM_SETTINGS, refuse_settings
 from ...model import HybridModel
 from .recipe import REVISION_NAME, STATE_GROUPS
 
@@ -36,21 +36,10 @@ def _refuse(code: str, ours: str, theirs: str, hint: str, **facts: object) -> Re
     )
 
 
-VLLM_SETTINGS: tuple[tuple[str, object], ...] = (
-    ("attention_backend", None),
-    ("kv_cache_layout", "LBNHC"),
-    ("kda_prefill_backend", "auto"),
-    ("mamba_cache_mode", None),
-    ("block_tokens", None),
-    ("dcp_interleave", 1),
-)
-"""vLLM's settings, at their unset values: tokenspeed lays out 128-token MLA pages in one
-parent arena and picks its own kernels."""
-
-
 def check_settings(deployment: Deployment) -> None:
     """Refuse the settings tokenspeed has no flag for."""
     refuse_settings(deployment, SGLANG_SETTINGS, "SGLang")
+    # tokenspeed lays out 128-token MLA pages in one parent arena and picks its own kernels.
     refuse_settings(deployment, VLLM_SETTINGS, "vLLM")
     if deployment.dcp > 1:
         raise Refusal(
