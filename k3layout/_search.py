@@ -2,16 +2,18 @@
 
 Engines size pools by formulas with floors, caps and per-request terms, so "the most requests
 a budget holds" and "the least budget that holds N" are found by asking the engine's own
-capacity: probe doubling from a start, then bisect. ``fits`` turns an engine's refusal of a
-budget as too small into a plain "no".
+capacity: probe doubling from a start, then bisect. ``unless_too_small`` turns an engine's
+refusal of a budget as too small into a plain answer ("no", "none held").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import overload
+from typing import TypeVar, overload
 
 from .errors import Refusal
+
+T = TypeVar("T")
 
 
 @overload
@@ -41,12 +43,12 @@ def last_holding(
     return low
 
 
-def fits(call: Callable[[], bool]) -> bool:
-    """``call()``, with the engine refusing the budget as too small (``budget_too_small``)
-    read as ``False``; any other refusal propagates."""
+def unless_too_small(call: Callable[[], T], otherwise: T) -> T:
+    """``call()``, or ``otherwise`` where the engine refuses the budget as too small
+    (``budget_too_small``); any other refusal propagates."""
     try:
         return call()
     except Refusal as refusal:
         if refusal.code == "budget_too_small":
-            return False
+            return otherwise
         raise

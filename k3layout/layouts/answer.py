@@ -25,7 +25,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 
 from .._args import expect_int
 from .._frozen import Frozen
-from .._search import fits, last_holding
+from .._search import last_holding, unless_too_small
 from ..constants import INT64_MAX, MAX_PROMPT_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
@@ -184,7 +184,7 @@ def least_memory(capacity: Callable[[int], RequestCapacity], requests: int) -> i
         )
 
     def short(memory: int) -> bool:  # the memory does not hold them
-        return not fits(lambda: capacity(memory).max_requests >= requests)
+        return not unless_too_small(lambda: capacity(memory).max_requests >= requests, False)
 
     # no memory (0) holds a request; probe from 1 MiB
     most = last_holding(short, 0, 1 << 20, limit=INT64_MAX // 2)

@@ -17,7 +17,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, SerializeAsAny
 
 from .._args import expect_args, expect_int
 from .._frozen import Frozen
-from .._search import fits, last_holding
+from .._search import last_holding, unless_too_small
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
@@ -92,12 +92,7 @@ def most_held(
     engine refuses it as too small)."""
     if kv_memory_bytes is None:
         return 0
-    try:
-        return capacity(kv_memory_bytes, length).max_requests
-    except Refusal as refusal:
-        if refusal.code != "budget_too_small":
-            raise
-        return 0
+    return unless_too_small(lambda: capacity(kv_memory_bytes, length).max_requests, 0)
 
 
 def budget_for(
@@ -197,7 +192,7 @@ def most_served(
             found[requests] = result.recommend(requests, max_model_len, kv_memory_bytes)
             return True
 
-        return fits(advised)
+        return unless_too_small(advised, False)
 
     if not served(1):
         return None

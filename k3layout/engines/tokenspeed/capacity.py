@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from ..._args import expect_int
-from ..._search import fits, last_holding
+from ..._search import last_holding, unless_too_small
 from ...constants import PARENT_PAGE_TOKENS
 from ...errors import Refusal
 from ...layouts.answer import RequestCapacity, answer, check_context
@@ -185,7 +185,7 @@ def most_live(
             figures = _figures(plan, budget_bytes, live, overlap_depth, max_total_tokens)
             return int(figures["token_capacity"]) >= live * max_model_len
 
-        return fits(enough)
+        return unless_too_small(enough, False)
 
     if not holds(1):
         raise Refusal(
