@@ -53,6 +53,20 @@ def expect_int(name: str, value: object) -> int:
     return cast(int, value)
 
 
+def expect_positive(name: str, value: object, hint: str | None = None) -> int:
+    """``value`` for parameter ``name`` if it is an ``int`` of 1 or more; else refuse
+    (``invalid_argument``), with ``hint`` (default: ``pass {name} >= 1``)."""
+    number = expect_int(name, value)
+    if number < 1:
+        raise Refusal(
+            "invalid_argument",
+            f"{name}={number} must be >= 1",
+            facts={"field": name},
+            hint=f"pass {name} >= 1" if hint is None else hint,
+        )
+    return number
+
+
 def expect_items(name: str, value: object, item_types: Types, *, optional: bool = False) -> None:
     """Refuse ``value`` unless it is a list or tuple (or ``None`` when ``optional``) of
     ``item_types``; the first wrong item is named ``name[i]``."""

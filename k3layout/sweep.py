@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from functools import reduce
 from typing import cast
 
-from ._args import expect, expect_args, expect_int, expect_sequence
+from ._args import expect, expect_args, expect_positive, expect_sequence
 from ._divisors import divisors
 from ._frozen import Frozen
 from .constants import MAX_RANKS
@@ -45,13 +45,8 @@ def default_attn_tps(model: HybridModel, limit: int = 64) -> tuple[int, ...]:
     (some of which do not divide, and show their refusal). Refuses a ``limit`` that is not
     an int from 1 to ``MAX_RANKS`` (a rank id is an int32)."""
     expect("model", model, HybridModel)
-    if check_bound("limit", expect_int("limit", limit), MAX_RANKS, why="a rank id") < 1:
-        raise Refusal(
-            "invalid_argument",
-            f"limit={limit} must be >= 1",
-            facts={"field": "limit"},
-            hint="pass limit >= 1 (64 by default)",
-        )
+    hint = "pass limit >= 1 (64 by default)"
+    check_bound("limit", expect_positive("limit", limit, hint), MAX_RANKS, why="a rank id")
     heads = reduce(math.gcd, (layer.num_heads for layer in model.module_layers))
     dividing = {tp for tp in divisors(heads) if tp <= limit}
     powers = {1 << k for k in range(limit.bit_length()) if 1 << k <= limit}

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from pydantic import Field, NonNegativeInt, PositiveInt
 
-from .._args import expect_int
+from .._args import expect_int, expect_positive
 from .._frozen import Frozen
 from .._search import last_holding, unless_too_small
 from ..constants import INT64_MAX, MAX_PROMPT_TOKENS
@@ -175,13 +175,7 @@ def least_memory(capacity: Callable[[int], RequestCapacity], requests: int) -> i
     """The least ``kv_memory_bytes`` whose ``capacity`` holds ``requests`` requests (a budget
     the engine refuses as too small holds none). Refuses ``requests < 1`` and a load no
     int64 byte count holds (``size_limit``)."""
-    if expect_int("requests", requests) < 1:
-        raise Refusal(
-            "invalid_argument",
-            f"requests={requests} must be >= 1",
-            facts={"field": "requests"},
-            hint="ask the memory for one request or more",
-        )
+    expect_positive("requests", requests, "ask the memory for one request or more")
 
     def short(memory: int) -> bool:  # the memory does not hold them
         return not unless_too_small(lambda: capacity(memory).max_requests >= requests, False)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from pydantic import Field, NonNegativeInt, PositiveInt, SerializeAsAny
 
-from .._args import expect_args, expect_int
+from .._args import expect_args, expect_int, expect_positive
 from .._frozen import Frozen
 from .._search import last_holding, unless_too_small
 from ..deployment import Deployment
@@ -69,13 +69,7 @@ class Recommendation(Frozen):
 
 def check_workload(requests: int, kv_memory_bytes: int | None) -> None:
     """Refuse (``invalid_argument``) ``requests < 1`` and a negative budget."""
-    if expect_int("requests", requests) < 1:
-        raise Refusal(
-            "invalid_argument",
-            f"requests={requests} must be >= 1",
-            facts={"field": "requests"},
-            hint="ask for one request or more",
-        )
+    expect_positive("requests", requests, "ask for one request or more")
     if kv_memory_bytes is not None and expect_int("kv_memory_bytes", kv_memory_bytes) < 0:
         raise Refusal(
             "invalid_argument",

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from pydantic import NonNegativeInt, PositiveInt
 
-from ..._args import expect_args, expect_int
+from ..._args import expect_args, expect_positive
 from ..._frozen import Frozen
-from ...errors import Refusal
 from .layout import SglangPlan
 
 __all__ = ["STORE_DTYPES", "PoolTensor", "pool_tensors"]
@@ -71,14 +70,8 @@ def pool_tensors(
     [('conv[0]', 'bfloat16', (69, 12, 3, 4608)), ('temporal', 'float32', (69, 12, 12, 128, 128))]
     """
     expect_args(("plan", plan, SglangPlan))
-    for name, value in (("num_tokens", num_tokens), ("num_slots", num_slots)):
-        if expect_int(name, value) < 1:
-            raise Refusal(
-                "invalid_argument",
-                f"{name}={value} must be >= 1",
-                facts={"field": name},
-                hint=f"pass {name} >= 1",
-            )
+    expect_positive("num_tokens", num_tokens)
+    expect_positive("num_slots", num_slots)
     tp = plan.deployment.attn_tp
     tensors = []
     mla = plan.stage(stage).groups_of("attention")

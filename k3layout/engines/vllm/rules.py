@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from ..._args import expect_args, expect_int, expect_items
+from ..._args import expect_args, expect_int, expect_items, expect_positive
 from ...constants import MLA_KERNEL_BLOCK_TOKENS
 from ...deployment import Deployment
 from ...errors import Refusal
@@ -143,18 +143,6 @@ def _kernel_sizes(backend: object) -> tuple[int, ...]:
     return KERNEL_BLOCK_TOKENS[backend]
 
 
-def _positive(name: str, value: object) -> int:
-    number = expect_int(name, value)
-    if number < 1:
-        raise Refusal(
-            "invalid_argument",
-            f"{name}={number} must be >= 1",
-            facts={"field": name},
-            hint=f"pass {name} >= 1",
-        )
-    return number
-
-
 def smallest_kernel_block(backend: AttentionBackend) -> int:
     """The smallest kernel block ``backend`` takes (its multiple for ``TRITON_MLA``)."""
     sizes = _kernel_sizes(backend)
@@ -171,7 +159,7 @@ def check_block_supported(backend: AttentionBackend, requested: int) -> None:
     """Refuse (``block_unsupported``) a requested block that is not a multiple of the
     backend's smallest kernel block: vLLM's attention selector refuses the backend for it
     (``block_size not supported``) before any block is raised."""
-    if not supports_block(backend, _positive("block_tokens", requested)):
+    if not supports_block(backend, expect_positive("block_tokens", requested)):
         kernel = smallest_kernel_block(backend)
         raise Refusal(
             "block_unsupported",
@@ -217,7 +205,7 @@ def aligned_block_tokens(
     1536
     """
     if requested is not None:
-        _positive("requested", requested)
+        expect_positive("requested", requested)
     if expect_int("state_bytes", state_bytes) < 0:
         raise Refusal(
             "invalid_argument",
@@ -225,7 +213,7 @@ def aligned_block_tokens(
             facts={"field": "state_bytes"},
             hint="pass the state's bytes (0 without one)",
         )
-    _positive("attention_bytes_per_token", attention_bytes_per_token)
+    expect_positive("attention_bytes_per_token", attention_bytes_per_token)
     block = preferred_block_tokens(backend) if requested is None else requested
     kernel = smallest_kernel_block(backend)
     if state_bytes == 0:
@@ -358,7 +346,7 @@ def state_blocks_per_request(mode: MambaCacheMode, spec_blocks: int, checkpoint:
 def check_mtp_depth(num_modules: int, spec_tokens: int) -> None:
     """Refuse (``spec_tokens``) a speculative depth MTP modules cannot be reused for: above
     ``num_modules`` it must be a multiple of it, as vLLM's ``SpeculativeConfig`` requires."""
-    _positive("num_modules", num_modules)
+    expect_positive("num_modules", num_modules)
     expect_int("spec_tokens", spec_tokens)
     if spec_tokens > num_modules and spec_tokens % num_modules:
         lower = spec_tokens - spec_tokens % num_modules
@@ -392,8 +380,8 @@ def replay_boundary(
     >>> replay_boundary(9216, 1536)  # a resend recomputes the last token
     7680
     """
-    _positive("prompt_tokens", prompt_tokens)
-    _positive("block", block)
+    expect_positive("prompt_tokens", prompt_tokens)
+    expect_positive("block", block)
     expect_args(
         ("drop_trailing_block", drop_trailing_block, bool),
         ("hash_lookahead_tokens", hash_lookahead_tokens, int),
@@ -411,7 +399,7 @@ def restored_prefix(
     0. Seed 000's 9,415-token prompt at block 1,536: 9,216, or 7,680 with the drop (what its
     probe restored)."""
     boundary = replay_boundary(prompt_tokens, block, drop_trailing_block=drop_trailing_block)
-    return boundary if boundary % _positive("chunk", chunk) == 0 else 0
+    return boundary if boundary % expect_positive("chunk", chunk) == 0 else 0
 
 
 def recommended_max_num_batched_tokens(prompt_tokens: Sequence[int], block: int) -> int:
