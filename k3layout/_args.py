@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TypeAlias, cast
 
 from ._validation import describe
+from .constants import MAX_ARGUMENT_BITS
 from .errors import Refusal
 
 Types: TypeAlias = type | tuple[type, ...]
@@ -48,9 +49,20 @@ def expect_args(*checks: tuple[str, object, Types]) -> None:
 
 
 def expect_int(name: str, value: object) -> int:
-    """``value`` for parameter ``name`` if it is an ``int`` (not a ``bool``); else refuse."""
+    """``value`` for parameter ``name`` if it is an ``int`` (not a ``bool``) of at most
+    :data:`~k3layout.constants.MAX_ARGUMENT_BITS` bits; else refuse (``invalid_argument``, or
+    ``size_limit`` for a larger one: the checks after this one may print the value)."""
     expect(name, value, int)
-    return cast(int, value)
+    number = cast(int, value)
+    if number.bit_length() > MAX_ARGUMENT_BITS:
+        raise Refusal(
+            "size_limit",
+            f"{name}={describe(number)} is beyond any count k3layout takes "
+            f"({MAX_ARGUMENT_BITS:,} bits)",
+            facts={"field": name, "bits": number.bit_length()},
+            hint=f"pass {name} as a count or byte size within int64",
+        )
+    return number
 
 
 def expect_positive(name: str, value: object, hint: str | None = None) -> int:

@@ -62,6 +62,11 @@ INT64_MAX: Final = (1 << 63) - 1
 """Engines index their caches with int64 (torch sizes, strides and offsets); a plan whose byte
 counts do not fit is refused (``size_limit``) instead of overflowing in the engine."""
 
+MAX_ARGUMENT_BITS: Final = 4096
+"""Most bits an int argument may have, either sign: far beyond any count or byte size, and few
+enough digits (1,234) that a refusal can print it (``str()`` of an int stops at 4,300 digits).
+Beyond it: ``size_limit``, before any check that would print the value."""
+
 MAX_DIVISOR_HINTS: Final = 8
 """Most values a refusal's hint lists when it suggests divisors (``use dcp in [...]``)."""
 
@@ -80,6 +85,10 @@ within int64 for any head count. Beyond it: ``size_limit``."""
 MAX_PROMPT_TOKENS: Final = 1 << 32
 """Most prompt tokens one transfer may move: above any context length (K3 serves 2**20), and
 keeps a request's byte counts within int64. Beyond it: ``size_limit``."""
+
+MAX_KV_MEMORY_BYTES: Final = 1 << 62
+"""Largest KV memory per rank, in bytes, the capacity answers take (4 EiB, far above any GPU):
+keeps their sums within int64 and their ratios finite. Beyond it: ``size_limit``."""
 
 MAX_KV_MEMORY_GIB: Final = float(1 << 30)
 """Largest KV memory per rank the command line accepts, in GiB (an exbibyte): keeps the byte

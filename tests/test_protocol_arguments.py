@@ -3,6 +3,8 @@ that is not there, a channel group that does not exist. Only ``Refusal`` leaves 
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 
 import pytest
@@ -14,10 +16,12 @@ from k3layout import (
     ReplicaShard,
     VllmPlan,
     conv_channel_offset,
+    plan,
     plan_parent,
     plan_vllm,
     preset,
 )
+from k3layout.constants import MAX_KV_MEMORY_BYTES
 
 VLLM: VllmPlan = plan_vllm(preset("kimi-k3-dspark"), Deployment(attn_tp=8, spec_tokens=2))
 PARENT: ParentPlan = plan_parent(preset("kimi-k3"), Deployment(attn_tp=8))
@@ -58,3 +62,79 @@ def test_a_bad_argument_is_a_named_refusal(name: str) -> None:
     with pytest.raises(Refusal) as refused:
         BAD_CALLS[name]()
     assert refused.value.code in {"invalid_argument", "uneven_split"}
+
+
+# ---- integers too large to print ------------------------------------------------------------
+
+HUGE_INTS = (-(10**5000), 10**5000, -(1 << 70), 1 << 70)
+"""Beyond int64 either way, and beyond the 4,300 digits ``str()`` prints: a refusal that
+printed the value itself would raise ``ValueError`` instead."""
+
+PLANS = {
+    "vllm": plan_vllm(preset("kimi-k3"), Deployment(attn_tp=8, pp=2)),
+    "sglang": plan(preset("kimi-k3"), Deployment(engine="sglang", attn_tp=8)),
+    "tokenspeed": PARENT,
+}
+
+
+def _int_calls() -> list[tuple[str, Callable[[], object]]]:
+    """Each public method of each engine's plan with one int parameter given each huge int,
+    the others at their defaults (or 1 for an int, ``None`` otherwise)."""
+    calls: list[tuple[str, Callable[[], object]]] = []
+    for engine, result in PLANS.items():
+        for name in dir(type(result)):
+            method = getattr(result, name, None)
+            if name.startswith("_") or not inspect.ismethod(method):
+                continue
+            params = list(inspect.signature(method).parameters.values())
+            ints = [p.name for p in params if "int" in str(p.annotation)]
+            base: dict[str, object] = {
+                p.name: p.default
+                if p.default is not inspect.Parameter.empty
+                else (1 if p.name in ints else None)
+                for p in params
+            }
+            for param in ints:
+                for value in HUGE_INTS:
+                    given = {**base, param: value}
+                    label = f"{engine}.{name}({param}={value.bit_length()} bits, sign {value > 0})"
+                    calls.append((label, functools.partial(method, **given)))
+    return calls
+
+
+INT_CALLS = _int_calls()
+
+
+def test_every_int_parameter_is_swept() -> None:
+    # the capacity answers and the layout's addressing are among the calls (not skipped)
+    labels = " ".join(label for label, _ in INT_CALLS)
+    for method in ("capacity", "memory_for", "recommend", "byte_range", "bind", "num_blocks"):
+        assert f".{method}(" in labels, method
+    assert len(INT_CALLS) > 200
+
+
+@pytest.mark.parametrize("label", [label for label, _ in INT_CALLS])
+def test_a_huge_int_is_refused_not_raised(label: str) -> None:
+    call = dict(INT_CALLS)[label]
+    try:
+        call()
+    except Refusal as refusal:
+        assert refusal.code in {"invalid_argument", "size_limit", "budget_too_small"}
+        str(refusal)  # the message prints
+
+
+@pytest.mark.parametrize("engine", list(PLANS))
+def test_a_budget_beyond_the_bound_is_a_size_limit(engine: str) -> None:
+    with pytest.raises(Refusal) as refused:
+        PLANS[engine].capacity(MAX_KV_MEMORY_BYTES + 1, 8192)
+    assert refused.value.code == "size_limit"
+    assert refused.value.facts["field"] == "budget_bytes"
+    assert PLANS[engine].capacity(MAX_KV_MEMORY_BYTES, 8192).max_requests > 0
+
+
+def test_a_huge_int_argument_names_its_field_and_size() -> None:
+    with pytest.raises(Refusal) as refused:
+        PLANS["vllm"].byte_range(40, "conv", -(10**5000), 3)
+    assert refused.value.code == "size_limit"
+    assert refused.value.facts == {"field": "block", "bits": (10**5000).bit_length()}
+    assert "<an integer of 16,610 bits>" in str(refused.value)

@@ -26,10 +26,10 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 from .._args import expect_int, expect_positive
 from .._frozen import Frozen
 from .._search import last_holding, unless_too_small
-from ..constants import INT64_MAX, MAX_PROMPT_TOKENS
+from ..constants import INT64_MAX, MAX_KV_MEMORY_BYTES, MAX_PROMPT_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
-from ..limits import check_bound
+from ..limits import check_bound, check_range
 from ..model import HybridModel
 from ..sizes import RankSizes
 from .groups import Group, Stage
@@ -91,6 +91,20 @@ class RequestCapacity(Frozen):
             ("KDA state share of KV memory", f"{self.kda_share:.3f}"),
             ("KV memory no request fills (waste)", f"{self.waste_fraction:.3f}"),
         ]
+
+
+def check_budget(name: str, value: object) -> int:
+    """``value``, a KV budget per rank in bytes, if it is an ``int`` from 0 to
+    :data:`~k3layout.constants.MAX_KV_MEMORY_BYTES`; else refuse (``invalid_argument``, or
+    ``size_limit`` above the bound) naming ``name``."""
+    return check_range(name, value, 0, MAX_KV_MEMORY_BYTES, why="bytes of KV memory per rank")
+
+
+def check_requests(name: str, value: object, hint: str | None = None) -> int:
+    """``value``, a count of requests held at once, if it is an ``int`` of 1 or more within
+    int64; else refuse (``invalid_argument``, with ``hint``; ``size_limit`` above int64)."""
+    number = expect_positive(name, value, hint)
+    return check_bound(name, number, INT64_MAX, why="requests held at once")
 
 
 def check_context(plan: EngineLayout, max_model_len: int | None) -> int:
@@ -175,7 +189,7 @@ def least_memory(capacity: Callable[[int], RequestCapacity], requests: int) -> i
     """The least ``kv_memory_bytes`` whose ``capacity`` holds ``requests`` requests (a budget
     the engine refuses as too small holds none). Refuses ``requests < 1`` and a load no
     int64 byte count holds (``size_limit``)."""
-    expect_positive("requests", requests, "ask the memory for one request or more")
+    check_requests("requests", requests, "ask the memory for one request or more")
 
     def short(memory: int) -> bool:  # the memory does not hold them
         return not unless_too_small(lambda: capacity(memory).max_requests >= requests, False)

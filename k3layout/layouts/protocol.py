@@ -13,7 +13,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import NonNegativeInt
 
-from .._args import expect, expect_args, expect_int
+from .._args import expect, expect_int
+from .._validation import describe
 from ..cache import LayerCacheSpec, PartRange
 from ..deployment import Deployment, EngineFlavour
 from ..errors import Refusal
@@ -108,7 +109,8 @@ class LayoutBase(GroupedLayout):
             return found
         raise Refusal(
             "invalid_argument",
-            f"layer={layer} is in no group" + ("" if stage is None else f" of stage {stage}"),
+            f"layer={describe(layer)} is in no group"
+            + ("" if stage is None else f" of stage {stage}"),
             facts={"layer": layer, "stage": stage},
             hint="use a module layer of the model (of that stage)",
         )
@@ -217,7 +219,8 @@ def check_non_negative(name: str, value: int) -> None:
 def check_block(block: int, num_blocks: int) -> None:
     """Refuse (``invalid_argument``) a ``block`` that is not one of ``num_blocks`` (the
     engine's unit of allocation: a vLLM block, an SGLang page or slot)."""
-    expect_args(("block", block, int), ("num_blocks", num_blocks, int))
+    expect_int("block", block)
+    expect_int("num_blocks", num_blocks)
     if not 0 <= block < num_blocks:
         raise Refusal(
             "invalid_argument",

@@ -15,13 +15,13 @@ from collections.abc import Callable
 
 from pydantic import Field, NonNegativeInt, PositiveInt, SerializeAsAny
 
-from .._args import expect_args, expect_int, expect_positive
+from .._args import expect_args
 from .._frozen import Frozen
 from .._search import last_holding, unless_too_small
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..model import HybridModel
-from .answer import RequestCapacity
+from .answer import RequestCapacity, check_budget, check_requests
 from .pipeline import plan
 from .protocol import EngineLayout
 
@@ -68,15 +68,11 @@ class Recommendation(Frozen):
 
 
 def check_workload(requests: int, kv_memory_bytes: int | None) -> None:
-    """Refuse (``invalid_argument``) ``requests < 1`` and a negative budget."""
-    expect_positive("requests", requests, "ask for one request or more")
-    if kv_memory_bytes is not None and expect_int("kv_memory_bytes", kv_memory_bytes) < 0:
-        raise Refusal(
-            "invalid_argument",
-            f"kv_memory_bytes={kv_memory_bytes} must be >= 0",
-            facts={"field": "kv_memory_bytes"},
-            hint="pass the KV memory per rank in bytes, or None for the least",
-        )
+    """Refuse a request count that is not an int of 1 or more (:func:`.answer.check_requests`)
+    and a budget that is not a byte count (:func:`.answer.check_budget`)."""
+    check_requests("requests", requests, "ask for one request or more")
+    if kv_memory_bytes is not None:
+        check_budget("kv_memory_bytes", kv_memory_bytes)
 
 
 def most_held(

@@ -24,13 +24,12 @@ from typing import Protocol
 
 from pydantic import Field, NonNegativeInt, PositiveInt
 
-from ..._args import expect_int
 from ..._frozen import Frozen
 from ...constants import MAX_PROMPT_TOKENS
 from ...errors import Refusal
-from ...layouts.answer import RequestCapacity, answer
+from ...layouts.answer import RequestCapacity, answer, check_budget
 from ...layouts.protocol import EngineLayout
-from ...limits import check_bound
+from ...limits import check_range
 from .rules import (
     MAMBA_FULL_MEMORY_RATIO,
     MULTIMODAL_MODEL_TYPES,
@@ -189,17 +188,8 @@ def sglang_capacity(plan: PoolPlan, budget_bytes: int, max_model_len: int) -> Sg
     """SGLang's pool sizes for ``budget_bytes`` per rank at a context of ``max_model_len``
     tokens (its ``context_len``); refuses (``budget_too_small``) where SGLang refuses to
     start: no state slot fits, or too few to serve one request."""
-    expect_int("budget_bytes", budget_bytes)
-    expect_int("max_model_len", max_model_len)
-    check_bound("max_model_len", max_model_len, MAX_PROMPT_TOKENS, why="tokens of a request")
-    check_bound("budget_bytes", budget_bytes, 1 << 62, why="bytes of KV memory")
-    if budget_bytes < 0 or max_model_len < 1:
-        raise Refusal(
-            "invalid_argument",
-            f"budget_bytes={budget_bytes} must be >= 0 and max_model_len={max_model_len} >= 1",
-            facts={"field": "budget_bytes" if budget_bytes < 0 else "max_model_len"},
-            hint="pass a non-negative budget and max_model_len >= 1",
-        )
+    check_budget("budget_bytes", budget_bytes)
+    check_range("max_model_len", max_model_len, 1, MAX_PROMPT_TOKENS, why="tokens of a request")
     deployment = plan.deployment
     dp = deployment.attn_dp
     ratio = state_slots_per_request(deployment.prefix_caching, overlap=deployment.pp == 1)

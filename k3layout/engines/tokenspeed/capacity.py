@@ -21,11 +21,17 @@ from typing import Any, Protocol
 
 from pydantic import Field, NonNegativeInt, PositiveInt
 
-from ..._args import expect_int
+from ..._args import expect_int, expect_positive
 from ..._search import last_holding, unless_too_small
 from ...constants import PARENT_PAGE_TOKENS
 from ...errors import Refusal
-from ...layouts.answer import RequestCapacity, answer, check_context
+from ...layouts.answer import (
+    RequestCapacity,
+    answer,
+    check_budget,
+    check_context,
+    check_requests,
+)
 from ...layouts.groups import Group
 from ...layouts.protocol import EngineLayout
 
@@ -106,16 +112,6 @@ class ParentPlanLike(EngineLayout, Protocol):
     ) -> int: ...
 
 
-def _at_least(name: str, value: int, low: int) -> None:
-    if expect_int(name, value) < low:
-        raise Refusal(
-            "invalid_argument",
-            f"{name}={value} must be >= {low}",
-            facts={"field": name},
-            hint=f"pass {name} >= {low}",
-        )
-
-
 def workspace_bytes(plan: ParentPlanLike, max_live: int) -> int:
     """The verify workspace tokenspeed reserves for speculative decoding: every KDA layer's
     state for ``max_live * (spec_tokens + 1)`` rows (0 without speculative tokens)."""
@@ -146,9 +142,15 @@ def parent_capacity(
     (default: the model's context) it holds at once. Refuses (``budget_too_small``) a budget
     without a null parent and one usable parent, a token cap below one parent, parents that
     cannot admit a token, or (``max_live=None``) a budget that holds no such request."""
-    _at_least("budget_bytes", budget_bytes, 0)
+    check_budget("budget_bytes", budget_bytes)
     context = check_context(plan, max_model_len)
-    _at_least("overlap_depth", overlap_depth, 0)
+    if expect_int("overlap_depth", overlap_depth) < 0:
+        raise Refusal(
+            "invalid_argument",
+            f"overlap_depth={overlap_depth} must be >= 0",
+            facts={"field": "overlap_depth"},
+            hint="pass overlap_depth >= 0",
+        )
     if overlap_depth > 1:
         raise Refusal(
             "invalid_argument",
@@ -157,12 +159,12 @@ def parent_capacity(
             hint="pass overlap_depth 0 or 1",
         )
     if max_total_tokens is not None:
-        _at_least("max_total_tokens", max_total_tokens, 1)
+        expect_positive("max_total_tokens", max_total_tokens)
     if max_live is None:
         live = most_live(plan, budget_bytes, context, overlap_depth, max_total_tokens)
     else:
         live = max_live
-        _at_least("max_live", live, 1)
+        check_requests("max_live", live)
     figures = _figures(plan, budget_bytes, live, overlap_depth, max_total_tokens)
     held = min(live, int(figures["token_capacity"]) // context)
     return ParentCapacity(**answer(plan, budget_bytes, context, held), **figures)

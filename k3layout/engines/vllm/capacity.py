@@ -24,8 +24,8 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 
 from ..._frozen import Frozen
 from ...errors import Refusal
-from ...layouts.answer import RequestCapacity, answer, check_context
-from ...layouts.protocol import EngineLayout, check_non_negative
+from ...layouts.answer import RequestCapacity, answer, check_budget, check_context
+from ...layouts.protocol import EngineLayout
 from .rules import (
     MambaCacheMode,
     prefill_checkpoint_blocks,
@@ -154,7 +154,7 @@ def vllm_capacity(
     """The capacity of ``budget_bytes`` per rank at ``max_model_len`` tokens per request (the
     model's context where ``None``, vLLM's default); refuses (``budget_too_small``) a budget
     in which some stage cannot hold one request."""
-    check_non_negative("budget_bytes", budget_bytes)
+    check_budget("budget_bytes", budget_bytes)
     max_model_len = check_context(plan, max_model_len)
     num_blocks = plan.num_blocks(budget_bytes)
     by_stage = [group_blocks(plan, max_model_len, stage) for stage in range(len(plan.stages))]
