@@ -104,36 +104,26 @@ _NOT_ELSEWHERE = dict(
     has_amx=False,
     has_flashinfer=True,
 )
+_HOPPER = dict(
+    _NOT_ELSEWHERE,
+    is_sm90=True,
+    is_sm100=False,
+    is_sm100_or_sm110=False,
+    is_sm110=False,
+    is_sm120=False,
+    is_blackwell=False,
+    is_hopper_with_cuda_12_3=True,
+    device_sm=90,
+    device_capability=(9, 0),
+)
 GPUS: dict[str, dict[str, Any]] = {
     "h100": dict(
         mem_mib=81559.0,
-        facts=dict(
-            _NOT_ELSEWHERE,
-            is_sm90=True,
-            is_sm100=False,
-            is_sm100_or_sm110=False,
-            is_sm110=False,
-            is_sm120=False,
-            is_blackwell=False,
-            is_hopper_with_cuda_12_3=True,
-            device_sm=90,
-            device_capability=(9, 0),
-        ),
+        facts=_HOPPER,
     ),
     "h200": dict(
         mem_mib=143771.0,
-        facts=dict(
-            _NOT_ELSEWHERE,
-            is_sm90=True,
-            is_sm100=False,
-            is_sm100_or_sm110=False,
-            is_sm110=False,
-            is_sm120=False,
-            is_blackwell=False,
-            is_hopper_with_cuda_12_3=True,
-            device_sm=90,
-            device_capability=(9, 0),
-        ),
+        facts=_HOPPER,
     ),
     "b200": dict(
         mem_mib=183359.0,
