@@ -9,7 +9,7 @@ somewhere inside with a ``TypeError`` or ``AttributeError``. ``bool`` is not an 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TypeAlias, cast
+from typing import Any, TypeAlias, cast
 
 from ._validation import describe
 from .constants import MAX_ARGUMENT_BITS
@@ -127,3 +127,39 @@ def expect_mapping(name: str, value: object, key_types: Types, value_types: Type
     for key, item in cast(Mapping[object, object], value).items():
         expect(f"{name} key", key, key_types)
         expect(f"{name}[{describe(key)}]", item, value_types)
+
+
+_ABSENT = object()
+
+
+def engine_attribute(obj: object, path: str, owner: str, *, nullable: bool = False) -> Any:
+    """The attribute at dotted ``path`` of an engine's own record ``obj`` (read by attribute,
+    never guessed): refuse (``invalid_config``, naming ``owner.path``) where a step is missing,
+    or is ``None`` unless ``nullable`` (the engine's own records always have these; an object
+    without them is not the engine's, and planning it with a default would plan something
+    else, such as TP 1 or bf16, silently).
+
+    >>> from types import SimpleNamespace
+    >>> engine_attribute(SimpleNamespace(tp=8), "tp", "server_args")
+    8
+    >>> engine_attribute(SimpleNamespace(), "parallel_config.tp", "vllm_config")
+    Traceback (most recent call last):
+    ...
+    k3layout.errors.Refusal: vllm_config.parallel_config: missing (...); pass the engine's own ...
+    """
+    value = obj
+    walked = owner
+    steps = path.split(".")
+    for i, step in enumerate(steps):
+        walked = f"{walked}.{step}"
+        value = getattr(value, step, _ABSENT)
+        last = i == len(steps) - 1
+        if value is _ABSENT or (value is None and not (last and nullable)):
+            what = "missing" if value is _ABSENT else "None"
+            raise Refusal(
+                "invalid_config",
+                f"{walked}: {what} (a {owner} without {walked.removeprefix(owner + '.')})",
+                facts={"field": walked.removeprefix(owner + "."), "owner": owner},
+                hint=f"pass the engine's own {owner}",
+            )
+    return value

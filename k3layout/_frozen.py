@@ -5,15 +5,23 @@ record (``Deployment(attn_tp=0)``) or validating one (``Deployment.model_validat
 ``model_validate_json``, ``model_validate_strings``) raises :class:`~k3layout.Refusal` with
 ``code="invalid_argument"`` (``size_limit`` above a bound) and ``facts`` naming the record and
 the field.
+
+Scalars are never converted (one rule for every record and every public function, as
+:mod:`k3layout._args` checks arguments): an ``int`` field takes an ``int`` and refuses
+``True``, ``"8"`` and ``8.0``; a ``bool`` field refuses ``1`` and ``"true"``; a ``float``
+field takes an ``int`` or a ``float``, never a ``bool`` or a string. Containers still take
+any sequence (``pp_partition=[46, 47]``), their items held to the same rule. Text is
+converted where text enters: the command line parses ``--attn-tp 8`` by the option's type.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Iterable
 from functools import cache
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Strict, ValidationError
 from pydantic._internal._model_construction import ModelMetaclass
 from typing_extensions import Self
 
@@ -64,10 +72,43 @@ def _listed(name: str) -> bool:
     return not plumbing and name not in _base_members()
 
 
+_SCALARS: frozenset[type] = frozenset({int, float, bool})
+
+
+def strict_scalars(annotation: Any) -> Any:
+    """``annotation`` with every ``int``, ``float`` and ``bool`` in it made strict (inside
+    unions, tuples and ``Annotated``, whose own constraints are kept): pydantic then refuses
+    ``True`` or ``"8"`` for an ``int`` instead of converting it. Containers stay lax, so a
+    list still fills a tuple field.
+
+    >>> strict_scalars(tuple[int, ...] | None)
+    typing.Optional[tuple[typing.Annotated[int, Strict(strict=True)], ...]]
+    """
+    if annotation in _SCALARS:
+        return Annotated[annotation, Strict()]
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return Annotated[(strict_scalars(args[0]), *annotation.__metadata__)]
+    if origin in (Union, types.UnionType):
+        return Union[tuple(strict_scalars(arg) for arg in args)]  # noqa: UP007 - built here
+    if origin is tuple:
+        items = tuple(arg if arg is Ellipsis else strict_scalars(arg) for arg in args)
+        return tuple.__class_getitem__(items)
+    return annotation
+
+
 class Frozen(BaseModel, metaclass=_RecordMeta):
-    """A frozen pydantic record with no extra fields (hashable, JSON round-trips)."""
+    """A frozen pydantic record with no extra fields (hashable, JSON round-trips), whose
+    scalar fields are strict (:func:`strict_scalars`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        # Before the (deferred) schema is built: every record's scalars are strict.
+        super().__pydantic_init_subclass__(**kwargs)
+        for info in cls.__pydantic_fields__.values():
+            info.annotation = strict_scalars(info.annotation)
 
     def __init__(self, /, *args: Any, **data: Any) -> None:
         name = type(self).__name__

@@ -247,7 +247,9 @@ def refused_inputs(draw: st.DrawFn) -> tuple[HybridModel, Deployment, RefusalCod
     heads = _heads(model)
     case = draw(st.sampled_from(("heads", "dcp", "pp", "dcp_parent")))
     if case == "heads":
-        tp = draw(st.integers(2, 4 * heads).filter(lambda t: heads % t != 0))
+        # without speculative tokens vLLM builds no draft: only the target's heads must divide
+        target = _heads(model.without_draft())
+        tp = draw(st.integers(2, 4 * target).filter(lambda t: target % t != 0))
         return model, Deployment(attn_tp=tp), "heads_not_divisible"
     if case == "dcp":
         tp = draw(st.sampled_from(_divisors(heads)))

@@ -13,6 +13,7 @@ import pytest
 
 from k3layout import Deployment, Refusal, plan_vllm, preset
 from k3layout.engines.vllm import check_kv_cache_config, layer_of, plan_from_vllm
+from k3layout.engines.vllm.bridge import worker_stage
 
 K3_CONFIG = json.loads((Path(__file__).parent / "fixtures" / "kimi-k3.config.json").read_text())
 
@@ -32,10 +33,26 @@ def vllm_config(tp: int = 8, spec: int = 0, **cache: Any) -> SimpleNamespace:
         speculative = SimpleNamespace(
             method="dspark", num_speculative_tokens=spec, draft_model_config=draft
         )
+    # every field vLLM 0.33's records have (the bridge refuses a record without one)
+    parallel = SimpleNamespace(
+        tensor_parallel_size=tp,
+        data_parallel_size=1,
+        pipeline_parallel_size=1,
+        decode_context_parallel_size=1,
+        cp_kv_cache_interleave_size=1,
+    )
+    caching = {
+        "cache_dtype": "fp8",
+        "enable_prefix_caching": True,
+        "block_size": 16,
+        "user_specified_block_size": False,
+        "kv_cache_layout": None,
+        **cache,
+    }
     return SimpleNamespace(
         model_config=SimpleNamespace(hf_config=HFConfig(K3_CONFIG), model="kimi-k3"),
-        parallel_config=SimpleNamespace(tensor_parallel_size=tp),
-        cache_config=SimpleNamespace(cache_dtype="fp8", enable_prefix_caching=True, **cache),
+        parallel_config=parallel,
+        cache_config=SimpleNamespace(**caching),
         speculative_config=speculative,
         attention_config=SimpleNamespace(backend=None),
         additional_config={},
@@ -88,6 +105,47 @@ def test_a_swapped_layer_and_a_shifted_plane_are_refused_naming_them() -> None:
     with pytest.raises(Refusal) as refused:
         check_kv_cache_config(vllm_config(), config)
     assert refused.value.facts["layer"] == 1
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "parallel_config",
+        "parallel_config.tensor_parallel_size",
+        "parallel_config.data_parallel_size",
+        "parallel_config.pipeline_parallel_size",
+        "parallel_config.decode_context_parallel_size",
+        "cache_config",
+        "cache_config.cache_dtype",
+        "cache_config.enable_prefix_caching",
+        "cache_config.user_specified_block_size",
+        "attention_config",
+        "speculative_config",
+        "model_config.hf_config",
+    ],
+)
+def test_a_record_without_a_field_vllm_always_has_is_refused_naming_it(path: str) -> None:
+    config = vllm_config(tp=8)
+    *parents, last = path.split(".")
+    holder = config
+    for step in parents:
+        holder = getattr(holder, step)
+    delattr(holder, last)
+    with pytest.raises(Refusal) as refused:
+        plan_from_vllm(config)
+    assert refused.value.code == "invalid_config"
+    assert path in str(refused.value) and refused.value.facts["field"] == path
+
+
+def test_a_missing_parallel_config_is_not_read_as_tp_1() -> None:
+    config = vllm_config(tp=8)
+    config.parallel_config.tensor_parallel_size = None
+    with pytest.raises(Refusal) as refused:
+        plan_from_vllm(config)
+    assert refused.value.facts["field"] == "parallel_config.tensor_parallel_size"
+    del config.parallel_config
+    with pytest.raises(Refusal):
+        worker_stage(config)
 
 
 def test_bad_configs_and_names_are_refused() -> None:

@@ -45,7 +45,7 @@ def test_a_check_that_cannot_read_the_config_refuses_and_says_so(
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (
             logging.ERROR,
-            f"k3layout: refused the KV cache of stage 0; stopping startup "
+            f"k3layout: refused the KV cache of stage ?; stopping startup "
             f"({SWITCH}=1): {refused.value}",
         )
     ]

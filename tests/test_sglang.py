@@ -328,6 +328,8 @@ def test_the_bridge_reads_sglangs_server_args_and_model_config() -> None:
         mamba_full_memory_ratio=None,
         max_running_requests=None,
         max_mamba_cache_size=None,
+        max_total_tokens=None,
+        attn_dp_size=None,
     )
     deployment = deployment_from_sglang(server_args, "b200")
     assert deployment == Deployment(
@@ -352,8 +354,36 @@ def test_the_bridge_reads_sglangs_server_args_and_model_config() -> None:
     )
     p = plan_from_sglang(server_args, SimpleNamespace(hf_config=config), "b200")
     assert p.model.layers == LINEAR.layers
-    caught = refused(lambda: deployment_from_sglang(SimpleNamespace(kv_cache_dtype="mxfp8")))
+    unknown = SimpleNamespace(**{**vars(server_args), "kv_cache_dtype": "mxfp8"})
+    caught = refused(lambda: deployment_from_sglang(unknown))
     assert caught.facts["field"] == "kv_cache_dtype"
+
+
+@pytest.mark.parametrize(
+    "field", ["tp_size", "pp_size", "dcp_size", "kv_cache_dtype", "disable_radix_cache"]
+)
+def test_server_args_without_a_field_every_server_args_has_are_refused(field: str) -> None:
+    # a record missing tp_size is not SGLang's: it is never read as TP 1
+    server_args = SimpleNamespace(
+        tp_size=8,
+        attn_dp_size=1,
+        dp_size=1,
+        enable_dp_attention=False,
+        pp_size=1,
+        dcp_size=1,
+        kv_cache_dtype="fp8_e4m3",
+        speculative_algorithm=None,
+        speculative_num_draft_tokens=None,
+        disable_radix_cache=False,
+        mamba_full_memory_ratio=None,
+        max_running_requests=None,
+        max_mamba_cache_size=None,
+        max_total_tokens=None,
+    )
+    assert deployment_from_sglang(server_args).attn_tp == 8
+    delattr(server_args, field)
+    caught = refused(lambda: deployment_from_sglang(server_args))
+    assert caught.code == "invalid_config" and caught.facts["field"] == field
 
 
 def test_sglang_pairs_prefill_tp_8_with_decode_tp_2_by_gathering_four_ranks() -> None:

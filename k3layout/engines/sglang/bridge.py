@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..._args import expect, expect_int
+from ..._args import engine_attribute, expect, expect_int
 from ...deployment import Deployment
 from ...errors import Fact, Refusal
 from ...gpus import DEFAULT_GPU
@@ -115,11 +115,15 @@ def deployment_from_sglang(server_args: Any, gpu: str = DEFAULT_GPU) -> Deployme
     resolved = _resolved(server_args)
 
     def arg(name: str, default: Any = None) -> Any:
+        # every ServerArgs has the field (a record without it is refused, naming it);
+        # None is SGLang's "not set"
         value = resolved.get(name)
-        return value if value is not None else _get(server_args, name, default)
+        if value is None:
+            value = engine_attribute(server_args, name, "server_args", nullable=True)
+        return default if value is None else value
 
     def size(name: str) -> int:
-        return _count(f"server_args.{name}", arg(name, 1) or 1)
+        return _count(f"server_args.{name}", arg(name, 1))
 
     tp = size("tp_size")
     dp = size("attn_dp_size")  # SGLang 0.5.23's spelling
@@ -149,12 +153,18 @@ def deployment_from_sglang(server_args: Any, gpu: str = DEFAULT_GPU) -> Deployme
         "prefix_caching": not arg("disable_radix_cache", False),
         # the memory flags as the operator gave them: SGLang's own defaults (the 0.9 ratio,
         # the 48 running requests of speculative decoding) are the planner's too
-        "mamba_full_memory_ratio": _get(server_args, "mamba_full_memory_ratio"),
-        "max_running_requests": _get(server_args, "max_running_requests"),
-        "max_mamba_cache_size": _get(server_args, "max_mamba_cache_size"),
-        "max_total_tokens": _get(server_args, "max_total_tokens"),
+        "mamba_full_memory_ratio": _flag(server_args, "mamba_full_memory_ratio"),
+        "max_running_requests": _flag(server_args, "max_running_requests"),
+        "max_mamba_cache_size": _flag(server_args, "max_mamba_cache_size"),
+        "max_total_tokens": _flag(server_args, "max_total_tokens"),
     }
     return Deployment.model_validate(fields)
+
+
+def _flag(server_args: Any, name: str) -> Any:
+    """A memory flag as the operator gave it (``None``: SGLang's default); a ``ServerArgs``
+    without the field is refused naming it."""
+    return engine_attribute(server_args, name, "server_args", nullable=True)
 
 
 def _resolved(server_args: Any) -> Mapping[str, Any]:

@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..._args import expect, expect_int
+from ..._args import engine_attribute, expect, expect_int
 from ...deployment import Deployment
 from ...dtypes import KV_CACHE_DTYPES
 from ...errors import Refusal
@@ -84,11 +84,13 @@ def model_from_vllm(vllm_config: Any) -> HybridModel:
     """The model a ``VllmConfig`` serves: its HF config, plus the DSpark draft's layers when
     the speculative config names a DSpark draft model."""
     field = "model_config.hf_config"
-    config = config_of(_get(vllm_config, field), field, "vllm_config")
-    speculative = _get(vllm_config, "speculative_config")
+    config = config_of(engine_attribute(vllm_config, field, "vllm_config"), field, "vllm_config")
+    speculative = engine_attribute(vllm_config, "speculative_config", "vllm_config", nullable=True)
     drafts = None
-    if speculative is not None and _get(speculative, "method") == "dspark":
-        drafts = _get(speculative, "draft_model_config.hf_text_config.num_hidden_layers")
+    owner = "vllm_config.speculative_config"
+    if speculative is not None and engine_attribute(speculative, "method", owner) == "dspark":
+        path = "draft_model_config.hf_text_config.num_hidden_layers"
+        drafts = engine_attribute(speculative, path, owner)
     name = _get(vllm_config, "model_config.served_model_name") or _get(
         vllm_config, "model_config.model", "vllm-model"
     )
@@ -147,15 +149,24 @@ def _gpu_running(backend: str | None) -> GpuName:
 def deployment_from_vllm(vllm_config: Any, gpu: GpuName | None = None) -> Deployment:
     """The deployment a ``VllmConfig`` describes (engine ``vllm``) on ``gpu``: default the GPU
     of the engine this process runs in (:func:`engine_gpu`), else k3layout's default. A value
-    vLLM takes that the planner does not model is refused as :func:`unmodelled`."""
-    cache = _get(vllm_config, "cache_config")
-    parallel = _get(vllm_config, "parallel_config")
-    dtype = str(_get(cache, "cache_dtype", "auto"))
+    vLLM takes that the planner does not model is refused as :func:`unmodelled`; a record
+    without a field every ``VllmConfig`` has (``parallel_config``, its sizes, the cache
+    config's dtype ...) is refused naming it (``invalid_config``), never read as a default."""
+
+    def need(path: str, *, nullable: bool = False) -> Any:
+        return engine_attribute(vllm_config, path, "vllm_config", nullable=nullable)
+
+    dtype = str(need("cache_config.cache_dtype"))
     kv_dtype = _KV_DTYPES.get(dtype, dtype)
-    backend = _get(vllm_config, "attention_config.backend")
-    layout = _get(cache, "kv_cache_layout") or os.environ.get("VLLM_KV_CACHE_LAYOUT") or "LBNHC"
+    backend = need("attention_config.backend", nullable=True)
+    layout = (
+        need("cache_config.kv_cache_layout", nullable=True)
+        or os.environ.get("VLLM_KV_CACHE_LAYOUT")
+        or "LBNHC"
+    )
     partition = os.environ.get("VLLM_PP_LAYER_PARTITION")
-    additional = _get(vllm_config, "additional_config", {})
+    additional = need("additional_config", nullable=True) or {}
+    speculative = need("speculative_config", nullable=True)
     name = getattr(backend, "name", None)  # None: vLLM's selector picks it on the GPU
     if name is not None and name not in ATTENTION_BACKENDS:
         raise unmodelled("attention_backend", name, "its kernel blocks are not modelled")
@@ -165,20 +176,24 @@ def deployment_from_vllm(vllm_config: Any, gpu: GpuName | None = None) -> Deploy
     fields: dict[str, Any] = {
         "engine": "vllm",
         "gpu": where,
-        "attn_tp": _get(parallel, "tensor_parallel_size", 1),
-        "attn_dp": _get(parallel, "data_parallel_size", 1),
-        "pp": _get(parallel, "pipeline_parallel_size", 1),
+        "attn_tp": need("parallel_config.tensor_parallel_size"),
+        "attn_dp": need("parallel_config.data_parallel_size"),
+        "pp": need("parallel_config.pipeline_parallel_size"),
         "pp_partition": tuple(int(p) for p in partition.split(",")) if partition else None,
-        "dcp": _get(parallel, "decode_context_parallel_size", 1),
-        "dcp_interleave": _get(parallel, "cp_kv_cache_interleave_size", 1),
+        "dcp": need("parallel_config.decode_context_parallel_size"),
+        "dcp_interleave": need("parallel_config.cp_kv_cache_interleave_size"),
         "kv_dtype": kv_dtype,
-        "spec_tokens": _get(vllm_config, "speculative_config.num_speculative_tokens", 0),
-        "block_tokens": _get(cache, "block_size")
-        if _get(cache, "user_specified_block_size")
+        "spec_tokens": 0
+        if speculative is None
+        else engine_attribute(
+            speculative, "num_speculative_tokens", "vllm_config.speculative_config"
+        ),
+        "block_tokens": need("cache_config.block_size")
+        if need("cache_config.user_specified_block_size")
         else None,
         "attention_backend": name,
         "kv_cache_layout": "LBNHC" if layout in ("NHD", "LBNHC") else layout,
-        "prefix_caching": bool(_get(cache, "enable_prefix_caching", True)),
+        "prefix_caching": bool(need("cache_config.enable_prefix_caching")),
         "kda_prefill_backend": (
             additional.get("kda_prefill_backend", "auto")
             if isinstance(additional, Mapping)
@@ -199,9 +214,10 @@ def worker_stage(vllm_config: Any) -> int:
     pipeline group where the worker set one up, else from ``parallel_config.rank`` (ranks run
     TP-fastest, then PP), else stage 0 of a one-stage pipeline. Refuses (``invalid_config``)
     a multi-stage config that says neither."""
-    parallel = _get(vllm_config, "parallel_config")
+    parallel = engine_attribute(vllm_config, "parallel_config", "vllm_config")
     stages = expect_int(
-        "parallel_config.pipeline_parallel_size", _get(parallel, "pipeline_parallel_size", 1)
+        "parallel_config.pipeline_parallel_size",
+        engine_attribute(parallel, "pipeline_parallel_size", "vllm_config.parallel_config"),
     )
     try:
         from vllm.distributed import parallel_state  # noqa: PLC0415 - only inside an engine
@@ -236,9 +252,9 @@ def check_kv_cache_config(
     result = plan_from_vllm(vllm_config)
     stage = worker_stage(vllm_config) if stage is None else expect_int("stage", stage)
     num_blocks = _count(kv_cache_config, "num_blocks")
-    groups = list(_get(kv_cache_config, "kv_cache_groups", []))
+    groups = list(_records(kv_cache_config, "kv_cache_groups"))
     # A stage holds the groups' projections; a group with none of its layers is left out.
-    actual = [tuple(layer_of(n) for n in _get(g, "layer_names", [])) for g in groups]
+    actual = [tuple(layer_of(n) for n in _records(g, "layer_names")) for g in groups]
     actual = [layers for layers in actual if layers]
     expected = [group.layers for group in result.stage(stage).groups if group.layers]
     if actual != expected:
@@ -252,8 +268,8 @@ def check_kv_cache_config(
             actual[first] if first < len(actual) else None,
         )
     planned_size = result.blocks_bytes(num_blocks, stage)
-    for tensor in _get(kv_cache_config, "kv_cache_tensors", []):
-        names = list(_get(tensor, "layers", []))
+    for tensor in _records(kv_cache_config, "kv_cache_tensors"):
+        names = list(_records(tensor, "layers"))
         size = _count(tensor, "size")
         if size != planned_size:
             raise _mismatch("backing bytes", planned_size, size, layer=layer_of(names[0]))
@@ -290,9 +306,19 @@ def check_kv_caches(
 
 
 def _count(record: Any, name: str) -> int:
-    """An integer field of one of vLLM's records (0 when absent); anything else is refused
-    naming it."""
-    return expect_int(f"kv_cache_config.{name}", _get(record, name, 0))
+    """An integer field of one of vLLM's KV-cache records; a missing one or anything but an
+    int is refused naming it."""
+    return expect_int(
+        f"kv_cache_config.{name}", engine_attribute(record, name, "kv_cache_config")
+    )
+
+
+def _records(record: Any, name: str) -> list[Any]:
+    """A list field of one of vLLM's KV-cache records (its groups, tensors, layer names); a
+    missing one, or one that is not a list or tuple, is refused naming it."""
+    value = engine_attribute(record, name, "kv_cache_config")
+    expect(f"kv_cache_config.{name}", value, (list, tuple))
+    return list(value)
 
 
 def _mismatch(what: str, planned: Any, actual: Any, layer: int | None = None) -> Refusal:

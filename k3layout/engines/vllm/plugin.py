@@ -71,20 +71,22 @@ def check_after_kv_cache_init(
     refusal and raises it unchanged when they do not. A setting vLLM serves that k3layout does
     not model (:func:`~k3layout.engines.vllm.bridge.unmodelled`) never stops the engine: it
     logs that the cache cannot be checked and returns ``None``."""
-    stage = worker_stage(vllm_config) if stage is None else stage
+    where: object = "?" if stage is None else stage  # a config without a stage: refused
     try:
+        stage = worker_stage(vllm_config) if stage is None else stage
+        where = stage
         result = check_kv_caches(vllm_config, kv_cache_config, kv_caches, stage)
     except Refusal as refusal:
         if "unmodelled" in refusal.facts:
             logger.warning(
                 "k3layout: cannot check the KV cache of stage %s, the engine starts: %s",
-                stage,
+                where,
                 refusal,
             )
             return None
         logger.error(
             "k3layout: refused the KV cache of stage %s; stopping startup (%s=1): %s",
-            stage,
+            where,
             SWITCH,
             refusal,
         )
