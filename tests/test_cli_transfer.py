@@ -65,7 +65,12 @@ def test_a_refused_transfer_exits_2_with_the_refusal_on_both_streams() -> None:
     assert "tp_not_multiple" in done.stderr
     refused = json.loads(done.stdout)["refused"]
     assert refused["code"] == "tp_not_multiple"
+    # vLLM's own check refuses it: TransferTopology.tp_ratio, the decode's 3 not divisible
+    # by the prefill's 2 (tests/conformance/test_conformance_nixl_tp.py runs it)
     assert refused["facts"] == {"prefill_tp": 2, "decode_tp": 3}
+    assert "TransferTopology.tp_ratio" in refused["message"]
+    assert "decode attn_tp=3 is not divisible by prefill attn_tp=2" in refused["message"]
+    assert "[2, 4]" in refused["hint"]  # the decode TPs nearest 3 that pair with 2
 
 
 def test_chunked_transfer_to_a_dcp_decode_is_refused_at_admission() -> None:
@@ -80,3 +85,61 @@ def test_an_unreadable_topology_is_an_invalid_argument() -> None:
     refused = json.loads(done.stdout)["refused"]
     assert refused["code"] == "invalid_argument"
     assert refused["facts"] == {"option": "--prefill", "value": "pp8xep1", "part": "ep1"}
+
+
+def test_the_header_names_both_engines_layouts_and_the_default_prompt_length() -> None:
+    done = k3layout("--prefill", "pp8xtp1", "--decode", "tp8xdcp8")
+    assert done.returncode == 0, done.stderr
+    header = " ".join(done.stdout.split("\n")[:2])  # the console may wrap the first line
+    # vLLM's hybrid allocator on both sides: block 11,392 at TP 1, 1,536 at TP 8
+    assert "prefill vllm (block 11392) pp8xtp1 -> decode vllm (block 1536) tp8xdcp8" in header
+    assert "4,096 tokens (default)" in header
+    assert "vLLM 0.33.0 NIXL" in done.stdout  # the TP pairing rule the decode's engine registered
+
+
+def test_a_given_prompt_length_is_not_marked_default() -> None:
+    done = k3layout("--prefill", "pp8xtp1", "--decode", "tp8xdcp8", "--tokens", "4096")
+    assert done.returncode == 0, done.stderr
+    assert "4,096 tokens |" in " ".join(done.stdout.split("\n")[:2]).replace("\n", " ")
+    assert "(default)" not in done.stdout
+
+
+def test_json_names_engines_layouts_rule_and_whether_the_prompt_length_defaulted() -> None:
+    given = json.loads(
+        k3layout("--prefill", "tp8", "--decode", "tp2", "--tokens", "64", "--json").stdout
+    )
+    defaulted = json.loads(k3layout("--prefill", "tp8", "--decode", "tp2", "--json").stdout)
+    assert (given["prompt_tokens"], given["prompt_tokens_default"]) == (64, False)
+    assert (defaulted["prompt_tokens"], defaulted["prompt_tokens_default"]) == (4096, True)
+    assert given["prefill_engine"] == given["decode_engine"] == "vllm"
+    assert (given["prefill_layout"], given["decode_layout"]) == ("block 1536", "block 5760")
+    assert given["pd_rule"] == "vLLM 0.33.0 NIXL"
+
+
+def test_sglang_names_its_engine_and_layout_and_registers_no_rule() -> None:
+    done = k3layout("--engine", "sglang", "--prefill", "tp8", "--decode", "tp2", "--json")
+    report = json.loads(done.stdout)
+    assert (report["prefill_engine"], report["decode_engine"]) == ("sglang", "sglang")
+    assert report["pd_rule"] is None  # SGLang's pairing comes from its engine facts
+
+
+def test_a_vllm_decode_gathers_its_heads_from_several_prefill_ranks() -> None:
+    report = json.loads(k3layout("--prefill", "tp8", "--decode", "tp2", "--json").stdout)
+    producers = {
+        consumer: sorted(p["producer"] for p in report["rank_pairs"] if p["consumer"] == consumer)
+        for consumer in (0, 1)
+    }
+    assert producers == {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}  # vLLM's compute_tp_mapping
+    # each consumer's 48 heads: S(2, 0) = 4 x S(8, 0), in 4 shares of S(8, 0)
+    assert report["slot_bytes_per_consumer"] == [69 * 4 * S8] * 2
+
+
+def test_a_prefill_tp_the_decode_tp_does_not_divide_is_refused_with_vllms_reason() -> None:
+    done = k3layout("--prefill", "tp6", "--decode", "tp4", "--json")
+    assert done.returncode == 2
+    refused = json.loads(done.stdout)["refused"]
+    assert refused["code"] == "tp_not_multiple"
+    assert refused["facts"] == {"prefill_tp": 6, "decode_tp": 4}
+    assert "TransferTopology.tp_ratio" in refused["message"]
+    assert "prefill attn_tp=6 is not divisible by decode attn_tp=4" in refused["message"]
+    assert "[3, 6]" in refused["hint"]

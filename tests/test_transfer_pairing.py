@@ -13,6 +13,7 @@ from k3layout.transfer import (
     paired_producer,
     pairing_refusal,
     plan_transfer,
+    transfer_violations,
 )
 
 
@@ -59,9 +60,13 @@ def test_a_rank_outside_its_tp_group_is_an_invalid_argument() -> None:
 def test_decode_tp_not_a_multiple_of_prefill_tp_is_refused_naming_both(
     k3: HybridModel, prefill_tp: int, decode_tp: int
 ) -> None:
+    # one producer per consumer: the pairing helpers' mapping and tokenspeed's decode
     for check in (
         lambda: plan_transfer(
-            k3, Deployment(attn_tp=prefill_tp), Deployment(attn_tp=decode_tp), prompt_tokens=8
+            k3,
+            Deployment(engine="tokenspeed", attn_tp=prefill_tp),
+            Deployment(engine="tokenspeed", attn_tp=decode_tp),
+            prompt_tokens=8,
         ),
         lambda: check_pairing(0, 0, prefill_tp, decode_tp),
         lambda: paired_producer(0, prefill_tp, decode_tp),
@@ -70,6 +75,42 @@ def test_decode_tp_not_a_multiple_of_prefill_tp_is_refused_naming_both(
             check()
         assert refused.value.code == "tp_not_multiple"
         assert refused.value.facts == {"prefill_tp": prefill_tp, "decode_tp": decode_tp}
+
+
+@pytest.mark.parametrize(("prefill_tp", "decode_tp"), [(2, 3), (3, 4), (6, 4), (16, 6)])
+def test_a_vllm_decode_refuses_tps_neither_of_which_divides_the_other_with_vllms_reason(
+    k3: HybridModel, prefill_tp: int, decode_tp: int
+) -> None:
+    with pytest.raises(Refusal) as refused:
+        plan_transfer(
+            k3, Deployment(attn_tp=prefill_tp), Deployment(attn_tp=decode_tp), prompt_tokens=8
+        )
+    assert refused.value.code == "tp_not_multiple"
+    assert refused.value.facts == {"prefill_tp": prefill_tp, "decode_tp": decode_tp}
+    # vLLM's check, and the TP it finds not divisible by the other (the larger by the smaller)
+    larger, smaller = max(prefill_tp, decode_tp), min(prefill_tp, decode_tp)
+    side = ("decode", "prefill") if decode_tp >= prefill_tp else ("prefill", "decode")
+    assert "TransferTopology.tp_ratio" in str(refused.value)
+    assert f"{side[0]} attn_tp={larger} is not divisible by {side[1]} attn_tp={smaller}" in str(
+        refused.value
+    )
+
+
+@pytest.mark.parametrize(("prefill_tp", "decode_tp"), [(4, 2), (8, 1), (16, 4), (6, 3)])
+def test_a_vllm_decode_gathers_from_every_prefill_rank_of_its_heads(
+    k3: HybridModel, prefill_tp: int, decode_tp: int
+) -> None:
+    result = plan_transfer(
+        k3, Deployment(attn_tp=prefill_tp), Deployment(attn_tp=decode_tp), prompt_tokens=8
+    )
+    share = prefill_tp // decode_tp
+    for consumer in range(decode_tp):
+        pairs = result.pairs_to(consumer)
+        # vLLM's compute_tp_mapping: state from prefill ranks d*g .. d*g+g-1, the latent
+        # (replicated) from the first of them
+        assert [p.producer for p in pairs] == list(range(consumer * share, (consumer + 1) * share))
+        assert [p.kind_bytes("page") > 0 for p in pairs] == [True] + [False] * (share - 1)
+    assert transfer_violations(result) == []
 
 
 def test_rows_are_placed_by_module_layer_not_by_position_among_a_stages_kda_layers(

@@ -3,7 +3,9 @@
     k3layout transfer --prefill pp8xtp1 --decode tp8xdcp8 [--model kimi-k3] [--replayssm]
 
 A topology is ``x``-separated axes, each a name and a size: ``pp`` (pipeline stages), ``tp``
-(attention TP), ``dcp`` (decode context parallel), ``dp`` (attention-DP replicas).
+(attention TP), ``dcp`` (decode context parallel), ``dp`` (attention-DP replicas). The header
+names each side's engine and layout, the P/D rule the decode's engine registered, and the
+prompt length, marked ``(default)`` where ``--tokens`` was not given.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ AXES = {"pp": "pp", "tp": "attn_tp", "dcp": "dcp", "dp": "attn_dp"}
 
 _AXIS = re.compile(r"(dcp|dp|pp|tp)(\d+)")
 
+DEFAULT_PROMPT_TOKENS = 4096
+"""The prompt length without ``--tokens``; the output says it was the default."""
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``transfer`` to the command line."""
@@ -63,8 +68,9 @@ def add_transfer_options(parser: argparse.ArgumentParser) -> None:
         "--prompt-tokens",
         dest="prompt_tokens",
         type=int,
-        default=4096,
-        help="prompt tokens of the request (default 4096)",
+        default=None,
+        help=f"prompt tokens of the request (default {DEFAULT_PROMPT_TOKENS:,}, marked "
+        "'(default)' in the output)",
     )
     parser.add_argument(
         "--engine",
@@ -128,13 +134,19 @@ def deployments_from_args(args: argparse.Namespace) -> tuple[Deployment, Deploym
     return prefill, decode
 
 
+def prompt_tokens_of(args: argparse.Namespace) -> tuple[int, bool]:
+    """The prompt length the options give, and whether it is the default (no ``--tokens``)."""
+    given: int | None = args.prompt_tokens
+    return (DEFAULT_PROMPT_TOKENS, True) if given is None else (given, False)
+
+
 def transfer_from_args(args: argparse.Namespace) -> TransferPlan:
     """The transfer plan the options describe (with ``--chunked``, admitted first)."""
     model = model_from_args(args)
     prefill, decode = deployments_from_args(args)
     if args.chunked:
         check_admission(model, decode, chunked_transfer=True)
-    return plan_transfer(model, prefill, decode, prompt_tokens=args.prompt_tokens)
+    return plan_transfer(model, prefill, decode, prompt_tokens=prompt_tokens_of(args)[0])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -143,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     def action() -> int:
         result = transfer_from_args(args)
         prefill, decode = result.prefill, result.decode
-        report = transfer_report(result)
+        report = transfer_report(result, prompt_tokens_default=prompt_tokens_of(args)[1])
         if args.json:
             print(report.model_dump_json(indent=2))
         else:
@@ -162,14 +174,9 @@ def show(
     Each side is given as its topology text and its deployment."""
     (prefill_text, prefill), (decode_text, decode) = prefill_side, decode_side
     out = console()
-    out.print(
-        f"{report.model} | prefill {prefill_text} -> decode {decode_text} "
-        f"(dcp interleave {decode.dcp_interleave}) | {thousands(report.prompt_tokens)} tokens | "
-        f"{decode.kv_dtype} | spec {decode.spec_tokens} | conv {decode.conv_layout}"
-        + (" | replayssm" if decode.replayssm else ""),
-        style="bold",
-    )
+    out.print(header(report, prefill_text, decode_text, decode), style="bold")
     rows = [
+        ("TP pairing rule (decode engine's)", report.pd_rule or f"{report.decode_engine}'s facts"),
         ("pairs (producer, consumer)", thousands(report.pairs)),
         ("segments", thousands(report.segments)),
         ("copies (segments expanded)", thousands(report.copies)),
@@ -222,3 +229,22 @@ def show(
             thousands(report.bytes_per_producer[rank]),
         )
     out.print(by_producer)
+
+
+def header(report: TransferReport, prefill_text: str, decode_text: str, decode: Deployment) -> str:
+    """The first line: the model, each side's engine, layout and topology, the prompt length
+    (``(default)`` when ``--tokens`` was not given) and the decode's cache settings.
+
+    ``kimi-k3 | prefill vllm (block 11392) pp8xtp1 -> decode vllm (block 1536) tp8xdcp8
+    (dcp interleave 1) | 4,096 tokens (default) | fp8 | spec 0 | conv SD``
+    """
+    tokens = f"{thousands(report.prompt_tokens)} tokens" + (
+        " (default)" if report.prompt_tokens_default else ""
+    )
+    return (
+        f"{report.model} | prefill {report.prefill_engine} ({report.prefill_layout}) "
+        f"{prefill_text} -> decode {report.decode_engine} ({report.decode_layout}) {decode_text} "
+        f"(dcp interleave {decode.dcp_interleave}) | {tokens} | {decode.kv_dtype} | "
+        f"spec {decode.spec_tokens} | conv {decode.conv_layout}"
+        + (" | replayssm" if decode.replayssm else "")
+    )

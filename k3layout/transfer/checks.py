@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .._args import expect_args
-from ..registry import facts_of
+from .connectors import gathers_state
 from .pairing import pairing_refusal
 from .plan import TransferPlan
 from .regions import Region
@@ -84,7 +84,7 @@ def transfer_violations(result: TransferPlan) -> list[str]:
     expect_args(("result", result, TransferPlan))
     problems: list[str] = []
     sizes = result.decode_sizes
-    gathers = facts_of(result.decode.engine).gathers_state
+    gathers = gathers_state(result.decode.engine)
     producer_regions = [
         {r.key: r for r in result.producer_regions(rank)} for rank in range(result.num_producers)
     ]

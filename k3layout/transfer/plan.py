@@ -39,12 +39,12 @@ from ..model import HybridModel
 from ..placements import Interleave
 from ..registry import facts_of
 from ..sizes import RankSizes, rank_sizes
+from .connectors import gathers_state, tp_pair_refusal
 from .pairing import (
     coords_of,
     dcp_rank_of,
     producers_of,
     rank_of,
-    tp_multiple_refusal,
 )
 from .regions import Region, layer_slot_parts, rank_regions
 from .segments import (
@@ -334,8 +334,11 @@ def plan_transfer(
 
     Both deployments must be plannable for ``model`` (:func:`~k3layout.plan`'s refusals) and
     share :data:`MATCHED_FIELDS`; ``decode_model``, when the decode names its own, must have
-    the same layers (``model_mismatch``); the decode TP must be a multiple of the prefill TP
-    (``tp_not_multiple``).
+    the same layers (``model_mismatch``). The decode pulls, so its engine's P/D rule decides
+    which TP pairs pair (``tp_not_multiple``, with the engine's reason): the one it
+    registered (:func:`~k3layout.transfer.pd_rule_of`), else its facts (a decode TP a
+    multiple of the prefill's, or, where the engine gathers, either). ``prompt_tokens`` has
+    no default: the bytes moved follow it.
 
     >>> from k3layout import Deployment, preset
     >>> p = plan_transfer(preset("kimi-k3"), Deployment(pp=8), Deployment(attn_tp=8, dcp=8),
@@ -358,8 +361,8 @@ def plan_transfer(
     model = prefill_plan.model  # what the engine builds (no draft without spec tokens)
     # the decode pulls: its engine's rank mapping decides who feeds whom
     facts = facts_of(decode.engine)
-    gathers = facts.gathers_state
-    refusal = tp_multiple_refusal(prefill.attn_tp, decode.attn_tp, gathers, facts.pd_refusal_note)
+    gathers = gathers_state(decode.engine)
+    refusal = tp_pair_refusal(decode.engine, prefill.attn_tp, decode.attn_tp)
     if refusal is not None:
         raise refusal
     _check_pipelines(prefill, decode, facts.decode_pp_matches_prefill)

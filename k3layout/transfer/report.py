@@ -1,13 +1,17 @@
 """The transfer report: a plan's totals per pair and per rank, flat and JSON-ready.
 
 ``k3layout transfer --json`` prints it. The plan itself keeps every segment; the report keeps
-the counts and byte totals an operator reads (``pairs``, ``segments``, ``bytes_per_consumer``).
+the counts and byte totals an operator reads (``pairs``, ``segments``, ``bytes_per_consumer``),
+and names what they hold for: each side's engine and layout, the P/D rule that decided the
+pairing, and the prompt length (and whether it was the command line's default).
 """
 
 from __future__ import annotations
 
-from .._args import expect
+from .._args import expect, expect_args
 from .._frozen import Frozen
+from ..layouts import plan
+from .connectors import pd_rule_of
 from .plan import TransferPlan
 
 
@@ -27,10 +31,23 @@ class RankPairReport(Frozen):
 
 
 class TransferReport(Frozen):
-    """Counts and byte totals of a :class:`~k3layout.transfer.TransferPlan`."""
+    """Counts and byte totals of a :class:`~k3layout.transfer.TransferPlan`.
+
+    ``prefill_engine`` / ``decode_engine`` name each side's engine and ``prefill_layout`` /
+    ``decode_layout`` its layout (the plan's packing label: ``block 1536`` for vLLM's hybrid
+    allocator); ``pd_rule`` is the release and connector whose TP rule the decode's engine
+    registered (``vLLM 0.33.0 NIXL``), ``None`` where it registered none.
+    ``prompt_tokens_default`` says the prompt length was not given but defaulted.
+    """
 
     model: str
     prompt_tokens: int
+    prompt_tokens_default: bool = False
+    prefill_engine: str
+    prefill_layout: str
+    decode_engine: str
+    decode_layout: str
+    pd_rule: str | None
     conv_layout: str
     num_producers: int
     num_consumers: int
@@ -45,9 +62,11 @@ class TransferReport(Frozen):
     rank_pairs: tuple[RankPairReport, ...]
 
 
-def transfer_report(result: TransferPlan) -> TransferReport:
-    """Spell out ``result``'s totals."""
+def transfer_report(result: TransferPlan, *, prompt_tokens_default: bool = False) -> TransferReport:
+    """Spell out ``result``'s totals; ``prompt_tokens_default`` records that its prompt
+    length was a default rather than given (the command line's ``--tokens``)."""
     expect("result", result, TransferPlan)
+    expect_args(("prompt_tokens_default", prompt_tokens_default, bool))
     page = [0] * result.num_consumers
     slot = [0] * result.num_consumers
     rows: list[RankPairReport] = []
@@ -70,9 +89,16 @@ def transfer_report(result: TransferPlan) -> TransferReport:
                 slot_bytes=pair.kind_bytes("slot"),
             )
         )
+    rule = pd_rule_of(result.decode.engine)
     return TransferReport(
         model=result.model.name,
         prompt_tokens=result.prompt_tokens,
+        prompt_tokens_default=prompt_tokens_default,
+        prefill_engine=result.prefill.engine,
+        prefill_layout=plan(result.model, result.prefill).packing_label,
+        decode_engine=result.decode.engine,
+        decode_layout=plan(result.model, result.decode).packing_label,
+        pd_rule=None if rule is None else rule.label,
         conv_layout=result.decode.conv_layout,
         num_producers=result.num_producers,
         num_consumers=result.num_consumers,

@@ -5,6 +5,8 @@
   :mod:`.engine`; :mod:`.capacity`: blocks per request, ``num_blocks``, max concurrency;
 - :mod:`.bound`: what a worker binds to each layer, as data; :mod:`.caches`: those tensors
   checked;
+- :mod:`.pd`: its prefill-to-decode rules, as its NIXL connector applies them (the TP rule,
+  :data:`PD_RULE`, for :func:`~k3layout.plan_transfer`; :func:`nixl_refusal` for the rest);
 - :mod:`.bridge`: plan from vLLM's own ``VllmConfig`` and check its ``KVCacheConfig`` and the
   bound caches (no vLLM import); :mod:`.plugin`: the startup check (``K3LAYOUT_CHECK=1``).
 
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
         plan_from_vllm,
     )
     from .capacity import GroupBlocks, VllmCapacity
+    from .pd import PD_RULE, check_nixl, nixl_refusal
     from .plugin import register
 
 _LAZY: dict[str, str] = {
@@ -46,9 +49,13 @@ _LAZY: dict[str, str] = {
     "GroupBlocks": "capacity",
     "VllmCapacity": "capacity",
     "register": "plugin",
+    "PD_RULE": "pd",
+    "check_nixl": "pd",
+    "nixl_refusal": "pd",
 }
 
 __all__ = [
+    "PD_RULE",
     "VLLM",
     "VLLM_VERSION",
     "BoundView",
@@ -59,9 +66,11 @@ __all__ = [
     "built_model",
     "check_kv_cache_config",
     "check_kv_caches",
+    "check_nixl",
     "deployment_from_vllm",
     "layer_of",
     "model_from_vllm",
+    "nixl_refusal",
     "plan_from_vllm",
     "plan_vllm",
     "register",
