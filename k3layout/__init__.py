@@ -1,15 +1,71 @@
 """k3layout: plans the KV-cache layout of Kimi-K3 and other hybrid MLA + KDA models.
 
 The architecture reads top to bottom: a :class:`HybridModel` and a :class:`Deployment` give
-per-rank :mod:`~k3layout.sizes`; :func:`plan` lays them out for an engine (``vllm`` or
-``tokenspeed``) and returns a frozen, JSON-serialisable plan, or raises :class:`Refusal`. On a
-plan, :mod:`k3layout.offload` rides the KDA state on the PAGE object (:func:`plan_ride`) and
-:mod:`k3layout.transfer` moves a request from a prefill to a decode (:func:`plan_transfer`).
+per-rank :mod:`~k3layout.sizes`; :func:`plan` lays them out for the engine the deployment names
+and returns a frozen, JSON-serialisable plan, or raises :class:`Refusal`. Three engines:
+
+- ``vllm``: vLLM 0.33's hybrid allocator (a block raised until a page holds a KDA state,
+  groups sharing planes, one backing per rank);
+- ``sglang``: SGLang 0.5.23's token pool and state pool, split and counted as SGLang does on
+  the GPU ``Deployment.gpu`` names;
+- ``tokenspeed``: tokenspeed's Kimi-K3 recipe at PR #1152's head, its parent arena (``parent``
+  is a deprecated alias).
+
+On a plan, :mod:`k3layout.offload` rides the KDA state on the PAGE object (:func:`plan_ride`)
+and :mod:`k3layout.transfer` moves a request from a prefill to a decode (:func:`plan_transfer`).
 The planner imports no torch; the adapter lives in ``k3layout.torch``.
 
 Every public name is imported on first use (PEP 562 ``__getattr__``): ``import k3layout``
 loads no submodule, and ``k3layout.plan`` loads the planner but not the offload, transfer or
-torch packages.
+torch packages. ``__all__`` lists them, as below; ``help(k3layout.<name>)`` documents one in
+full (``help(k3layout)`` shows this page, not every record's members).
+
+Model
+    HybridModel, Layer          a decoder's layers in module order (target, then draft)
+    MLALayer, KDALayer, GQALayer   the layer kinds and their dimensions
+    preset, PRESETS             the built-in models (kimi-k3, kimi-k3-dspark, kimi-linear-48b)
+    load_config, model_from_config   a model from a Hugging Face config.json (draft optional)
+
+Deployment
+    Deployment                  parallelism and cache settings of one deployment, per rank
+    EngineFlavour, engine_names, EngineFacts, EngineRules   the engines and what each answers
+    with_engine                 the same deployment for another engine
+    Gpu, GpuName, GPUS, GPU_NAMES   the GPUs an engine runs on
+    KvCacheDtype, KV_CACHE_DTYPES, DTypeName, DTYPE_BYTES   cache dtypes and their widths
+    ConvLayout, CONV_LAYOUTS    the KDA conv state's layouts (SD, DS)
+
+Planning
+    plan, load_plan, Plan       plan a model on a deployment; a stored plan, re-checked
+    plan_vllm, VllmPlan         vLLM's hybrid layout
+    plan_tokenspeed, plan_parent, ParentPlan   tokenspeed's parent arena (plan_parent: old name)
+    Binding, GroupPages, LayerBinding   a tokenspeed arena bound to ``n`` parents
+    EngineLayout, Stage, Group, PlaneMember   what every plan answers: stages, groups, planes
+    Packing, RuleCheck          a packing per plane, and #1152's rule checked
+    ByteRange                   where a part of a layer's page of a block lives
+    RequestCapacity             what a KV budget per rank holds
+    recommend, Recommendation   an engine's flags for a workload
+    Refusal, RefusalCode        the one error: a stable code, the facts, a hint
+
+Per-rank sizes
+    rank_sizes, RankSizes       per-rank cache specs and bytes of every layer
+    LayerCacheSpec, CachePart, PartRange   a layer's cache as named parts
+    conv_channel_offset         the byte offset of a conv channel group in a row
+    Shard, Replicate, ReplicaShard, Interleave, TokenRun   how a part splits over ranks
+    pp_stage_bounds             module layers of each pipeline stage, as vLLM splits them
+
+Offload (LMCache MP: the KDA state rides the PAGE object)
+    plan_ride, RidePlan, RideOptions   the ride of one rank, and the settings it needs
+    plane_order, PlaneOrder     the publish order, aliased planes first
+    checkpoint_image, CheckpointImage   one boundary's image
+    check_aliasing, vllm_views, TensorView   the aliasing check on addresses
+    engine_layer_names, naming_rule, LayerNames, NamingRule   the names engines register
+
+Prefill-to-decode transfer
+    plan_transfer, TransferPlan   every copy that moves one request
+    RankPair, Segment, Region   a rank pair's copies and the buffers they read and write
+    pairing_refusal, check_pairing   whether a pairing can carry head-sharded state
+    admission_refusal, check_admission   whether the decode admits a request
+    transfer_violations         the invariants of a transfer plan that do not hold
 """
 
 from __future__ import annotations
@@ -277,4 +333,12 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY, __all__)
+__getattr__, _public_dir = lazy_exports(__name__, globals(), _LAZY, __all__)
+
+
+def __dir__() -> list[str]:
+    """The package's own attributes (its submodules, ``__all__``, ``__version__``), not the
+    public names it re-exports: ``pydoc`` documents in full every class and function ``dir()``
+    lists and ``__all__`` names, which made ``help(k3layout)`` some 3,200 lines. The names are
+    in ``__all__`` and indexed in the docstring; each keeps its full ``help()``."""
+    return sorted(set(_public_dir()) - set(_LAZY))

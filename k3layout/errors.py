@@ -70,7 +70,9 @@ class Refusal(ValueError):
 
     ``code`` is stable and machine-readable, ``facts`` holds the values on both sides of the
     rule that failed, ``hint`` says what would work. ``str(refusal)`` reads
-    ``"<thing>: <rule> (<a>=<x>, <b>=<y>); <what would work>"``.
+    ``"<thing>: <rule> (<a>=<x>, <b>=<y>); <what would work>"``, the hint said once: a message
+    that already ends with it (one refusal re-raised under another's words) is not given it
+    again, and :meth:`to_dict` keeps the message and the hint apart.
 
     >>> r = Refusal("heads_not_divisible", "KDA num_heads=96 must be divisible by attn_tp=5",
     ...             facts={"num_heads": 96, "attn_tp": 5}, hint="attn_tp=4 or attn_tp=6 would")
@@ -98,13 +100,15 @@ class Refusal(ValueError):
         self.message = message
         self.facts = dict(facts or {})
         self.hint = hint
-        super().__init__(f"{message}; {hint}" if hint else message)
+        said = not hint or message.endswith(hint)
+        super().__init__(message if said else f"{message}; {hint}")
 
     def to_dict(self) -> dict[str, object]:
-        """The refusal as JSON-ready data: ``code``, ``message``, ``hint`` and ``facts``."""
+        """The refusal as JSON-ready data: ``code``, ``message`` (the rule that failed, without
+        the hint), ``hint`` (what would work) and ``facts``; each said once."""
         return {
             "code": self.code,
-            "message": str(self),
+            "message": self.message.removesuffix(f"; {self.hint}") if self.hint else self.message,
             "hint": self.hint,
             "facts": {k: list(v) if isinstance(v, tuple) else v for k, v in self.facts.items()},
         }

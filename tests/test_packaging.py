@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import subprocess
 import sys
 from importlib import resources
@@ -77,8 +78,33 @@ def test_help_on_the_package_stays_readable() -> None:
     from k3layout import Deployment  # noqa: PLC0415
 
     text = pydoc.render_doc(k3layout, renderer=pydoc.plaintext)  # type: ignore[attr-defined]
-    assert len(text.splitlines()) < 4000
+    assert len(text.splitlines()) < 200  # the docstring, its index of names, the submodules
+    assert "class Deployment" not in text and "model_dump" not in text
     assert "model_dump" not in pydoc.render_doc(Deployment, renderer=pydoc.plaintext)  # type: ignore[attr-defined]
     # still there for whoever asks by name, and on instances
     assert callable(Deployment.model_dump) and "model_dump" in dir(Deployment())
     assert "world_size" in dir(Deployment)  # the record's own members are listed
+
+
+def test_help_on_the_package_stays_short_once_its_names_are_loaded() -> None:
+    import pydoc  # noqa: PLC0415
+
+    for name in k3layout.__all__:
+        getattr(k3layout, name)  # every name loaded, as after any use of the package
+    text = pydoc.render_doc(k3layout, renderer=pydoc.plaintext)  # type: ignore[attr-defined]
+    assert len(text.splitlines()) < 200
+    # each name is still documented in full by name
+    deployment = pydoc.render_doc(k3layout.Deployment, renderer=pydoc.plaintext)  # type: ignore[attr-defined]
+    assert "class Deployment" in deployment and "world_size" in deployment
+
+
+def test_the_package_docstring_indexes_every_public_name_and_names_every_engine() -> None:
+    doc = k3layout.__doc__ or ""
+    indexed = set()
+    for line in doc.splitlines():
+        if line.startswith("    ") and not line.startswith("     "):
+            names = re.split(r"\s{2,}", line.strip())[0]
+            indexed |= {name.strip() for name in names.split(",")}
+    assert indexed == set(k3layout.__all__) - {"__version__"}
+    for engine in k3layout.engine_names():
+        assert f"``{engine}``:" in doc, engine

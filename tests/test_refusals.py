@@ -174,7 +174,7 @@ def test_a_refusal_survives_pickling_and_serialises() -> None:
     )
     assert refusal.to_dict() == {
         "code": "pp_too_deep",
-        "message": "x; h",
+        "message": "x",
         "hint": "h",
         "facts": {"pp": 3, "ids": [1, 2]},
     }

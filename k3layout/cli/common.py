@@ -32,11 +32,19 @@ def console() -> Console:
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """``--model`` (a preset or a config.json path) and ``--draft-layers``."""
+    """``--model`` (a preset or a config.json path), ``--draft`` (a draft's config.json) and
+    ``--draft-layers``."""
     parser.add_argument(
         "--model",
         default="kimi-k3",
         help=f"a preset ({', '.join(PRESETS)}) or the path of a Hugging Face config.json",
+    )
+    parser.add_argument(
+        "--draft",
+        default=None,
+        metavar="PATH",
+        help="a DSpark draft checkpoint's config.json (or folder) whose layers join a "
+        "config.json model, as load_config(draft=...)",
     )
     parser.add_argument(
         "--draft-layers",
@@ -161,14 +169,17 @@ def add_conv_layout_option(parser: argparse.ArgumentParser) -> None:
 def model_from_args(args: argparse.Namespace) -> HybridModel:
     """The model ``--model`` names: a preset, else a config path."""
     name: str = args.model
+    draft: str | None = getattr(args, "draft", None)
     exists = path_exists(name, "--model")
     if name in PRESETS and not exists:
         model = preset(name)
-        if args.draft_layers is not None:
+        given = (("--draft", draft), ("--draft-layers", args.draft_layers))
+        option = next((o for o, value in given if value is not None), None)
+        if option is not None:
             raise Refusal(
                 "invalid_argument",
-                f"--draft-layers applies to a config.json model, not preset {name!r}",
-                facts={"model": name},
+                f"{option} applies to a config.json model, not preset {name!r}",
+                facts={"model": name, "option": option},
                 hint="use --model kimi-k3-dspark for K3 with its draft",
             )
         return model
@@ -179,7 +190,33 @@ def model_from_args(args: argparse.Namespace) -> HybridModel:
             facts={"model": name, "presets": tuple(PRESETS)},
             hint=f"use one of {', '.join(PRESETS)} or a path to a config.json",
         )
-    return load_config(name, num_draft_layers=args.draft_layers)
+    if draft is None:
+        return load_config(name, num_draft_layers=args.draft_layers)
+    if not path_exists(draft, "--draft"):
+        raise Refusal(
+            "invalid_argument",
+            f"--draft {_shown(draft)}: no such config.json or folder",
+            facts={"field": "draft", "option": "--draft"},
+            hint="pass the path of the draft checkpoint's config.json",
+        )
+    model = load_config(name, draft=draft)
+    if args.draft_layers is not None and args.draft_layers != len(model.draft_layers):
+        raise Refusal(
+            "invalid_argument",
+            f"--draft-layers={args.draft_layers} contradicts --draft {_shown(draft)}, whose "
+            f"config.json has {len(model.draft_layers)} layers",
+            facts={
+                "option": "--draft-layers",
+                "draft_layers": args.draft_layers,
+                "draft_config_layers": len(model.draft_layers),
+            },
+            hint="drop --draft-layers: the draft's config.json gives its layers",
+        )
+    return model
+
+
+def _shown(path: str) -> str:
+    return repr(path if len(path) <= 80 else f"{path[:77]}...")
 
 
 def path_exists(path: str, option: str) -> bool:

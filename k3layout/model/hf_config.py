@@ -10,8 +10,13 @@ ignored; inconsistent ones are refused with ``code="invalid_config"`` naming the
 
 The loader never guesses. It refuses:
 
-- a value of the wrong JSON type: integers are strict, so ``true`` or ``128.0`` where an
-  integer belongs is refused, and so is a non-string ``model_type``;
+- a value of the wrong JSON type: integers are strict, so ``true``, ``128.0`` or ``NaN`` where
+  an integer belongs is refused, a float (``gate_lower_bound``) takes a finite JSON number only,
+  and a non-string ``model_type`` is refused;
+- a top-level ``model_type`` that is ``null``, or absent above a ``text_config``: the top-level
+  type names the checkpoint (``kimi_k3`` selects the engines' multimodal rules), the nested one
+  only its backbone (``kimi_linear``), so neither may stand in for it. vLLM 0.33 refuses such a
+  checkpoint too (``get_config`` finds no model type to build);
 - a Kimi config (``model_type`` ``kimi_k3`` or ``kimi_linear``, at the top level or under
   ``text_config``) without ``linear_attn_config``: it would plan as a pure MLA model;
 - a field given both at the top level and under ``text_config`` with different values;
@@ -78,7 +83,7 @@ class _LinearAttnConfig(_Lenient):
     head_dim: _Dim
     short_conv_kernel_size: Annotated[int, Strict(), Field(ge=2, le=MAX_CONV_KERNEL)]
     use_full_rank_gate: StrictBool = False
-    gate_lower_bound: Annotated[float, Field(lt=0.0, allow_inf_nan=False)] | None = None
+    gate_lower_bound: Annotated[float, Strict(), Field(lt=0.0, allow_inf_nan=False)] | None = None
     kda_layers: _LayerIds
     full_attn_layers: _LayerIds | None = None
 
@@ -303,10 +308,34 @@ def model_from_config(
         ) from None
 
 
+def _check_top_model_type(config: Mapping[str, object], nested: bool, source: str) -> None:
+    """Refuse (``invalid_config``, field ``model_type``) a top-level ``model_type`` that is
+    ``null``, or absent above a ``text_config``: the loader would otherwise plan the checkpoint
+    as its backbone's type (a Kimi-K3 as ``kimi_linear``), under other engine rules."""
+    given = "model_type" in config
+    if config.get("model_type") is not None or (not given and not nested):
+        return
+    text = config["text_config"] if nested else None
+    beneath = (
+        f" (text_config.model_type={describe(text.get('model_type'))} names only the backbone)"
+        if isinstance(text, Mapping)
+        else ""
+    )
+    raise Refusal(
+        "invalid_config",
+        f"config {source}: the top-level model_type is {'null' if given else 'missing'}"
+        f"{beneath}; it names the checkpoint, and the engines' rules follow it",
+        facts={"source": source, "field": "model_type"},
+        hint="restore the top-level model_type of the checkpoint's config.json (kimi_k3 for "
+        "Kimi-K3)",
+    )
+
+
 def _model_from_config(
     config: Mapping[str, object], name: str | None, num_draft_layers: int | None, source: str
 ) -> HybridModel:
     nested = "text_config" in config and config["text_config"] is not None
+    _check_top_model_type(config, nested, source)
     _check_family(config, config["text_config"] if nested else config, source)
     try:
         if nested:
@@ -385,12 +414,39 @@ def _model_from_config(
     )
 
 
+DSPARK_DRAFT_DEFAULTS: Final[Mapping[str, int]] = {
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+}
+"""What a DSpark draft's MLA dimensions are when its ``config.json`` leaves them out, as vLLM
+0.33 reads them: its draft config class (``K3DSparkConfig``,
+``vllm/transformers_utils/configs/k3_dspark.py``) is transformers' ``DeepseekV3Config``, whose
+class defaults (transformers 5.x, ``configuration_deepseek_v3.py``) fill a missing field with
+these, DeepSeek-V3's MLA, which is also K3's. ``tests/conformance/test_conformance_draft.py``
+runs vLLM's own loader on drafts with each field removed. The layer count and the query heads
+are not taken from it (its defaults, DeepSeek-V3's 61 layers of 128 heads, are not a DSpark
+draft's): a draft without them is refused."""
+
+
 def draft_layers(config: Mapping[str, object], source: str = "<draft>") -> tuple[MLALayer, ...]:
     """A draft model's layers from its own parsed ``config.json``: ``num_hidden_layers`` dense
-    MLA layers with its query heads, latent and q LoRA rank (K3's DSpark: 5 x 64 heads)."""
+    MLA layers with its query heads, latent and q LoRA rank (K3's DSpark: 5 x 64 heads). A
+    missing MLA dimension is read as vLLM reads it (:data:`DSPARK_DRAFT_DEFAULTS`); a ``null``
+    ``q_lora_rank`` is refused, as vLLM's DSpark refuses it."""
     expect_args(("config", config, Mapping), ("source", source, str))
+    if "q_lora_rank" in config and config["q_lora_rank"] is None:
+        raise Refusal(
+            "draft_unsupported",
+            f"config {source}: q_lora_rank is null; a DSpark draft's queries take the LoRA "
+            "path (vLLM 0.33 refuses q_lora_rank=None for DSpark)",
+            facts={"source": source, "field": "q_lora_rank"},
+            hint="give the draft's q_lora_rank, or leave it out for DeepSeek-V3's 1536",
+        )
     try:
-        text = _TextConfig.model_validate(config)
+        text = _TextConfig.model_validate({**DSPARK_DRAFT_DEFAULTS, **config})
     except ValidationError as error:
         raise _invalid(error, source, "pass the draft model's own config.json") from None
     if text.linear_attn_config is not None:
