@@ -25,6 +25,7 @@ Model
     MLALayer, KDALayer, GQALayer   the layer kinds and their dimensions
     preset, PRESETS             the built-in models (kimi-k3, kimi-k3-dspark, kimi-linear-48b)
     load_config, model_from_config   a model from a Hugging Face config.json (draft optional)
+    Architecture, Quantization, VisionTower, DSparkDraft   what its weights are
 
 Deployment
     Deployment                  parallelism and cache settings of one deployment, per rank
@@ -43,8 +44,12 @@ Planning
     Packing, RuleCheck          a packing per plane, and #1152's rule checked
     ByteRange                   where a part of a layer's page of a block lives
     RequestCapacity             what a KV budget per rank holds
-    recommend, Recommendation   an engine's flags for a workload
+    recommend, Recommendation   an engine's flags for a workload, and the command that starts it
     Refusal, RefusalCode        the one error: a stable code, the facts, a hint
+
+The GPU's memory
+    weights_per_rank, WeightsPlan, RankWeights, WeightGroup, WeightTensor   weights per rank
+    memory_budget, least_budget, MemoryBudget, ReserveTerm   weights + reserve + KV = the GPU
 
 Per-rank sizes
     rank_sizes, RankSizes       per-rank cache specs and bytes of every layer
@@ -103,8 +108,11 @@ if TYPE_CHECKING:
         with_engine,
     )
     from .layouts.answer import RequestCapacity
+    from .layouts.memory import least_budget, memory_budget
     from .layouts.recommend import Recommendation, recommend
     from .layouts.seams import EngineRules
+    from .layouts.weights import weights_per_rank
+    from .memory import MemoryBudget, ReserveTerm
     from .model import (
         PRESETS,
         HybridModel,
@@ -115,6 +123,7 @@ if TYPE_CHECKING:
         model_from_config,
         preset,
     )
+    from .model.architecture import Architecture, DSparkDraft, Quantization, VisionTower
     from .offload import (
         CheckpointImage,
         LayerNames,
@@ -153,8 +162,22 @@ if TYPE_CHECKING:
         plan_transfer,
         transfer_violations,
     )
+    from .weights import RankWeights, WeightGroup, WeightsPlan, WeightTensor
 
 _LAZY: dict[str, str] = {
+    "least_budget": "layouts.memory",
+    "memory_budget": "layouts.memory",
+    "weights_per_rank": "layouts.weights",
+    "MemoryBudget": "memory",
+    "ReserveTerm": "memory",
+    "Architecture": "model.architecture",
+    "DSparkDraft": "model.architecture",
+    "Quantization": "model.architecture",
+    "VisionTower": "model.architecture",
+    "RankWeights": "weights",
+    "WeightGroup": "weights",
+    "WeightsPlan": "weights",
+    "WeightTensor": "weights",
     "CachePart": "cache",
     "GQALayer": "cache",
     "LayerCacheSpec": "cache",
@@ -251,11 +274,13 @@ __all__ = [
     "GPU_NAMES",
     "KV_CACHE_DTYPES",
     "PRESETS",
+    "Architecture",
     "Binding",
     "ByteRange",
     "CachePart",
     "CheckpointImage",
     "ConvLayout",
+    "DSparkDraft",
     "DTypeName",
     "Deployment",
     "EngineFacts",
@@ -276,6 +301,7 @@ __all__ = [
     "LayerCacheSpec",
     "LayerNames",
     "MLALayer",
+    "MemoryBudget",
     "NamingRule",
     "Packing",
     "ParentPlan",
@@ -283,8 +309,10 @@ __all__ = [
     "Plan",
     "PlaneMember",
     "PlaneOrder",
+    "Quantization",
     "RankPair",
     "RankSizes",
+    "RankWeights",
     "Recommendation",
     "Refusal",
     "RefusalCode",
@@ -292,6 +320,7 @@ __all__ = [
     "ReplicaShard",
     "Replicate",
     "RequestCapacity",
+    "ReserveTerm",
     "RideOptions",
     "RidePlan",
     "RuleCheck",
@@ -301,7 +330,11 @@ __all__ = [
     "TensorView",
     "TokenRun",
     "TransferPlan",
+    "VisionTower",
     "VllmPlan",
+    "WeightGroup",
+    "WeightTensor",
+    "WeightsPlan",
     "__version__",
     "admission_refusal",
     "check_admission",
@@ -311,8 +344,10 @@ __all__ = [
     "conv_channel_offset",
     "engine_layer_names",
     "engine_names",
+    "least_budget",
     "load_config",
     "load_plan",
+    "memory_budget",
     "model_from_config",
     "naming_rule",
     "pairing_refusal",
@@ -329,6 +364,7 @@ __all__ = [
     "recommend",
     "transfer_violations",
     "vllm_views",
+    "weights_per_rank",
     "with_engine",
 ]
 

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from ._frozen import Frozen, trusted
 from .constants import (
     MAX_BLOCK_TOKENS,
+    MAX_KV_MEMORY_BYTES,
     MAX_MODULE_LAYERS,
     MAX_PADDING_LIMIT,
     MAX_RANKS,
@@ -77,6 +78,13 @@ class Deployment(Frozen):
       allows it); FlashKDA holds one more state block per request.
 
     - ``gpu``: the GPU the engine runs on (engines pick kernels, and so pages, by it).
+    - ``expert_parallel``: routed experts split whole over every rank of a stage (vLLM's
+      ``--enable-expert-parallel``, SGLang's ``--ep-size`` equal to its ``--tp-size``).
+    - The GPU's memory (:mod:`k3layout.memory`): ``gpu_memory_utilization`` (vLLM,
+      tokenspeed) or ``mem_fraction_static`` (SGLang), the engine's memory flag, or
+      ``kv_memory_bytes``, an explicit KV budget per rank (not both); ``None``: the engine's
+      default. ``gpu_memory_bytes`` replaces the GPU table's total, ``reserve_bytes``
+      k3layout's estimate of what the engine keeps beside weights and KV.
     - ``mamba_full_memory_ratio``, ``max_running_requests``, ``max_mamba_cache_size``,
       ``max_total_tokens``:
       SGLang's flags of those names (``None``: SGLang's own defaults); ``sglang`` settings.
@@ -174,6 +182,13 @@ class Deployment(Frozen):
         description="vLLM's KDA prefill kernel; auto: FlashKDA where the layer allows it "
         "(FlashKDA holds one more state block per request)",
     )
+    expert_parallel: bool = Field(
+        False,
+        description="expert parallelism over every rank of a stage (vLLM's "
+        "--enable-expert-parallel: EP = attn_tp x attn_dp; SGLang's --ep-size equal to its "
+        "--tp-size): routed experts split whole over the ranks instead of each expert's "
+        "intermediate width",
+    )
     mamba_full_memory_ratio: (
         Annotated[float, Field(gt=0.0, le=1000.0, allow_inf_nan=False)] | None
     ) = Field(
@@ -197,6 +212,36 @@ class Deployment(Frozen):
         "the smaller of it and what the memory gives); None: no cap",
     )
 
+    gpu_memory_utilization: (
+        Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None
+    ) = Field(
+        None,
+        description="vLLM's and tokenspeed's --gpu-memory-utilization: the share of the GPU "
+        "the engine takes for weights, reserve and KV; None: the engine's default",
+    )
+    mem_fraction_static: Annotated[float, Field(gt=0.0, lt=1.0, allow_inf_nan=False)] | None = (
+        Field(
+            None,
+            description="SGLang's --mem-fraction-static: the share of the free GPU memory for "
+            "weights and pools; None: SGLang's default for the GPU and parallel sizes",
+        )
+    )
+    kv_memory_bytes: Annotated[int, Field(gt=0, le=MAX_KV_MEMORY_BYTES)] | None = Field(
+        None,
+        description="an explicit KV-cache budget per rank, in bytes (vLLM's "
+        "--kv-cache-memory-bytes); None: the engine's memory flag decides it",
+    )
+    gpu_memory_bytes: Annotated[int, Field(gt=0, le=MAX_KV_MEMORY_BYTES)] | None = Field(
+        None,
+        description="the GPU's total as its driver reports it (torch.cuda.mem_get_info), for a "
+        "part or driver the GPU table does not give; None: the table's figure for gpu",
+    )
+    reserve_bytes: Annotated[int, Field(ge=0, le=MAX_KV_MEMORY_BYTES)] | None = Field(
+        None,
+        description="what the engine keeps beside weights and KV (activations, CUDA graphs, "
+        "context, communicators), replacing k3layout's estimate; None: the estimate",
+    )
+
     @field_validator("engine", mode="before")
     @classmethod
     def _registered_engine(cls, value: object) -> str:
@@ -210,6 +255,26 @@ class Deployment(Frozen):
                 f"pp_partition: {len(self.pp_partition)} stage sizes given for pp={self.pp}",
                 facts={"field": "pp_partition", "pp": self.pp},
                 hint="give one layer count per pipeline stage",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_memory_input(self) -> Deployment:
+        fraction = next(
+            (
+                name
+                for name in ("gpu_memory_utilization", "mem_fraction_static")
+                if getattr(self, name) is not None
+            ),
+            None,
+        )
+        if self.kv_memory_bytes is not None and fraction is not None:
+            raise Refusal(
+                "invalid_argument",
+                f"kv_memory_bytes and {fraction} both given: the KV budget is either given "
+                "or the engine's memory flag decides it",
+                facts={"field": "kv_memory_bytes", "other": fraction},
+                hint=f"give kv_memory_bytes or {fraction}, not both",
             )
         return self
 

@@ -50,6 +50,11 @@ RefusalCode: TypeAlias = Literal[
     "model_mismatch",
     # torch adapter
     "tensor_mismatch",
+    # weights and the GPU's memory
+    "weights_unknown",
+    "quantization_unsupported",
+    "weights_do_not_fit",
+    "memory_exceeded",
     # records: a stored number that its own inputs do not give
     "plan_mismatch",
     # inputs

@@ -69,7 +69,8 @@ class EngineFacts:
       ``conv_layout``, vLLM's ``VLLM_SSM_CONV_STATE_LAYOUT``);
     - ``aliases``: other names a deployment may use for it, deprecated: using one warns
       (:class:`DeprecationWarning`);
-    - ``listing_order``: where it stands in listings (sweeps, ``--engine`` choices).
+    - ``listing_order``: where it stands in listings (sweeps, ``--engine`` choices);
+    - ``launch``: the command that starts it, before the checkpoint (``vllm serve``).
     """
 
     name: str
@@ -87,6 +88,7 @@ class EngineFacts:
     separate_draft_kv_dtype: bool = False
     aliases: tuple[str, ...] = field(default=())
     listing_order: int = 100
+    launch: str = ""
 
 
 class Registered(Protocol):

@@ -7,6 +7,8 @@ from collections.abc import Iterable, Mapping
 from functools import reduce
 from typing import cast
 
+from pydantic import Field
+
 from ._args import expect, expect_args, expect_positive, expect_sequence
 from ._divisors import divisors
 from ._frozen import Frozen
@@ -15,7 +17,7 @@ from .deployment import Deployment, EngineFlavour
 from .dtypes import KvCacheDtype
 from .errors import Refusal, RefusalCode
 from .layouts import plan
-from .layouts.recommend import most_served
+from .layouts.recommend import gpu_budget, most_served
 from .limits import check_bound
 from .model import HybridModel
 from .registry import engine_names, facts_of
@@ -132,14 +134,14 @@ class RequestsCell(Frozen):
 
     engine: EngineFlavour
     max_model_len: int
-    kv_memory_bytes: int
+    kv_memory_bytes: int = Field(description="the KV budget per rank (0 where refused unasked)")
     max_requests: int | None = None
     refusal: RefusalCode | None = None
 
 
 def requests_sweep(
     model: HybridModel,
-    kv_memory_bytes: int,
+    kv_memory_bytes: int | None,
     contexts: Iterable[int],
     base: Deployment | None = None,
     engines: Iterable[EngineFlavour] | None = None,
@@ -149,11 +151,14 @@ def requests_sweep(
     """How requests trade against context length in one KV budget per rank, for every engine
     (``base`` supplies the deployment; each engine plans it as its own): the requests the
     engine holds with its settings as given, or (``recommended``) the most it serves with its
-    recommended flags (:func:`~k3layout.layouts.recommend.most_served`). A budget an engine
-    refuses, or a deployment it does not run, becomes a cell carrying the refusal code."""
+    recommended flags (:func:`~k3layout.layouts.recommend.most_served`). ``kv_memory_bytes``
+    ``None``: each engine's own budget on the GPU, from the deployment's memory flag or KV
+    budget (else the engine's default), checked against the GPU with the weights
+    (:func:`~k3layout.layouts.recommend.gpu_budget`). A budget an engine refuses, or a
+    deployment it does not run, becomes a cell carrying the refusal code."""
     expect_args(
         ("model", model, HybridModel),
-        ("kv_memory_bytes", kv_memory_bytes, int),
+        ("kv_memory_bytes", kv_memory_bytes, (int, type(None))),
         ("base", base, (Deployment, type(None))),
     )
     lengths = tuple(expect_sequence("contexts", _listed(contexts), int))
@@ -165,26 +170,35 @@ def requests_sweep(
         try:
             deployment = Deployment.model_validate({**fields, "engine": engine})
             planned = plan(model, deployment)
+            memory = kv_memory_bytes
+            if memory is None:
+                budget = gpu_budget(planned, None)
+                memory = budget.kv_memory_bytes if budget else deployment.kv_memory_bytes
+                assert memory is not None  # gpu_budget gives None only with a KV budget
         except Refusal as refusal:
-            refused = {"refusal": refusal.code, "kv_memory_bytes": kv_memory_bytes}
             cells.extend(
-                RequestsCell(engine=engine, max_model_len=n, **refused)
+                RequestsCell(
+                    engine=engine,
+                    max_model_len=n,
+                    kv_memory_bytes=kv_memory_bytes or 0,
+                    refusal=refusal.code,
+                )
                 for n in cast(tuple[int, ...], lengths)
             )
             continue
         for length in cast(tuple[int, ...], lengths):
             try:
                 if recommended:
-                    best = most_served(planned, length, kv_memory_bytes)
+                    best = most_served(planned, length, memory)
                     held = 0 if best is None else best.requests
                 else:
-                    held = planned.capacity(kv_memory_bytes, length).max_requests
+                    held = planned.capacity(memory, length).max_requests
             except Refusal as refusal:
                 cells.append(
                     RequestsCell(
                         engine=engine,
                         max_model_len=length,
-                        kv_memory_bytes=kv_memory_bytes,
+                        kv_memory_bytes=memory,
                         refusal=refusal.code,
                     )
                 )
@@ -193,7 +207,7 @@ def requests_sweep(
                 RequestsCell(
                     engine=engine,
                     max_model_len=length,
-                    kv_memory_bytes=kv_memory_bytes,
+                    kv_memory_bytes=memory,
                     max_requests=held,
                 )
             )

@@ -19,11 +19,18 @@ from hypothesis import strategies as st
 
 from k3layout import HybridModel, Refusal, load_config, model_from_config
 from k3layout.model.hf_config import _LinearAttnConfig, _TextConfig
+from k3layout.model.hf_weights import _Vision, _Weights
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CONFIGS = ("kimi-k3.config.json", "kimi-linear-48b-a3b.config.json")
 
-TEXT_FIELDS = frozenset(_TextConfig.model_fields)
+# the cache's fields and the weights' (model.hf_weights: dimensions, dtype, the vision tower)
+TEXT_FIELDS = frozenset(_TextConfig.model_fields) | frozenset(_Weights.model_fields) | {
+    "architectures",
+    "dtype",
+    "quantization_config",
+    "vision_config",
+}
 LINEAR_FIELDS = frozenset(_LinearAttnConfig.model_fields)
 CODES = ("invalid_config", "size_limit")  # size_limit: a number past a bound the field sets
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from ..constants import MAX_KV_MEMORY_GIB
 from ..deployment import CONV_LAYOUTS, Deployment
 from ..dtypes import KV_CACHE_DTYPES, KvCacheDtype
 from ..engines.vllm.rules import ATTENTION_BACKENDS, KDA_PREFILL_BACKENDS, KV_CACHE_LAYOUTS
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 EXIT_REFUSED = 2
+GIB = 1 << 30
 
 
 def console() -> Console:
@@ -90,6 +93,12 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
     )
     parser.add_argument("--spec-tokens", type=int, default=0, help="speculative tokens per step")
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    parser.add_argument(
+        "--expert-parallel",
+        action="store_true",
+        help="routed experts split whole over every rank of a stage (vLLM's "
+        "--enable-expert-parallel, SGLang's --ep-size)",
+    )
     parser.add_argument("--dcp", type=int, default=1, help="decode context parallel size")
     parser.add_argument("--dcp-interleave", type=int, default=1)
     parser.add_argument("--block-tokens", type=int, default=None, help="requested block (vllm)")
@@ -153,6 +162,94 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
         help="vLLM's KDA prefill kernel (auto: FlashKDA where the layer allows it; FlashKDA "
         "holds one more state block per request; vllm)",
     )
+
+
+def add_memory_options(parser: argparse.ArgumentParser, *, kv_help: str | None = None) -> None:
+    """The GPU's memory: the engine's memory flag or an explicit KV budget (GiB, as every
+    figure this command prints), the GPU's total where the table's is not the machine's, and
+    the engine's reserve in place of k3layout's estimate."""
+    parser.add_argument(
+        "--kv-memory-gib",
+        type=float,
+        default=None,
+        help=kv_help
+        or "an explicit KV-cache budget per rank, in GiB (vLLM's --kv-cache-memory-bytes); "
+        "default: what the engine's memory flag gives on --gpu",
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="vLLM's and tokenspeed's memory flag (default: the engine's: vLLM 0.92, "
+        "tokenspeed by world size)",
+    )
+    parser.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=None,
+        help="SGLang's memory flag (default: SGLang's for the GPU and parallel sizes)",
+    )
+    parser.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        default=None,
+        help="the GPU's total as its driver reports it, in GiB (default: the table's for --gpu)",
+    )
+    parser.add_argument(
+        "--reserve-gib",
+        type=float,
+        default=None,
+        help="what the engine keeps beside weights and KV (activations, CUDA graphs, context), "
+        "in GiB, in place of k3layout's estimate",
+    )
+
+
+MEMORY_OPTIONS = {
+    "kv_memory_gib": "kv_memory_bytes",
+    "gpu_memory_gib": "gpu_memory_bytes",
+    "reserve_gib": "reserve_bytes",
+}
+"""The memory options in GiB and the deployment fields in bytes they fill."""
+
+
+def gib_bytes(value: float, option: str, *, positive: bool = False) -> int:
+    """``value`` GiB as bytes; NaN, infinity, a negative (or, where ``positive``, zero) or an
+    over-large value is refused naming ``option``."""
+    low = "> 0" if positive else ">= 0"
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise Refusal(
+            "invalid_argument",
+            f"{option}={value}: must be a finite number of GiB {low}",
+            facts={"field": option.lstrip("-").replace("-", "_"), "option": option},
+            hint=f"pass a size in GiB, e.g. {option} 40",
+        )
+    if value > MAX_KV_MEMORY_GIB:
+        raise Refusal(
+            "size_limit",
+            f"{option}={value:g}: above the bound {MAX_KV_MEMORY_GIB:,.0f} GiB",
+            facts={
+                "field": option.lstrip("-").replace("-", "_"),
+                "option": option,
+                "bound": MAX_KV_MEMORY_GIB,
+            },
+            hint=f"use {option} <= {MAX_KV_MEMORY_GIB:,.0f}",
+        )
+    return int(value * GIB)
+
+
+def memory_fields(args: argparse.Namespace) -> dict[str, object]:
+    """The deployment's memory fields from the memory options, where the command has them."""
+    fields: dict[str, object] = {}
+    for option, field in MEMORY_OPTIONS.items():
+        value = getattr(args, option, None)
+        if value is not None:
+            flag = f"--{option.replace('_', '-')}"
+            fields[field] = gib_bytes(value, flag, positive=option != "reserve_gib")
+    for name in ("gpu_memory_utilization", "mem_fraction_static"):
+        value = getattr(args, name, None)
+        if value is not None:
+            fields[name] = value
+    return fields
 
 
 def add_conv_layout_option(parser: argparse.ArgumentParser) -> None:
@@ -260,6 +357,8 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
         "max_running_requests": getattr(args, "max_running_requests", None),
         "max_mamba_cache_size": getattr(args, "max_mamba_cache_size", None),
         "max_total_tokens": getattr(args, "max_total_tokens", None),
+        "expert_parallel": getattr(args, "expert_parallel", False),
+        **memory_fields(args),
     }
     return validated(Deployment, {**fields, **override})
 
@@ -269,7 +368,8 @@ def validated(kind: type[Deployment], fields: dict[str, object]) -> Deployment:
     try:
         return kind.model_validate(fields)
     except Refusal as refusal:
-        raise option_refusal(refusal) from None
+        options = {field: f"--{opt.replace('_', '-')}" for opt, field in MEMORY_OPTIONS.items()}
+        raise option_refusal(refusal, options) from None
 
 
 def option_refusal(refusal: Refusal, options: Mapping[str, str] | None = None) -> Refusal:

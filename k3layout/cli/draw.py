@@ -25,6 +25,7 @@ from ..sweep import RequestsCell, SweepCell, default_attn_tps, requests_sweep, s
 from ..transfer import TransferPlan
 from .common import (
     add_deployment_options,
+    add_memory_options,
     add_model_options,
     deployment_from_args,
     model_from_args,
@@ -32,7 +33,6 @@ from .common import (
     parse_ints,
     run_refusing,
 )
-from .plan import budget_bytes
 from .transfer import add_transfer_options, transfer_from_args
 
 if TYPE_CHECKING:
@@ -84,7 +84,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_model_options(sub)
     add_deployment_options(sub, engine=False)
-    sub.add_argument("--kv-memory-gib", type=float, required=True, help="KV memory per rank")
+    add_memory_options(
+        sub,
+        kv_help="KV memory per rank in GiB (default: each engine's on --gpu, from its memory "
+        "flag or default, checked against the GPU with the weights)",
+    )
     sub.add_argument(
         "--contexts",
         default="4096,16384,65536,131072,262144,524288,1048576",
@@ -118,8 +122,7 @@ def planned(args: argparse.Namespace) -> tuple[Planned, str]:
     model = model_from_args(args)
     if args.picture == "requests":
         contexts = parse_ints(args.contexts, "--contexts")
-        memory = budget_bytes(args.kv_memory_gib)
-        return requests_sweep(model, memory, contexts, deployment_from_args(args)), ""
+        return requests_sweep(model, None, contexts, deployment_from_args(args)), ""
     if args.picture == "sweep":
         tps = default_attn_tps(model) if args.tps is None else parse_ints(args.tps, "--tps")
         cells = sweep(model, tps, parse_dtypes(args.dtypes), None, deployment_from_args(args))

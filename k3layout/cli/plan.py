@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import math
 from typing import TYPE_CHECKING
 
-from ..constants import MAX_KV_MEMORY_GIB
 from ..engines.vllm.rules import MAMBA_CACHE_MODES
 from ..errors import Refusal
 from ..layouts import EngineLayout, plan
 from ..layouts.answer import RequestCapacity
+from ..layouts.recommend import gpu_budget
 from ..layouts.report import report
+from ..memory import MemoryBudget, gib
 from .common import (
     add_deployment_options,
+    add_memory_options,
     add_model_options,
     console,
     deployment_from_args,
     format_layers,
+    gib_bytes,
     model_from_args,
     new_table,
     run_refusing,
@@ -36,12 +38,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser("plan", help="plan one deployment and print the layout")
     add_model_options(parser)
     add_deployment_options(parser)
-    parser.add_argument(
-        "--kv-memory-gib",
-        type=float,
-        default=None,
-        help="KV memory per rank: print how many requests of --max-model-len tokens it holds "
-        "at once, with the engine's own capacity figures",
+    add_memory_options(
+        parser,
+        kv_help="KV memory per rank in GiB: print how many requests of --max-model-len tokens "
+        "it holds at once, checked against the GPU with the weights (default: what the "
+        "engine's memory flag gives on --gpu, when a capacity is asked)",
     )
     parser.add_argument(
         "--requests",
@@ -80,19 +81,31 @@ def run(args: argparse.Namespace) -> int:
 
     def action() -> int:
         result = plan(model_from_args(args), deployment_from_args(args))
-        capacity = capacity_of(result, args)
+        capacity, budget = capacity_of(result, args)
         if args.json:
-            print(report(result, capacity).model_dump_json(indent=2))
+            print(report(result, capacity, budget).model_dump_json(indent=2))
             return 0
-        show(result, capacity, args.requests)
+        show(result, capacity, args.requests, budget)
         return 0
 
     return run_refusing(action, args.json)
 
 
-def capacity_of(result: EngineLayout, args: argparse.Namespace) -> RequestCapacity | None:
-    """The engine's capacity the options ask: of ``--kv-memory-gib``, or at the least memory
-    that holds ``--requests`` requests, at ``--max-model-len`` (default: the model's)."""
+def _sets_memory(result: EngineLayout) -> bool:
+    d = result.deployment
+    return any(
+        value is not None
+        for value in (d.kv_memory_bytes, d.gpu_memory_utilization, d.mem_fraction_static)
+    )
+
+
+def capacity_of(
+    result: EngineLayout, args: argparse.Namespace
+) -> tuple[RequestCapacity | None, MemoryBudget | None]:
+    """The engine's capacity the options ask, and the GPU's budget it stands on: at the least
+    memory that holds ``--requests`` requests, or at the KV budget the memory options give
+    (``--kv-memory-gib``, the engine's memory flag, else its default on ``--gpu``), at
+    ``--max-model-len`` (default: the model's); none where no capacity is asked."""
     if args.max_live is not None and result.engine != "tokenspeed":
         raise Refusal(
             "engine_setting",
@@ -108,55 +121,33 @@ def capacity_of(result: EngineLayout, args: argparse.Namespace) -> RequestCapaci
             facts={"field": "max_live", "option": "--max-live"},
             hint="pass --max-live 1 or more",
         )
-    if args.kv_memory_gib is not None and args.requests is not None:
+    if _sets_memory(result) and args.requests is not None:
         raise Refusal(
             "invalid_argument",
-            "--kv-memory-gib asks what a memory holds, --requests the memory that holds them: "
+            "a memory option asks what a memory holds, --requests the memory that holds them: "
             "give one",
             facts={"field": "requests", "option": "--requests"},
-            hint="drop --kv-memory-gib or --requests",
+            hint="drop the memory option (--kv-memory-gib, --gpu-memory-utilization, "
+            "--mem-fraction-static) or --requests",
         )
     extra = {} if args.max_live is None else {"max_live": args.max_live}
     if args.requests is not None:
-        memory = result.memory_for(args.requests, args.max_model_len)
-        answer: RequestCapacity = result.capacity(memory, args.max_model_len, **extra)
-        return answer
-    if args.kv_memory_gib is None:
-        if args.max_model_len is not None or args.max_live is not None:
-            raise Refusal(
-                "invalid_argument",
-                "--max-model-len and --max-live shape a capacity: they need --kv-memory-gib G "
-                "or --requests N",
-                facts={"field": "max_model_len", "option": "--max-model-len"},
-                hint="add --kv-memory-gib G (what it holds) or --requests N (the memory needed)",
-            )
-        return None
-    answer = result.capacity(budget_bytes(args.kv_memory_gib), args.max_model_len, **extra)
-    return answer
+        needed = result.memory_for(args.requests, args.max_model_len)
+        budget = gpu_budget(result, needed)
+        answer: RequestCapacity = result.capacity(needed, args.max_model_len, **extra)
+        return answer, budget
+    asked = args.max_model_len is not None or args.max_live is not None
+    if not (asked or _sets_memory(result)):
+        return None, None
+    budget = gpu_budget(result, None)
+    memory = budget.kv_memory_bytes if budget is not None else result.deployment.kv_memory_bytes
+    answer = result.capacity(memory, args.max_model_len, **extra)
+    return answer, budget
 
 
 def budget_bytes(gib: float) -> int:
-    """``--kv-memory-gib`` in bytes; NaN, infinity, a negative or an over-large value is
-    refused naming the option."""
-    if not math.isfinite(gib) or gib < 0:
-        raise Refusal(
-            "invalid_argument",
-            f"--kv-memory-gib={gib}: must be a finite number of GiB >= 0",
-            facts={"field": "kv_memory_gib", "option": "--kv-memory-gib"},
-            hint="pass the KV memory per rank in GiB, e.g. --kv-memory-gib 40",
-        )
-    if gib > MAX_KV_MEMORY_GIB:
-        raise Refusal(
-            "size_limit",
-            f"--kv-memory-gib={gib:g}: above the bound {MAX_KV_MEMORY_GIB:,.0f} GiB",
-            facts={
-                "field": "kv_memory_gib",
-                "option": "--kv-memory-gib",
-                "bound": MAX_KV_MEMORY_GIB,
-            },
-            hint=f"use --kv-memory-gib <= {MAX_KV_MEMORY_GIB:,.0f}",
-        )
-    return int(gib * GIB)
+    """``--kv-memory-gib`` in bytes (refused as :func:`~.common.gib_bytes` refuses)."""
+    return gib_bytes(gib, "--kv-memory-gib")
 
 
 def _size_rows(result: EngineLayout) -> list[tuple[str, str]]:
@@ -212,9 +203,14 @@ def _stages_table(result: EngineLayout) -> Table:
     return table
 
 
-def show(result: EngineLayout, capacity: RequestCapacity | None, requests: int | None) -> None:
+def show(
+    result: EngineLayout,
+    capacity: RequestCapacity | None,
+    requests: int | None,
+    budget: MemoryBudget | None = None,
+) -> None:
     """Print a plan as tables: sizes and layout, groups, stages (with PP), and the capacity
-    the options asked."""
+    the options asked with the GPU's budget behind it."""
     out = console()
     d = result.deployment
     out.print(
@@ -232,7 +228,10 @@ def show(result: EngineLayout, capacity: RequestCapacity | None, requests: int |
             if requests is not None
             else "KV memory per rank"
         )
-        rows += [(memory, f"{capacity.kv_memory_bytes:,} B"), *capacity.rows()]
+        rows += [(memory, gib(capacity.kv_memory_bytes)), *capacity.rows()]
+    if budget is not None:
+        title = "GPU memory per rank" + (" (the least flag that holds them)" if requests else "")
+        rows += [(f"{title}: {label}", value) for label, value in budget.rows()]
     out.print(summary_table(rows))
     out.print(_groups_table(result))
     if len(result.stages) > 1:

@@ -8,6 +8,7 @@ import argparse
 from ..layouts import plan
 from .common import (
     add_deployment_options,
+    add_memory_options,
     add_model_options,
     console,
     deployment_from_args,
@@ -15,7 +16,6 @@ from .common import (
     run_refusing,
     summary_table,
 )
-from .plan import budget_bytes
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,11 +34,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="tokens of one request (default: the model's context)",
     )
-    parser.add_argument(
-        "--kv-memory-gib",
-        type=float,
-        default=None,
-        help="KV memory per rank the flags may use (default: the least that holds the workload)",
+    add_memory_options(
+        parser,
+        kv_help="KV memory per rank the flags may use, in GiB (default: the least the engine's "
+        "memory flag holds the workload in, within what its default flag leaves)",
     )
     parser.add_argument("--json", action="store_true", help="print the recommendation as JSON")
     parser.set_defaults(run=run)
@@ -50,14 +49,13 @@ def run(args: argparse.Namespace) -> int:
 
     def action() -> int:
         result = plan(model_from_args(args), deployment_from_args(args))
-        memory = None if args.kv_memory_gib is None else budget_bytes(args.kv_memory_gib)
-        answer = result.recommend(args.requests, args.max_model_len, memory)
+        answer = result.recommend(args.requests, args.max_model_len)
         if args.json:
             print(answer.model_dump_json(indent=2))
             return 0
         out = console()
         out.print(f"{result.model.name} | engine {result.engine} | {result.deployment.gpu}")
-        print(answer.command_line)
+        print(answer.launch_line)
         out.print(summary_table(answer.rows()))
         return 0
 

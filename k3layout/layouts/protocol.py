@@ -18,10 +18,12 @@ from .._validation import describe
 from ..cache import LayerCacheSpec, PartRange
 from ..deployment import Deployment, EngineFlavour
 from ..errors import Refusal
+from ..memory import MemoryBudget
 from ..model import HybridModel
 from ..sizes import RankSizes, rank_sizes
 from .answer import least_memory
 from .groups import Group, GroupedLayout, GroupKind, PlaneMember, Stage, stage_at
+from .memory import memory_budget
 
 
 class ByteRange(PartRange):
@@ -145,6 +147,26 @@ class LayoutBase(GroupedLayout):
         backing, the parent's arena); an engine with a tensor per pool says ``False`` and
         counts each part's offsets inside its own tensor."""
         return True
+
+    def memory(self) -> MemoryBudget:
+        """What one rank spends of its GPU (weights, the engine's reserve, KV) and the KV
+        budget the deployment's memory flag gives, by the engine's own rule
+        (:func:`k3layout.memory_budget`)."""
+        return memory_budget(self.model, self.deployment)
+
+    def kv_budget(self, kv_memory_bytes: int | None) -> int:
+        """``kv_memory_bytes``, or where ``None`` the KV budget the GPU gives
+        (:meth:`memory`)."""
+        return self.memory().kv_memory_bytes if kv_memory_bytes is None else kv_memory_bytes
+
+    def launch_flags(self) -> tuple[tuple[str, str], ...]:
+        """The engine's flags that start this deployment, before the memory flag and the
+        workload's limits (an empty value: a switch)."""
+        raise NotImplementedError
+
+    def launch_env(self) -> tuple[tuple[str, str], ...]:
+        """Environment variables the engine reads this deployment's settings from."""
+        return ()
 
     def memory_for(self, requests: int, max_model_len: int | None = None) -> int:
         """The least KV memory per rank, in bytes, in which the engine holds ``requests``
@@ -309,7 +331,12 @@ class EngineLayout(Protocol):
     def summary(self) -> list[tuple[str, str]]: ...
     def block_caption(self, num_planes: int) -> str: ...
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]: ...
-    def capacity(self, kv_memory_bytes: int, max_model_len: int | None = None) -> Any: ...
+    def capacity(
+        self, kv_memory_bytes: int | None = None, max_model_len: int | None = None
+    ) -> Any: ...
+    def memory(self) -> MemoryBudget: ...
+    def launch_flags(self) -> tuple[tuple[str, str], ...]: ...
+    def launch_env(self) -> tuple[tuple[str, str], ...]: ...
     def memory_for(self, requests: int, max_model_len: int | None = None) -> int: ...
     def recommend(
         self, requests: int, max_model_len: int | None = None, kv_memory_bytes: int | None = None

@@ -20,10 +20,19 @@ from .._frozen import Frozen
 from .._search import last_holding, unless_too_small
 from ..deployment import Deployment
 from ..errors import Refusal
+from ..memory import MemoryBudget, gib, gpu_total
 from ..model import HybridModel
+from ..registry import facts_of
 from .answer import RequestCapacity, check_budget, check_requests
+from .memory import least_budget, memory_budget
 from .pipeline import plan
 from .protocol import EngineLayout
+
+MODEL_PATH = "MODEL"
+"""Where the launch line names the checkpoint (its directory or hub id)."""
+
+DRAFT_PATH = "DRAFT"
+"""Where the launch line names a DSpark draft checkpoint."""
 
 
 class Recommendation(Frozen):
@@ -33,8 +42,8 @@ class Recommendation(Frozen):
     requests: PositiveInt = Field(description="requests of max_model_len tokens held at once")
     max_model_len: PositiveInt = Field(description="tokens of one request")
     kv_memory_bytes: NonNegativeInt = Field(
-        description="the KV memory per rank the flags use: the given budget, else the least "
-        "that holds the workload"
+        description="the KV memory per rank the flags give: the given budget, the memory "
+        "flag's, else the least that holds the workload"
     )
     needed_bytes: NonNegativeInt = Field(
         description="the least KV memory per rank that holds the workload with these flags"
@@ -43,7 +52,17 @@ class Recommendation(Frozen):
         description="kv_memory_bytes - needed_bytes: memory the workload leaves unused"
     )
     flags: tuple[tuple[str, str], ...] = Field(
-        description="the engine's own flags, as its command line spells them, with values"
+        description="the engine's own flags, as its command line spells them, with values "
+        "(an empty value: a switch)"
+    )
+    env: tuple[tuple[str, str], ...] = Field(
+        (), description="environment variables the engine reads the deployment's settings from"
+    )
+    launch: str = Field("", description="the command that starts the engine (before the model)")
+    memory: MemoryBudget | None = Field(
+        None,
+        description="the GPU's budget the flags give: weights, the engine's reserve and KV "
+        "(None: the engine's weights are not modelled; the KV budget was given)",
     )
     capacity: SerializeAsAny[RequestCapacity] = Field(
         description="the capacity the flags give in kv_memory_bytes (the engine's own figures "
@@ -53,18 +72,32 @@ class Recommendation(Frozen):
     @property
     def command_line(self) -> str:
         """The flags as a ready command-line fragment (``--max-num-seqs 64 ...``)."""
-        return " ".join(f"{flag} {shlex.quote(value)}" for flag, value in self.flags)
+        return " ".join(
+            flag if value == "" else f"{flag} {shlex.quote(value)}" for flag, value in self.flags
+        )
+
+    @property
+    def launch_line(self) -> str:
+        """The whole command: environment, the engine's launcher, the checkpoint
+        (:data:`MODEL_PATH`; a draft: :data:`DRAFT_PATH`) and the flags."""
+        env = " ".join(f"{name}={shlex.quote(value)}" for name, value in self.env)
+        return " ".join(part for part in (env, self.launch, self.command_line) if part)
 
     def rows(self) -> list[tuple[str, str]]:
         """The recommendation as (label, value) rows, each saying what it counts."""
-        return [
+        rows = [
             ("workload", f"{self.requests:,} requests x {self.max_model_len:,} tokens"),
-            ("flags", self.command_line),
-            ("KV memory per rank", f"{self.kv_memory_bytes:,} B"),
-            ("least KV memory for the workload", f"{self.needed_bytes:,} B"),
-            ("KV memory left unused", f"{self.unused_bytes:,} B"),
-            *self.capacity.rows(),
+            ("KV memory per rank", gib(self.kv_memory_bytes)),
+            ("least KV memory for the workload", gib(self.needed_bytes)),
+            ("KV memory left unused", gib(self.unused_bytes)),
         ]
+        if self.memory is not None:
+            rows += [
+                (label, value)
+                for label, value in self.memory.rows()
+                if label != "KV memory per rank"
+            ]
+        return [*rows, *self.capacity.rows()]
 
 
 def check_workload(requests: int, kv_memory_bytes: int | None) -> None:
@@ -125,17 +158,24 @@ def advise(
     capacity: Callable[[int], RequestCapacity],
 ) -> Recommendation:
     """An engine's recommendation for ``workload`` (requests, context, budget or ``None``):
-    the memory (:func:`budget_for`, the engine's capacity naming the most a short budget
-    holds), ``flags`` and ``capacity`` of that memory, and what the workload leaves unused."""
+    the GPU's budget (:func:`gpu_budget`: the given KV budget, the deployment's memory flag,
+    else the least flag that holds the workload, each checked against the GPU), the memory it
+    gives (:func:`budget_for`, refusing one under ``needed``), the engine's launch flags, its
+    memory flag and ``flags`` of that memory, ``capacity`` of it, and what is left unused."""
     requests, length, kv_memory_bytes = workload
+    budget = gpu_budget(result, needed, kv_memory_bytes)
+    given = budget.kv_memory_bytes if budget is not None else kv_memory_bytes
+    if given is None:  # the engine's weights are not modelled: the deployment's KV budget
+        given = result.deployment.kv_memory_bytes
     memory = budget_for(
         result.engine,
         requests,
         length,
         needed=needed,
-        kv_memory_bytes=kv_memory_bytes,
-        most=most_held(result.capacity, kv_memory_bytes, length),
+        kv_memory_bytes=given,
+        most=most_held(result.capacity, given, length),
     )
+    memory_flag = () if budget is None else (budget.memory_flag,)
     return Recommendation(
         engine=result.engine,
         requests=requests,
@@ -143,8 +183,55 @@ def advise(
         kv_memory_bytes=memory,
         needed_bytes=needed,
         unused_bytes=memory - needed,
-        flags=flags(memory),
+        flags=(*result.launch_flags(), *memory_flag, *flags(memory)),
+        env=result.launch_env(),
+        launch=f"{facts_of(result.engine).launch} {MODEL_PATH}".strip(),
+        memory=budget,
         capacity=capacity(memory),
+    )
+
+
+def gpu_budget(
+    result: EngineLayout, needed: int | None, kv_memory_bytes: int | None = None
+) -> MemoryBudget | None:
+    """The GPU's budget an answer stands on: ``kv_memory_bytes`` where given (refused over the
+    GPU with the weights), the deployment's own memory flag or KV budget where it sets one,
+    the least memory flag that holds ``needed`` bytes of KV where that is asked (refused where
+    the engine's default flag leaves less), else the engine's default flag. ``None`` where the
+    engine's weights are not modelled and the KV budget is given: then the GPU's whole memory
+    bounds it."""
+    deployment = result.deployment
+    if kv_memory_bytes is not None:
+        fields = {
+            **dict(deployment),
+            "kv_memory_bytes": kv_memory_bytes,
+            "gpu_memory_utilization": None,
+            "mem_fraction_static": None,
+        }
+        deployment = Deployment.model_validate(fields)
+    try:
+        if needed is None or _sets_memory(deployment):
+            return memory_budget(result.model, deployment)
+        return least_budget(result.model, deployment, needed)
+    except Refusal as refusal:
+        if refusal.code != "weights_unknown" or deployment.kv_memory_bytes is None:
+            raise
+    total = gpu_total(deployment)
+    if deployment.kv_memory_bytes > total:
+        raise Refusal(
+            "memory_exceeded",
+            f"kv_memory_bytes={deployment.kv_memory_bytes:,} is over the {deployment.gpu}'s "
+            f"{gib(total)}",
+            facts={"kv_memory_bytes": deployment.kv_memory_bytes, "gpu_memory_bytes": total},
+            hint="give a KV budget the GPU holds beside the weights",
+        )
+    return None
+
+
+def _sets_memory(deployment: Deployment) -> bool:
+    return any(
+        getattr(deployment, name) is not None
+        for name in ("kv_memory_bytes", "gpu_memory_utilization", "mem_fraction_static")
     )
 
 

@@ -15,6 +15,7 @@ from pydantic import BeforeValidator, SerializeAsAny, TypeAdapter
 from .._frozen import Frozen
 from ..cache import LayerCacheSpec
 from ..deployment import Deployment
+from ..memory import MemoryBudget
 from ..sizes import RankSizes
 from .groups import Group, Stage
 from .protocol import EngineLayout
@@ -96,6 +97,9 @@ class PlanReport(Frozen):
     groups: tuple[Group, ...]
     planes: int
     bytes_per_token: float
+    memory: MemoryBudget | None = None
+    """The GPU's budget the capacity stands on (weights, the engine's reserve, KV), where a
+    capacity was asked and the engine's weights are modelled."""
 
 
 def _engine_report(value: Any) -> Any:
@@ -120,12 +124,17 @@ def _stage_fields(stage: Stage) -> dict[str, object]:
     }
 
 
-def report(plan: EngineLayout, capacity: Frozen | None = None) -> PlanReport:
+def report(
+    plan: EngineLayout, capacity: Frozen | None = None, memory: MemoryBudget | None = None
+) -> PlanReport:
     """Every number of ``plan`` under its documented JSON name, in its engine's report type
-    (and the engine's ``capacity`` of a budget, when given)."""
+    (and the engine's ``capacity`` of a budget, with the GPU's ``memory`` budget behind it,
+    when given)."""
     fields, stage_key = plan.report_fields()
     if capacity is not None:
         fields = {**fields, "capacity": capacity}
+    if memory is not None:
+        fields = {**fields, "memory": memory}
     made: PlanReport = plan.report_type.model_validate(
         {
             "engine": plan.engine,

@@ -12,15 +12,18 @@ from typing import Any, cast
 
 from ..deployment import Deployment
 from ..errors import Refusal
+from ..memory import BudgetRule
 from ..model import HybridModel
 from ..registry import EngineFacts, lookup, register
 from ..sizes import RankSizes
+from ..weights import RankWeights
 from .groups import Group, Stage
 from .protocol import LayoutBase
 
 __all__ = [
     "SGLANG_SETTINGS",
     "TOKENSPEED_SETTINGS",
+    "UTILIZATION_SETTINGS",
     "VLLM_SETTINGS",
     "EngineRules",
     "refuse_settings",
@@ -51,7 +54,10 @@ class EngineRules:
       ``plan_type``);
     - ``built_model``: the model it builds (``check``'s answer, without refusals);
     - ``violations``: the engine's own plan invariants (:mod:`.invariants` adds the common);
-    - ``pipeline_ok``: whether it plans ``model`` on ``pp`` stages of its own split.
+    - ``pipeline_ok``: whether it plans ``model`` on ``pp`` stages of its own split;
+    - ``weights``: the weights one rank of a pipeline stage holds, laid out as the engine's
+      model classes lay them (``None``: the engine's weights are not modelled);
+    - ``budget``: how it turns the GPU into a KV budget (``None``: not modelled).
     """
 
     facts: EngineFacts
@@ -62,18 +68,25 @@ class EngineRules:
     built_model: Callable[[HybridModel, Deployment], HybridModel] = _builds_all
     violations: Callable[[Any], list[str]] = _no_violations
     pipeline_ok: Callable[[HybridModel, int], bool] = _any_pipeline
+    weights: Callable[[HybridModel, Deployment, int], RankWeights] | None = None
+    budget: BudgetRule | None = None
 
 
 TOKENSPEED_SETTINGS: tuple[tuple[str, object], ...] = (("max_padding", None),)
 """tokenspeed's settings (its recipe's padding limit) that the other engines do not take."""
 
 SGLANG_SETTINGS: tuple[tuple[str, object], ...] = (
+    ("mem_fraction_static", None),
     ("mamba_full_memory_ratio", None),
     ("max_running_requests", None),
     ("max_mamba_cache_size", None),
     ("max_total_tokens", None),
 )
 """Deployment fields only SGLang takes, at their unset values."""
+
+UTILIZATION_SETTINGS: tuple[tuple[str, object], ...] = (("gpu_memory_utilization", None),)
+"""vLLM's and tokenspeed's memory flag, which SGLang does not take (its own is
+``mem_fraction_static``)."""
 
 VLLM_SETTINGS: tuple[tuple[str, object], ...] = (
     ("attention_backend", None),

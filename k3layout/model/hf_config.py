@@ -62,6 +62,8 @@ from ..constants import (
 from ..dtypes import HF_TORCH_DTYPES
 from ..errors import Refusal
 from ..limits import check_bound
+from .architecture import Architecture
+from .hf_weights import architecture_of, dspark_draft_of
 from .layers import KDALayer, Layer, MLALayer
 from .presets import is_kimi_mla_layer
 from .spec import HybridModel
@@ -298,7 +300,18 @@ def model_from_config(
                 hint="leave num_draft_layers unset when a draft config is given",
             )
         fields = {field: getattr(model, field) for field in HybridModel.model_fields}
-        return HybridModel(**{**fields, "draft_layers": layers, "drafter": "dspark"})
+        architecture = model.architecture
+        if architecture is not None:
+            dspark = dspark_draft_of(draft, f"{source} draft")
+            architecture = Architecture.model_validate({**dict(architecture), "draft": dspark})
+        return HybridModel(
+            **{
+                **fields,
+                "draft_layers": layers,
+                "drafter": "dspark",
+                "architecture": architecture,
+            }
+        )
     except RecursionError:
         raise Refusal(
             "invalid_config",
@@ -404,6 +417,8 @@ def _model_from_config(
                 "a hybrid model needs at least one MLA layer",
                 facts={"source": source, "field": f"{prefix}linear_attn_config.kda_layers"},
             )
+    backbone = config["text_config"] if nested else config
+    assert isinstance(backbone, Mapping)  # validated above
     return HybridModel(
         name=name or model_type or "model",
         model_type=model_type or "unknown",
@@ -411,6 +426,7 @@ def _model_from_config(
         draft_layers=(mla,) * drafts,
         drafter=None if not drafts else "dspark" if num_draft_layers is not None else "mtp",
         context_tokens=text.max_position_embeddings,
+        architecture=architecture_of(config, backbone, model_type or "unknown", source, prefix),
     )
 
 

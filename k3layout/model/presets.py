@@ -14,6 +14,7 @@ from .._validation import describe
 from ..constants import MAX_MODULE_LAYERS
 from ..errors import Refusal
 from ..limits import check_bound
+from .architecture import Architecture, DSparkDraft, VisionTower
 from .layers import KDALayer, Layer, MLALayer
 from .spec import HybridModel
 
@@ -49,6 +50,42 @@ K3_CONTEXT_TOKENS: Final = 1 << 20
 """Kimi-K3's ``max_position_embeddings`` (1,048,576), as its config.json says."""
 
 
+K3_ARCHITECTURE: Final = Architecture(
+    architecture="KimiK3ForConditionalGeneration",
+    hidden_size=7168,
+    vocab_size=163840,
+    num_experts=896,
+    num_experts_per_token=16,
+    num_shared_experts=2,
+    moe_intermediate_size=3072,
+    first_k_dense_replace=1,
+    mla_output_gate=True,
+    vision=VisionTower(),  # no vision_config in the fixture: KimiK3VisionConfig's defaults
+    defaulted=(
+        "intermediate_size",
+        "moe_layer_freq",
+        "routed_expert_hidden_size",
+        "latent_moe_use_norm",
+        "attn_res_block_size",
+        "min_moe_intermediate_per_partition",
+        "tie_word_embeddings",
+    ),
+)
+"""Kimi-K3's weights: hidden 7168, 896 routed experts of 3072 and 2 shared, a dense layer 0
+(intermediate_size absent: KimiLinearConfig's 11,008), bf16, with the default vision tower."""
+
+DSPARK_DRAFT: Final = DSparkDraft(
+    hidden_size=7168,
+    intermediate_size=18432,
+    vocab_size=163840,
+    target_hidden_size=7168,
+    num_target_layers=4,
+    markov_rank=64,
+    max_position_embeddings=K3_CONTEXT_TOKENS,
+)
+"""K3's DSpark draft: dense MLA layers of hidden 7168 and MLP 18,432 reading 4 target layers."""
+
+
 def kimi_k3() -> HybridModel:
     """Kimi-K3: 93 layers, 24 MLA (96 heads, NoPE, q_lora 1536) and 69 KDA (96 x 128)."""
     mla = MLALayer(num_heads=96, q_lora_rank=1536)
@@ -60,6 +97,7 @@ def kimi_k3() -> HybridModel:
         model_type="kimi_k3",
         layers=kimi_layer_pattern(93, mla, kda),
         context_tokens=K3_CONTEXT_TOKENS,
+        architecture=K3_ARCHITECTURE,
     )
 
 
@@ -75,6 +113,7 @@ def kimi_k3_dspark() -> HybridModel:
         draft_layers=(draft,) * DSPARK_DRAFT_LAYERS,
         drafter="dspark",
         context_tokens=target.context_tokens,
+        architecture=Architecture.model_validate({**dict(K3_ARCHITECTURE), "draft": DSPARK_DRAFT}),
     )
 
 
@@ -83,7 +122,29 @@ def kimi_linear_48b() -> HybridModel:
     mla = MLALayer(num_heads=32, q_lora_rank=None)
     kda = KDALayer(num_heads=32, head_dim=128, conv_kernel=4)
     return HybridModel(
-        name="kimi-linear-48b", model_type="kimi_linear", layers=kimi_layer_pattern(27, mla, kda)
+        name="kimi-linear-48b",
+        model_type="kimi_linear",
+        layers=kimi_layer_pattern(27, mla, kda),
+        architecture=Architecture(
+            architecture="KimiLinearForCausalLM",
+            hidden_size=2304,
+            vocab_size=163840,
+            intermediate_size=9216,
+            num_experts=256,
+            num_experts_per_token=8,
+            num_shared_experts=1,
+            moe_intermediate_size=1024,
+            first_k_dense_replace=1,
+            defaulted=(
+                "routed_expert_hidden_size",
+                "latent_moe_use_norm",
+                "attn_res_block_size",
+                "min_moe_intermediate_per_partition",
+                "mla_output_gate",
+                "num_nextn_predict_layers",
+                "tie_word_embeddings",
+            ),
+        ),
     )
 
 

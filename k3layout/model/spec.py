@@ -11,6 +11,7 @@ from .._frozen import Frozen
 from ..constants import MAX_MODULE_LAYERS, MAX_PROMPT_TOKENS
 from ..errors import Refusal
 from ..limits import check_bound
+from .architecture import Architecture
 from .layers import AnyLayer, KDALayer, Layer, MLALayer
 
 
@@ -61,6 +62,11 @@ class HybridModel(Frozen):
     )
     """The checkpoint's longest context (``max_position_embeddings``), where it says; an
     engine's default context length (SGLang's ``context_len``)."""
+    architecture: Architecture | None = Field(
+        None,
+        description="what the checkpoint's weights are (dimensions, dtype, quantization, vision "
+        "tower); None: a model built by hand, whose weights are not known",
+    )
 
     @model_validator(mode="after")
     def _needs_attention(self) -> HybridModel:
@@ -106,6 +112,7 @@ class HybridModel(Frozen):
             model_type=self.model_type,
             layers=self.layers,
             context_tokens=self.context_tokens,
+            architecture=self.architecture,
         )
 
     @property

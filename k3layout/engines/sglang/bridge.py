@@ -23,6 +23,8 @@ from ...deployment import Deployment
 from ...errors import Fact, Refusal
 from ...gpus import DEFAULT_GPU
 from ...model import GQALayer, HybridModel, config_of, model_from_config
+from ...model.architecture import Architecture
+from ...model.hf_weights import dspark_draft_of
 from .engine import plan_sglang
 from .layout import SglangPlan
 from .pools import PoolTensor, pool_tensors
@@ -64,6 +66,13 @@ def model_from_sglang(
     draft = _draft_layers(
         config_of(_get(draft_model_config, "hf_config"), "hf_config", "draft_model_config")
     )
+    draft_config = config_of(
+        _get(draft_model_config, "hf_config"), "hf_config", "draft_model_config"
+    )
+    architecture = target.architecture
+    if architecture is not None:  # the draft's own dimensions, for its weights
+        dims = dspark_draft_of(draft_config, "draft_model_config.hf_config")
+        architecture = Architecture.model_validate({**dict(architecture), "draft": dims})
     return HybridModel(
         name=target.name,
         model_type=target.model_type,
@@ -71,6 +80,7 @@ def model_from_sglang(
         draft_layers=draft,
         drafter="dspark",
         context_tokens=target.context_tokens,
+        architecture=architecture,
     )
 
 

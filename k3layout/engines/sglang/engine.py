@@ -7,9 +7,12 @@ from ...layouts.pipeline import plan_with
 from ...layouts.seams import EngineRules, register_engine
 from ...model import HybridModel
 from ...registry import EngineFacts
+from .budget import SGLANG_BUDGET
 from .invariants import sglang_violations
+from .launch import LAUNCH
 from .layout import SglangPlan, built_model, check_sglang, group_sglang, pack_sglang
 from .rules import KV_DTYPE_NAMES, PD_REFUSAL_NOTE
+from .weights import sglang_weights
 
 SGLANG = register_engine(
     EngineRules(
@@ -19,6 +22,7 @@ SGLANG = register_engine(
             decode_context_parallel=True,
             kv_dtypes=tuple(KV_DTYPE_NAMES),
             package=__package__ or "",
+            launch=LAUNCH,
             listing_order=2,
             gathers_state=True,  # SGLang pairs prefill TP 8 with decode TP 2
             decode_pp_matches_prefill=True,
@@ -31,6 +35,8 @@ SGLANG = register_engine(
         pack=pack_sglang,
         built_model=built_model,
         violations=sglang_violations,
+        weights=sglang_weights,
+        budget=SGLANG_BUDGET,
     )
 )
 

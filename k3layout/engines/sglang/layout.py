@@ -32,10 +32,16 @@ from ...layouts.groups import Group, Stage
 from ...layouts.pipeline import plan
 from ...layouts.protocol import ByteRange, LayoutBase, check_block, check_non_negative
 from ...layouts.recommend import Recommendation, advise, check_workload
-from ...layouts.seams import TOKENSPEED_SETTINGS, VLLM_SETTINGS, refuse_settings
+from ...layouts.seams import (
+    TOKENSPEED_SETTINGS,
+    UTILIZATION_SETTINGS,
+    VLLM_SETTINGS,
+    refuse_settings,
+)
 from ...model import HybridModel
 from ...sizes import RankSizes
 from .capacity import SglangCapacity, sglang_capacity
+from .launch import sglang_flags
 from .report import SglangReport
 from .rules import SGLANG_VERSION, attention_backends, state_slots_per_request
 
@@ -105,14 +111,23 @@ class SglangPlan(SelfChecked, LayoutBase):
         :meth:`cell_bytes`)."""
         return sum(self.cell_bytes(stage.index) for stage in self.stages)
 
-    def capacity(self, kv_memory_bytes: int, max_model_len: int | None = None) -> SglangCapacity:
-        """What ``kv_memory_bytes`` per rank (the memory SGLang's configurator divides) serves at
+    def capacity(
+        self, kv_memory_bytes: int | None = None, max_model_len: int | None = None
+    ) -> SglangCapacity:
+        """What ``kv_memory_bytes`` per rank (the memory SGLang's configurator divides;
+        ``None``: what the GPU gives, :meth:`memory`) serves at
         a context of ``max_model_len`` tokens (SGLang's ``--context-length``; ``None``: the
         model's ``context_tokens``, as SGLang defaults): ``max_total_num_tokens``,
         ``max_mamba_cache_size`` and ``max_running_requests``, as SGLang computes them
         (:mod:`k3layout.engines.sglang.capacity`)."""
         # SGLang defaults --context-length to the model's and refuses a longer one
-        return sglang_capacity(self, kv_memory_bytes, check_context(self, max_model_len))
+        context = check_context(self, max_model_len)
+        return sglang_capacity(self, self.kv_budget(kv_memory_bytes), context)
+
+    def launch_flags(self) -> tuple[tuple[str, str], ...]:
+        """``python -m sglang.launch_server``'s flags for this deployment
+        (:func:`.launch.sglang_flags`)."""
+        return sglang_flags(self.deployment, self.model)
 
     def tensor_of(self, layer: int, part: str, stage: int = 0) -> str:
         """The name of the pool tensor holding ``part`` of module ``layer``:
@@ -336,6 +351,7 @@ def check_sglang(model: HybridModel, deployment: Deployment) -> HybridModel:
     model = built_model(model, deployment)
     refuse_settings(deployment, VLLM_SETTINGS + _KDA_STATE_SETTINGS, "vLLM")
     refuse_settings(deployment, TOKENSPEED_SETTINGS, "tokenspeed")
+    refuse_settings(deployment, UTILIZATION_SETTINGS, "vLLM's and tokenspeed")
     if deployment.kv_dtype == "fp8_ds_mla":
         raise Refusal(
             "dtype_unsupported",

@@ -8,9 +8,12 @@ from ...layouts.pipeline import plan_with
 from ...layouts.seams import EngineRules, register_engine
 from ...model import HybridModel
 from ...registry import EngineFacts
+from .budget import TOKENSPEED_BUDGET
 from .invariants import parent_violations
+from .launch import LAUNCH
 from .layout import ParentPlan, group_tokenspeed, pack_tokenspeed
 from .rules import KV_CACHE_DTYPES, check_tokenspeed
+from .weights import tokenspeed_weights
 
 TOKENSPEED = register_engine(
     EngineRules(
@@ -23,6 +26,7 @@ TOKENSPEED = register_engine(
             separate_draft_kv_dtype=True,  # a later branch makes the draft follow the target
             aliases=("parent",),
             conv_layout="DS",  # tokenspeed's conv state is [channels, K - 1]
+            launch=LAUNCH,
             listing_order=1,
         ),
         plan_type=ParentPlan,
@@ -31,6 +35,8 @@ TOKENSPEED = register_engine(
         pack=pack_tokenspeed,
         violations=parent_violations,
         pipeline_ok=lambda model, pp: pp == 1,  # tokenspeed has no pipeline stages
+        budget=TOKENSPEED_BUDGET,
+        weights=tokenspeed_weights,
     )
 )
 PARENT = TOKENSPEED

@@ -31,6 +31,7 @@ from ...limits import checked_bytes
 from ...model import HybridModel
 from ...sizes import RankSizes
 from .capacity import ParentCapacity, parent_capacity, protected_pages
+from .launch import tokenspeed_flags
 from .recipe import (
     DEFAULT_MAX_PADDING,
     MAX_KERNEL_PAGE_ID,
@@ -661,7 +662,7 @@ class ParentPlan(SelfChecked, LayoutBase):
 
     def capacity(
         self,
-        kv_memory_bytes: int,
+        kv_memory_bytes: int | None = None,
         max_model_len: int | None = None,
         *,
         max_live: int | None = None,
@@ -673,10 +674,11 @@ class ParentPlan(SelfChecked, LayoutBase):
         ``max_bs``), or, where ``None``, for the most requests of ``max_model_len`` tokens
         (default: the model's context) it holds at once; overlap scheduling of
         ``overlap_depth`` (0 or 1; 1 is tokenspeed's default) and an optional
-        ``--max-total-tokens`` cap (:mod:`k3layout.engines.tokenspeed.capacity`)."""
+        ``--max-total-tokens`` cap (:mod:`k3layout.engines.tokenspeed.capacity`);
+        ``kv_memory_bytes=None``: what the GPU gives (:meth:`memory`)."""
         return parent_capacity(
             self,
-            kv_memory_bytes,
+            self.kv_budget(kv_memory_bytes),
             max_model_len,
             max_live=max_live,
             overlap_depth=overlap_depth,
@@ -715,6 +717,10 @@ class ParentPlan(SelfChecked, LayoutBase):
             ),
             sized,
         )
+
+    def launch_flags(self) -> tuple[tuple[str, str], ...]:
+        """tokenspeed's launch flags for this deployment (:func:`.launch.tokenspeed_flags`)."""
+        return tokenspeed_flags(self.deployment, self.model)
 
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]:
         """What ``budget_bytes`` holds at ``max_live`` live requests, as (label, value) rows."""

@@ -7,9 +7,12 @@ from ...layouts.pipeline import plan_with
 from ...layouts.seams import EngineRules, register_engine
 from ...model import HybridModel
 from ...registry import EngineFacts, LayerNaming
+from .budget import VLLM_BUDGET
 from .invariants import vllm_violations
+from .launch import LAUNCH
 from .layout import VllmPlan, built_model, check_vllm, group_vllm, pack_vllm, serves_pipeline
 from .rules import DENSE_MLA_KV_DTYPES
+from .weights import rank_weights
 
 SOURCE = "vLLM 0.33.0's KVCacheConfig and bound caches (tests/conformance)"
 
@@ -39,6 +42,7 @@ VLLM = register_engine(
             decode_context_parallel=True,
             kv_dtypes=DENSE_MLA_KV_DTYPES,
             package=__package__ or "",
+            launch=LAUNCH,
             listing_order=0,
             layer_naming=LAYER_NAMING,
         ),
@@ -49,6 +53,8 @@ VLLM = register_engine(
         built_model=built_model,
         violations=vllm_violations,
         pipeline_ok=serves_pipeline,
+        weights=rank_weights,
+        budget=VLLM_BUDGET,
     )
 )
 

@@ -38,6 +38,7 @@ from ...model import HybridModel
 from ...placements import Interleave, pp_stage_bounds
 from ...sizes import RankSizes
 from .capacity import VllmCapacity, vllm_capacity
+from .launch import vllm_env, vllm_flags
 from .report import VllmReport
 from .rules import (
     ATTENTION_BACKENDS,
@@ -261,21 +262,34 @@ class VllmPlan(SelfChecked, LayoutBase):
             ),
         ]
 
-    def capacity(self, kv_memory_bytes: int, max_model_len: int | None = None) -> VllmCapacity:
-        """What ``kv_memory_bytes`` per rank serves at ``max_model_len`` tokens per request
-        (default: the model's context, as vLLM defaults): ``num_blocks``, blocks per request
-        by group and the maximum concurrency, as vLLM counts them, and the common answer
+    def capacity(
+        self, kv_memory_bytes: int | None = None, max_model_len: int | None = None
+    ) -> VllmCapacity:
+        """What ``kv_memory_bytes`` per rank (``None``: what the GPU gives,
+        :meth:`memory`) serves at ``max_model_len`` tokens per request (default: the model's
+        context, as vLLM defaults): ``num_blocks``, blocks per request by group and the
+        maximum concurrency, as vLLM counts them, and the common answer
         (:mod:`k3layout.engines.vllm.capacity`, :mod:`k3layout.layouts.answer`)."""
-        return vllm_capacity(self, kv_memory_bytes, max_model_len)
+        return vllm_capacity(self, self.kv_budget(kv_memory_bytes), max_model_len)
+
+    def launch_flags(self) -> tuple[tuple[str, str], ...]:
+        """``vllm serve``'s flags for this deployment (:func:`.launch.vllm_flags`)."""
+        return vllm_flags(self.deployment, self.model)
+
+    def launch_env(self) -> tuple[tuple[str, str], ...]:
+        """vLLM's environment variables for this deployment (:func:`.launch.vllm_env`)."""
+        return vllm_env(self.deployment)
 
     def recommend(
         self, requests: int, max_model_len: int | None = None, kv_memory_bytes: int | None = None
     ) -> Recommendation:
         """vLLM 0.33's flags for ``requests`` requests of ``max_model_len`` tokens at once:
+        the deployment's launch flags (:meth:`launch_flags`), the memory flag (the budget as
+        ``--kv-cache-memory-bytes``, the deployment's own, or the least that holds them,
+        checked against the GPU: :func:`k3layout.layouts.recommend.gpu_budget`),
         ``--max-num-seqs`` (never over the blocks, which vLLM checks for a Mamba model with
-        full CUDA graphs), ``--max-model-len`` and ``--kv-cache-memory-bytes`` (the budget, or
-        the least that holds them). Refuses (``budget_too_small``) a budget that cannot hold
-        them, naming the most it holds and the memory they need
+        full CUDA graphs) and ``--max-model-len``. Refuses (``budget_too_small``) a budget
+        that cannot hold them, naming the most it holds and the memory they need
         (:mod:`k3layout.layouts.recommend`)."""
         check_workload(requests, kv_memory_bytes)
         length = check_context(self, max_model_len)
@@ -286,7 +300,6 @@ class VllmPlan(SelfChecked, LayoutBase):
             lambda memory: (
                 ("--max-num-seqs", str(requests)),
                 ("--max-model-len", str(length)),
-                ("--kv-cache-memory-bytes", str(memory)),
             ),
             lambda memory: self.capacity(memory, length),
         )
