@@ -46,15 +46,15 @@ PICTURES: dict[str, Callable[[], Figure]] = {
     "planes-tokenspeed-k3-dspark-tp8.png": lambda: draw_planes(
         plan(preset("kimi-k3-dspark"), Deployment(engine="tokenspeed", attn_tp=8, spec_tokens=8))
     ),
-    "requests-k3-tp8-h200.png": lambda: draw_requests(
+    "requests-kimi-linear-tp8-h200.png": lambda: draw_requests(
         requests_sweep(
-            preset("kimi-k3"),
+            preset("kimi-linear-48b"),
             60 << 30,
             (4096, 16_384, 65_536, 131_072, 262_144, 524_288, 1 << 20),
-            Deployment(attn_tp=8, gpu="h200"),
+            Deployment(attn_tp=8, expert_parallel=True, gpu="h200"),
             recommended=True,
         ),
-        title="kimi-k3, 8 x H200, 60 GiB per rank, recommended flags",
+        title="kimi-linear-48b, 8 x H200, 60 GiB per rank, recommended flags",
     ),
     "image-k3-dspark-tp8.png": lambda: draw_image(
         plan_ride(plan(preset("kimi-k3-dspark"), K3_DECODE))

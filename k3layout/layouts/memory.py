@@ -52,8 +52,10 @@ def _weights(model: HybridModel, deployment: Deployment) -> int:
     total = gpu_total(deployment)
     if weights <= total:
         return weights
-    fits = [label for label, other in _alternatives(deployment) if _fits(model, other, total)]
-    instead = "; ".join(fits[:3]) or "none of more expert parallelism, 2x TP or 2x PP"
+    fits = next(
+        (label for label, other in _alternatives(deployment) if _fits(model, other, total)),
+        None,
+    )
     raise Refusal(
         "weights_do_not_fit",
         f"model {model.name} on {deployment.gpu} with engine={deployment.engine}: one rank "
@@ -65,35 +67,41 @@ def _weights(model: HybridModel, deployment: Deployment) -> int:
             "weights_bytes": weights,
             "gpu_memory_bytes": total,
             "attn_tp": deployment.attn_tp,
+            "attn_dp": deployment.attn_dp,
             "pp": deployment.pp,
             "expert_parallel": deployment.expert_parallel,
+            "fits": fits,
         },
-        hint=f"fits: {instead}"
+        hint=f"the fewest more ranks whose weights fit: {fits}"
         if fits
-        else f"{instead} fits: use more GPUs or an fp8 or 4-bit checkpoint",
+        else "no deployment up to 32x the attention-DP replicas or 4x the stages fits the "
+        "weights: use a quantized (fp8 or 4-bit) checkpoint or a larger GPU",
     )
 
 
 def _alternatives(deployment: Deployment) -> list[tuple[str, Deployment]]:
-    """Deployments that spread the weights further: expert parallelism, then doubled
-    attention TP, pipeline stages or both, each with expert parallelism."""
+    """Deployments that spread the weights further, the fewest ranks first: expert
+    parallelism, then 2x to 32x the attention-DP replicas with it (the experts split over
+    every rank; attention stays at its TP), then 2x and 4x the pipeline stages with it."""
     fields = dict(deployment)
+    changes: list[tuple[str, dict[str, object]]] = [
+        ("expert_parallel=True", {"expert_parallel": True})
+    ]
+    for factor in (2, 4, 8, 16, 32):
+        dp = factor * deployment.attn_dp
+        changes.append(
+            (f"expert_parallel=True, attn_dp={dp}", {"expert_parallel": True, "attn_dp": dp})
+        )
+    for factor in (2, 4):
+        pp = factor * deployment.pp
+        changes.append(
+            (
+                f"expert_parallel=True, pp={pp}",
+                {"expert_parallel": True, "pp": pp, "pp_partition": None},
+            )
+        )
     found: list[tuple[str, Deployment]] = []
-    for label, change in (
-        ("expert_parallel=True", {"expert_parallel": True}),
-        (
-            f"expert_parallel=True, attn_tp={2 * deployment.attn_tp}",
-            {"expert_parallel": True, "attn_tp": 2 * deployment.attn_tp},
-        ),
-        (
-            f"expert_parallel=True, pp={2 * deployment.pp}",
-            {"expert_parallel": True, "pp": 2 * deployment.pp, "pp_partition": None},
-        ),
-        (
-            f"expert_parallel=True, pp={4 * deployment.pp}",
-            {"expert_parallel": True, "pp": 4 * deployment.pp, "pp_partition": None},
-        ),
-    ):
+    for label, change in changes:
         if all(fields.get(k) == v for k, v in change.items()):
             continue
         try:
