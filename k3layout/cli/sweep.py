@@ -58,20 +58,8 @@ def _requests(args: argparse.Namespace) -> int:
     base = deployment_from_args(args)
     rows: list[dict[str, object]] = []
     for engine in engine_names():
-        try:
+        try:  # the engine's plan, and the KV budget its GPU gives
             result = plan(model, with_engine(base, engine))
-        except Refusal as refusal:
-            rows += [
-                {
-                    "engine": engine,
-                    "max_model_len": n,
-                    "max_requests": None,
-                    "refusal": refusal.code,
-                }
-                for n in contexts
-            ]
-            continue
-        try:
             budget = gpu_budget(result, None)
         except Refusal as refusal:
             rows += [

@@ -107,7 +107,11 @@ def non_torch(deployment: Deployment) -> ReserveTerm:
 
 
 def startup(deployment: Deployment) -> ReserveTerm:
-    """The CUDA context, and the communicators of a multi-rank deployment."""
+    """The CUDA context, and the communicators of a multi-rank deployment; the user's own
+    figure (``reserve_bytes``) where given: what SGLang and tokenspeed find in use before the
+    weights load, their one reserve term besides the headroom their fraction leaves."""
+    if deployment.reserve_bytes is not None:
+        return ReserveTerm(name="startup", bytes=deployment.reserve_bytes, derivation="given")
     many = deployment.world_size > 1
     return ReserveTerm(
         name="startup",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from math import prod
 from typing import Annotated, Final, Literal, TypeAlias
 
@@ -123,3 +124,22 @@ class WeightsPlan(Frozen):
     def max_bytes(self) -> int:
         """The most any rank holds: what must fit on every GPU."""
         return max(stage.total_bytes for stage in self.stages)
+
+
+Entry: TypeAlias = tuple[str, int | None, tuple[WeightTensor, ...]]
+"""One module's tensors as an engine's rule lists them: its kind, its module layer (``None``:
+held once) and its tensors."""
+
+
+def grouped(entries: Iterable[Entry]) -> tuple[WeightGroup, ...]:
+    """``entries`` of the same kind and tensors merged into one group over their layers, in
+    order of first appearance (a module held once stays a group of its own)."""
+    found: dict[tuple[str, bool, tuple[WeightTensor, ...]], list[int]] = {}
+    for kind, layer, tensors in entries:
+        layers = found.setdefault((kind, layer is None, tensors), [])
+        if layer is not None:
+            layers.append(layer)
+    return tuple(
+        WeightGroup.model_validate({"kind": kind, "layers": tuple(layers), "tensors": tensors})
+        for (kind, _, tensors), layers in found.items()
+    )

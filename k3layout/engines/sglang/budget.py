@@ -226,12 +226,6 @@ def default_mem_fraction_static(model: HybridModel, deployment: Deployment) -> f
     return _default(model, deployment)[0]
 
 
-def _startup(deployment: Deployment) -> ReserveTerm:
-    if deployment.reserve_bytes is None:
-        return startup(deployment)
-    return ReserveTerm(name="startup", bytes=deployment.reserve_bytes, derivation="given")
-
-
 def _probe_gib(free_bytes: int, ranks: int) -> float:
     """Free memory as SGLang's probe reports it: GiB, through float32 over several ranks."""
     value = float(free_bytes)
@@ -242,7 +236,7 @@ def _probe_gib(free_bytes: int, ranks: int) -> float:
 
 def _kv_bytes(deployment: Deployment, weights: int, fraction: float) -> int:
     """SGLang's budget at ``fraction``: ``int((F1 - F0 x (1 - fraction)) x 2**30)``."""
-    free_before = gpu_total(deployment) - _startup(deployment).bytes
+    free_before = gpu_total(deployment) - startup(deployment).bytes
     ranks = deployment.world_size
     before = _probe_gib(free_before, ranks)
     after = _probe_gib(free_before - weights, ranks)
@@ -251,7 +245,7 @@ def _kv_bytes(deployment: Deployment, weights: int, fraction: float) -> int:
 
 def _budget(deployment: Deployment, weights: int, fraction: float, source: str) -> MemoryBudget:
     total = gpu_total(deployment)
-    start = _startup(deployment)
+    start = startup(deployment)
     kv = _kv_bytes(deployment, weights, fraction)
     headroom = max(0, total - start.bytes - weights - kv)
     float32 = " (float32 over the ranks)" if deployment.world_size > 1 else ""
@@ -305,7 +299,7 @@ def sglang_least(
     fraction leaves for the KV."""
     fraction, source = _ceiling(model, deployment)
     within_default(_budget(deployment, weights, fraction, source), kv_bytes)
-    free_before = gpu_total(deployment) - _startup(deployment).bytes
+    free_before = gpu_total(deployment) - startup(deployment).bytes
 
     def holds(steps: int) -> bool:
         return _kv_bytes(deployment, weights, min(steps / FRACTION_STEP, fraction)) >= kv_bytes

@@ -34,10 +34,30 @@ def sglang_flags(d: Deployment, model: HybridModel) -> tuple[tuple[str, str], ..
         flags.append(("--disable-radix-cache", ""))
     if d.mamba_full_memory_ratio is not None:
         flags.append(("--mamba-full-memory-ratio", f"{d.mamba_full_memory_ratio:g}"))
-    if d.spec_tokens and model.drafter is not None:
-        algorithm = "DSPARK" if model.drafter == "dspark" else "NEXTN"
-        flags += [("--speculative-algorithm", algorithm)]
-        if algorithm == "DSPARK":
-            flags.append(("--speculative-draft-model-path", DRAFT_PATH))
-        flags.append(("--speculative-num-draft-tokens", str(d.spec_tokens + 1)))
+    flags += _speculative(d, model)
     return tuple(flags)
+
+
+def _speculative(d: Deployment, model: HybridModel) -> list[tuple[str, str]]:
+    """SGLang's speculative flags for ``spec_tokens`` draft tokens per step, verified as
+    ``spec_tokens + 1``: DSpark with the draft's block set to them (SGLang otherwise takes the
+    draft checkpoint's own block and refuses a verify window other than it plus one), else its
+    EAGLE-family MTP (``NEXTN``) drafting one token a step (all three of its sizes given:
+    SGLang refuses a draft-token count without the steps)."""
+    tokens = d.spec_tokens
+    if tokens == 0:
+        return []
+    window = ("--speculative-num-draft-tokens", str(tokens + 1))
+    if model.drafter == "dspark":
+        return [
+            ("--speculative-algorithm", "DSPARK"),
+            ("--speculative-draft-model-path", DRAFT_PATH),
+            ("--speculative-dspark-block-size", str(tokens)),
+            window,
+        ]
+    return [
+        ("--speculative-algorithm", "NEXTN"),
+        ("--speculative-num-steps", str(tokens)),
+        ("--speculative-eagle-topk", "1"),
+        window,
+    ]

@@ -37,6 +37,7 @@ from ...layouts.groups import stage_bounds
 from ...model import GQALayer, HybridModel, KDALayer, MLALayer
 from ...model.architecture import Architecture
 from ...weights import RankWeights, WeightDtype, WeightGroup, WeightTensor
+from ...weights.records import Entry, grouped
 from .weights_extra import draft_groups, refuse_quantization, vision_tensors
 from .weights_quant import Linear, QuantScheme, attention_scales, expert_tensors, linear_tensors
 
@@ -45,7 +46,6 @@ KL_CLASS: Final = "KimiLinearForCausalLM"
 VOCAB_PAD: Final = 64
 """``DEFAULT_VOCAB_PADDING_SIZE`` of SGLang's ``vocab_parallel_embedding``."""
 
-Entry = tuple[str, int | None, tuple[WeightTensor, ...]]
 """A module kind, its layer (None: held once) and its tensors."""
 
 
@@ -296,20 +296,6 @@ def _edges(r: _Rank, first: bool, last: bool) -> Iterator[Entry]:
     yield "lm_head", None, linear_tensors(head, r.scheme if quantized else None, dtype)
 
 
-def _grouped(entries: Iterator[Entry]) -> tuple[WeightGroup, ...]:
-    """Entries of the same kind and tensors merged into one group over their layers, in order
-    of first appearance."""
-    found: dict[tuple[str, bool, tuple[WeightTensor, ...]], list[int]] = {}
-    for kind, layer, tensors in entries:
-        layers = found.setdefault((kind, layer is None, tensors), [])
-        if layer is not None:
-            layers.append(layer)
-    return tuple(
-        WeightGroup.model_validate({"kind": kind, "layers": tuple(layers), "tensors": tensors})
-        for (kind, _, tensors), layers in found.items()
-    )
-
-
 def sglang_weights(model: HybridModel, deployment: Deployment, stage: int) -> RankWeights:
     """The weights one rank of pipeline stage ``stage`` holds under SGLang 0.5.23 (every rank
     of a stage holds the same: SGLang asserts even splits and pads the vocabulary)."""
@@ -347,5 +333,5 @@ def sglang_weights(model: HybridModel, deployment: Deployment, stage: int) -> Ra
             )
         found = draft_groups(model, arch.draft, deployment, r.dtype)
     return RankWeights(
-        engine="sglang", stage=stage, groups=_grouped(entries()), draft_groups=found
+        engine="sglang", stage=stage, groups=grouped(entries()), draft_groups=found
     )

@@ -33,15 +33,9 @@ def default_utilization(world_size: int) -> float:
     return next(util for size, util in _DEFAULTS if world_size >= size)
 
 
-def _startup(deployment: Deployment) -> ReserveTerm:
-    if deployment.reserve_bytes is None:
-        return startup(deployment)
-    return ReserveTerm(name="startup", bytes=deployment.reserve_bytes, derivation="given")
-
-
 def _budget(deployment: Deployment, weights: int, util: float, source: str) -> MemoryBudget:
     total = gpu_total(deployment)
-    start = _startup(deployment)
+    start = startup(deployment)
     free = total - start.bytes
     headroom = free - math.floor(free * util)
     return checked(
@@ -89,7 +83,7 @@ def tokenspeed_least(
     (``memory_exceeded``) beyond what the default (or given) utilization leaves."""
     ceiling = _budget(deployment, weights, _default(deployment), "the default")
     within_default(ceiling, kv_bytes)
-    free = gpu_total(deployment) - _startup(deployment).bytes
+    free = gpu_total(deployment) - startup(deployment).bytes
     steps = max(1, math.ceil((kv_bytes + weights) * FRACTION_STEP / free))
     while True:  # ends: the ceiling's fraction holds kv_bytes
         util = min(steps / FRACTION_STEP, _default(deployment))

@@ -53,6 +53,7 @@ from ...deployment import Deployment
 from ...model import HybridModel, KDALayer, MLALayer
 from ...model.architecture import DSparkDraft, VisionTower
 from ...weights import RankWeights, WeightDtype, WeightGroup, WeightTensor
+from ...weights.records import Entry, grouped
 from .weights_checks import (
     VOCAB_PAD,
     Rank,
@@ -71,7 +72,6 @@ KDA_ROW_ALIGN: Final = 16
 MXFP4_BLOCK: Final = 32
 """Elements per MXFP4 scale."""
 
-Entry = tuple[str, int | None, tuple[WeightTensor, ...]]
 
 
 def _t(name: str, shape: tuple[int, ...], dtype: WeightDtype) -> WeightTensor:
@@ -293,18 +293,6 @@ def draft_groups(r: Rank, model: HybridModel, draft: DSparkDraft) -> tuple[Weigh
     )
 
 
-def _grouped(entries: Iterator[Entry]) -> tuple[WeightGroup, ...]:
-    found: dict[tuple[str, bool, tuple[WeightTensor, ...]], list[int]] = {}
-    for kind, layer, tensors in entries:
-        layers = found.setdefault((kind, layer is None, tensors), [])
-        if layer is not None:
-            layers.append(layer)
-    return tuple(
-        WeightGroup.model_validate({"kind": kind, "layers": tuple(layers), "tensors": tensors})
-        for (kind, _, tensors), layers in found.items()
-    )
-
-
 def rank_weights(
     model: HybridModel, deployment: Deployment, stage: int = 0, mode: VisionMode = "weights"
 ) -> RankWeights:
@@ -338,7 +326,7 @@ def rank_weights(
             )
         drafted = draft_groups(r, model, arch.draft)
     return RankWeights(
-        engine="tokenspeed", stage=stage, groups=_grouped(entries()), draft_groups=drafted
+        engine="tokenspeed", stage=stage, groups=grouped(entries()), draft_groups=drafted
     )
 
 
