@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from deployments import BY_ENGINE, write_k3_mxfp4
 
-from k3layout import Deployment, HybridModel, Refusal, plan_vllm
+from k3layout import Deployment, HybridModel, Refusal, plan, plan_vllm, preset
 
 GIB = 1 << 30
 
@@ -95,45 +97,85 @@ def k3layout(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_cli_reports_capacity_in_json_and_in_the_table() -> None:
-    args = ["plan", "--model", "kimi-k3-dspark", "--attn-tp", "8", "--spec-tokens", "2"]
+    # Kimi-K3 with its draft at attention TP 8 x DP 16 with expert parallelism on B200s, whose
+    # weights fit: a rank's cache is the attention-TP-8 rank's of the test above, so the same
+    # 40 GiB gives the same 1,673 blocks of 29 x 884,736 B
+    args = ["plan", "--model", "kimi-k3-dspark", "--gpu", "b200", "--attn-tp", "8"]
+    args += ["--attn-dp", "16", "--expert-parallel", "--spec-tokens", "2"]
     args += ["--kv-memory-gib", "40", "--max-model-len", "8192"]
     run = k3layout(*args, "--json")
     assert run.returncode == 0, run.stderr
-    capacity = json.loads(run.stdout)["capacity"]
+    report = json.loads(run.stdout)
+    capacity = report["capacity"]
     assert capacity["num_blocks"] == 1673 and capacity["max_concurrency"] == 1673 / 21
     assert [g["blocks"] for g in capacity["blocks_per_request"]] == [5, 5, 5, 6]
+    # the budget the capacity stands on: the KV as given, beside the weights and reserve
+    memory = report["memory"]
+    assert memory["memory_flag"] == ["--kv-cache-memory-bytes", str(40 * GIB)]
+    assert memory["kv_memory_bytes"] == capacity["kv_memory_bytes"] == 40 * GIB
+    reserve = sum(term["bytes"] for term in memory["reserve"])
+    assert memory["weights_bytes"] + reserve + 40 * GIB <= memory["gpu_memory_bytes"]
     table = k3layout(*args, "--kda-prefill-backend", "triton")
-    assert "4 + 4 + 4 + 6 = 18" in table.stdout and "92.94" in table.stdout
+    assert "4 + 4 + 4 + 6 = 18" in table.stdout and "92.94" in table.stdout  # 1673 / 18
 
 
-def test_the_cli_refuses_a_request_length_without_a_budget_and_mode_all() -> None:
-    run = k3layout("plan", "--max-model-len", "8192")
-    assert run.returncode == 2 and "--kv-memory-gib" in run.stdout + run.stderr
+def test_a_request_length_without_a_budget_takes_the_gpus_and_mode_all_is_refused(
+    kimi_linear: HybridModel,
+) -> None:
+    # no memory option: the engine's default flag on the GPU gives the KV budget
+    run = k3layout("plan", "--model", "kimi-linear-48b", "--max-model-len", "8192", "--json")
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    budget = plan(kimi_linear, Deployment()).memory()
+    assert report["memory"]["memory_flag"] == ["--gpu-memory-utilization", "0.92"]
+    assert report["capacity"]["kv_memory_bytes"] == budget.kv_memory_bytes > 0
+    # Kimi-K3 bf16 on one H200 (the defaults): its weights do not fit, so there is no budget
+    refused = k3layout("plan", "--max-model-len", "8192")
+    assert refused.returncode == 2 and "weights_do_not_fit" in refused.stderr
+    with pytest.raises(Refusal) as caught:
+        plan(preset("kimi-k3"), Deployment()).memory()
+    assert caught.value.code == "weights_do_not_fit"
     assert k3layout("plan", "--mamba-cache-mode", "all").returncode == 2
 
 
 @pytest.mark.parametrize("engine", ["vllm", "tokenspeed", "sglang"])
-def test_the_cli_answers_how_many_requests_fit_and_the_memory_for_n(engine: str) -> None:
-    base = ["plan", "--engine", engine, "--attn-tp", "8", "--max-model-len", "131072"]
-    run = k3layout(*base, "--kv-memory-gib", "60", "--json")
+def test_the_cli_answers_how_many_requests_fit_and_the_memory_for_n(
+    engine: str, tmp_path: Path
+) -> None:
+    # a deployment whose weights fit, a KV budget its GPU holds and a workload its default
+    # flag holds: Kimi-K3 on 128 B200s (vLLM), Kimi-K3 MXFP4 on 64 H200s (tokenspeed),
+    # Kimi-Linear on 8 H200s (SGLang)
+    case = BY_ENGINE[engine]
+    gib, requests = {"vllm": (40, 8), "tokenspeed": (40, 8), "sglang": (60, 64)}[engine]
+    base = ["plan", *case.options(write_k3_mxfp4(tmp_path)), "--max-model-len", "131072"]
+    run = k3layout(*base, "--kv-memory-gib", str(gib), "--json")
     assert run.returncode == 0, run.stderr
-    capacity = json.loads(run.stdout)["capacity"]
-    assert capacity["kv_memory_bytes"] == 60 << 30
+    report = json.loads(run.stdout)
+    capacity = report["capacity"]
+    if engine == "vllm":
+        assert capacity["kv_memory_bytes"] == gib << 30
+    else:  # the least fraction (in thousandths) that gives the budget: at least as much
+        assert capacity["kv_memory_bytes"] >= gib << 30
+    assert capacity["kv_memory_bytes"] == report["memory"]["kv_memory_bytes"]
     assert capacity["max_requests"] >= 1
     assert capacity["tokens_held"] == capacity["max_requests"] * 131_072
-    asked = k3layout(*base, "--requests", "64", "--json")
+    asked = k3layout(*base, "--requests", str(requests), "--json")
     assert asked.returncode == 0, asked.stderr
     least = json.loads(asked.stdout)["capacity"]
-    assert least["max_requests"] >= 64
+    assert least["max_requests"] >= requests
+    assert least["kv_memory_bytes"] == case.plan().memory_for(requests, 131_072)
     fewer = k3layout(*base, "--kv-memory-gib", str((least["kv_memory_bytes"] - 1) / (1 << 30)))
-    table = k3layout(*base, "--requests", "64")
-    assert "KV memory per rank for 64 requests (least)" in table.stdout
+    table = k3layout(*base, "--requests", str(requests))
+    assert f"KV memory per rank for {requests} requests (least)" in table.stdout
     assert "requests of 131,072 tokens held at once" in table.stdout
     assert "waste" in table.stdout and "KDA state share" in table.stdout
+    assert "GPU memory per rank (the least flag that holds them)" in table.stdout
     assert fewer.returncode in (0, 2)
 
 
-def test_options_that_do_not_apply_to_the_engine_are_refused_with_the_reason() -> None:
+def test_options_that_do_not_apply_to_the_engine_are_refused_with_the_reason(
+    tmp_path: Path,
+) -> None:
     run = k3layout("plan", "--engine", "vllm", "--kv-memory-gib", "60", "--max-live", "4")
     assert run.returncode == 2 and "--max-live sizes tokenspeed's arena" in run.stderr
     run = k3layout("plan", "--engine", "vllm", "--max-padding", "0.3")
@@ -142,15 +184,19 @@ def test_options_that_do_not_apply_to_the_engine_are_refused_with_the_reason() -
     assert run.returncode == 2 and "max_padding" in run.stderr
     run = k3layout("plan", "--kv-memory-gib", "60", "--requests", "4")
     assert run.returncode == 2 and "give one" in run.stderr
-    # tokenspeed takes both, and its capacity with a budget (once refused)
-    run = k3layout(
-        "plan", "--engine", "tokenspeed", "--kv-memory-gib", "60", "--max-model-len", "8192"
-    )
+    # tokenspeed takes both, and its capacity with a budget (once refused), on a deployment
+    # whose weights fit (Kimi-K3 MXFP4 on 64 H200s)
+    options = BY_ENGINE["tokenspeed"].options(write_k3_mxfp4(tmp_path))
+    run = k3layout("plan", *options, "--kv-memory-gib", "40", "--max-model-len", "8192")
+    assert run.returncode == 0, run.stderr
+    run = k3layout("plan", *options, "--kv-memory-gib", "40", "--max-live", "4")
     assert run.returncode == 0, run.stderr
 
 
 def test_under_pp_the_table_says_which_rows_are_the_whole_models_and_which_a_stages() -> None:
-    run = k3layout("plan", "--attn-tp", "8", "--pp", "2", "--kv-memory-gib", "60")
+    # Kimi-K3 over 2 stages of 128 B200s (its weights fit)
+    options = ["--gpu", "b200", "--attn-tp", "8", "--attn-dp", "16", "--expert-parallel"]
+    run = k3layout("plan", *options, "--pp", "2", "--kv-memory-gib", "60")
     assert run.returncode == 0, run.stderr
     assert "planes (group_size) (whole model)" in run.stdout
     assert "bytes / token (attention cache) (whole model)" in run.stdout

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from k3layout import HybridModel, Refusal, load_config, model_from_config
 from k3layout.model.hf_config import _LinearAttnConfig, _TextConfig
-from k3layout.model.hf_weights import _Vision, _Weights
+from k3layout.model.hf_weights import _Weights
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CONFIGS = ("kimi-k3.config.json", "kimi-linear-48b-a3b.config.json")

@@ -204,6 +204,24 @@ def add_memory_options(parser: argparse.ArgumentParser, *, kv_help: str | None =
     )
 
 
+OPTION_FIELDS: dict[str, str] = {
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "mem_fraction_static": "--mem-fraction-static",
+    "mamba_full_memory_ratio": "--mamba-full-memory-ratio",
+    "max_running_requests": "--max-running-requests",
+    "max_mamba_cache_size": "--max-mamba-cache-size",
+    "max_total_tokens": "--max-total-tokens",
+    "max_padding": "--max-padding",
+    "attention_backend": "--attention-backend",
+    "kv_cache_layout": "--kv-cache-layout",
+    "kda_prefill_backend": "--kda-prefill-backend",
+    "block_tokens": "--block-tokens",
+    "dcp_interleave": "--dcp-interleave",
+    "expert_parallel": "--expert-parallel",
+}
+"""Deployment fields an engine may refuse as another engine's setting, and the option each
+comes from."""
+
 MEMORY_OPTIONS = {
     "kv_memory_gib": "kv_memory_bytes",
     "gpu_memory_gib": "gpu_memory_bytes",
@@ -372,9 +390,12 @@ def validated(kind: type[Deployment], fields: dict[str, object]) -> Deployment:
         raise option_refusal(refusal, options) from None
 
 
-def option_refusal(refusal: Refusal, options: Mapping[str, str] | None = None) -> Refusal:
+def option_refusal(
+    refusal: Refusal, options: Mapping[str, str] | None = None, *, keep_hint: bool = False
+) -> Refusal:
     """``refusal`` of a record built from options, its message led by the option of its field
-    (``attn_tp`` -> ``--attn-tp``, or as ``options`` maps it); the code is kept."""
+    (``attn_tp`` -> ``--attn-tp``, or as ``options`` maps it); the code is kept, and the hint
+    where ``keep_hint``."""
     field = str(refusal.facts.get("field", "")).split(".")[0]
     if not field or field.startswith("<"):
         return refusal
@@ -383,7 +404,7 @@ def option_refusal(refusal: Refusal, options: Mapping[str, str] | None = None) -
         refusal.code,
         f"{option}: {refusal.message}",
         facts={**refusal.facts, "option": option},
-        hint=f"pass a valid {option}",
+        hint=refusal.hint if keep_hint else f"pass a valid {option}",
     )
 
 
@@ -400,6 +421,9 @@ def run_refusing(action: Callable[[], int], as_json: bool) -> int:
     try:
         return action()
     except Refusal as refusal:
+        if refusal.code == "engine_setting" and refusal.facts.get("field") in OPTION_FIELDS:
+            # a deployment option the engine does not take: name the option given
+            refusal = option_refusal(refusal, OPTION_FIELDS, keep_hint=True)
         return refused(refusal, as_json)
 
 

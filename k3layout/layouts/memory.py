@@ -5,8 +5,10 @@ gives a KV budget. A weight figure the GPU cannot hold is refused naming what wo
 from __future__ import annotations
 
 from .._args import expect_args
+from ..constants import MAX_KV_MEMORY_BYTES
 from ..deployment import Deployment
 from ..errors import Refusal
+from ..limits import check_range
 from ..memory import BudgetRule, MemoryBudget, gpu_total
 from ..model import HybridModel
 from ..registry import lookup
@@ -42,6 +44,7 @@ def least_budget(model: HybridModel, deployment: Deployment, kv_bytes: int) -> M
     memory, refused (``memory_exceeded``) where that takes more than the engine's default (or
     the given) flag leaves for the KV."""
     expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
+    check_range("kv_bytes", kv_bytes, 1, MAX_KV_MEMORY_BYTES, why="bytes of KV memory per rank")
     return _rule(deployment).least(model, deployment, _weights(model, deployment), kv_bytes)
 
 
