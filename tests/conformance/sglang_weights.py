@@ -104,6 +104,40 @@ __all__ = [
 
 DRAFT_FILES = {"sglang-dspark": FIXTURES / "sglang-dspark-draft" / "config.json"}
 
+
+def compressed_tensors(format: str, kind: str) -> dict[str, Any]:
+    """A compressed-tensors config of 4-bit ``kind`` ("int" or "float") weights, group 32,
+    symmetric, on the routed experts only (the rest ignored, as K2-Thinking's checkpoint)."""
+    weights = {
+        "num_bits": 4,
+        "type": kind,
+        "symmetric": True,
+        "strategy": "group",
+        "group_size": 32,
+        "dynamic": False,
+        "actorder": None,
+        "observer": "minmax",
+    }
+    group = {"targets": ["Linear"], "weights": weights}
+    group |= {"input_activations": None, "output_activations": None}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": format,
+        "config_groups": {"group_0": group},
+        "ignore": [
+            "lm_head",
+            "re:.*self_attn.*",
+            "re:.*shared_experts.*",
+            "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+            "re:.*\\.mlp\\.gate$",
+            "re:vision_tower.*",
+            "re:mm_projector.*",
+        ],
+        "quantization_status": "compressed",
+        "kv_cache_scheme": None,
+    }
+
+
 # ``quantization_config`` blocks as checkpoints carry them (the names are ours, for the cases).
 QUANTIZATIONS: dict[str, dict[str, Any]] = {
     "fp8-block": {
@@ -122,72 +156,10 @@ QUANTIZATIONS: dict[str, dict[str, Any]] = {
     },
     # compressed-tensors W4A16, group 32, symmetric int4 (the "pack-quantized" format of
     # Kimi-K2-Thinking's routed experts): only the routed experts; the rest is ignored.
-    "int4-w4a16-g32": {
-        "quant_method": "compressed-tensors",
-        "format": "pack-quantized",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {
-                    "num_bits": 4,
-                    "type": "int",
-                    "symmetric": True,
-                    "strategy": "group",
-                    "group_size": 32,
-                    "dynamic": False,
-                    "actorder": None,
-                    "observer": "minmax",
-                },
-                "input_activations": None,
-                "output_activations": None,
-            }
-        },
-        "ignore": [
-            "lm_head",
-            "re:.*self_attn.*",
-            "re:.*shared_experts.*",
-            "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
-            "re:.*\\.mlp\\.gate$",
-            "re:vision_tower.*",
-            "re:mm_projector.*",
-        ],
-        "quantization_status": "compressed",
-        "kv_cache_scheme": None,
-    },
+    "int4-w4a16-g32": compressed_tensors("pack-quantized", "int"),
     # compressed-tensors MXFP4 (e2m1 + ue8m0 scale per 32): K3's MoE switches such a config to
     # ``Mxfp4Config`` for its routed experts (``KimiK3MoE.__init__``).
-    "ct-mxfp4": {
-        "quant_method": "compressed-tensors",
-        "format": "mxfp4-pack-quantized",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {
-                    "num_bits": 4,
-                    "type": "float",
-                    "symmetric": True,
-                    "strategy": "group",
-                    "group_size": 32,
-                    "dynamic": False,
-                    "actorder": None,
-                    "observer": "minmax",
-                },
-                "input_activations": None,
-                "output_activations": None,
-            }
-        },
-        "ignore": [
-            "lm_head",
-            "re:.*self_attn.*",
-            "re:.*shared_experts.*",
-            "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
-            "re:.*\\.mlp\\.gate$",
-            "re:vision_tower.*",
-            "re:mm_projector.*",
-        ],
-        "quantization_status": "compressed",
-        "kv_cache_scheme": None,
-    },
+    "ct-mxfp4": compressed_tensors("mxfp4-pack-quantized", "float"),
     "mxfp4": {"quant_method": "mxfp4"},
     "nvfp4": {
         "quant_method": "modelopt",

@@ -228,8 +228,12 @@ def test_the_grid_covers_every_rule_branch() -> None:
 def test_the_default_fraction_is_sglangs(case: Case, config_dir: Path) -> None:
     path = _config_path(case.model, config_dir)
     resolved = sglang_fraction(case, path)
-    if isinstance(resolved, str):
-        pytest.skip(f"SGLang refuses the launch: {resolved[:160]}")
+    if isinstance(resolved, str):  # SGLang refuses the launch: so does the planner
+        with pytest.raises(Refusal) as caught:
+            plan(_model(path, case.dspark), case.deployment())
+        assert caught.value.code == "dcp_unsupported", (caught.value, resolved)
+        assert "CuteDSL MLA" in resolved and "CuteDSL MLA" in str(caught.value)
+        return
     ours = default_mem_fraction_static(_model(path, case.dspark), case.deployment())
     assert ours == resolved, (ours, resolved)
 
