@@ -1,10 +1,14 @@
 """How long planning takes, against the bare byte arithmetic it wraps (same run, same machine).
 
 Run by hand: ``python benchmarks/bench_plan.py``. Prints medians and ratios, each against a
-baseline measured in the same run, and the targets of issue 9 ("Speed"):
+baseline measured in the same run, and the targets of issues 9 and 30 ("Speed"):
 
-- one K3 plan at no more than 30x the bare arithmetic of the same plan;
-- ``plan_ride`` at no more than 2x a plan (and, beside it, a first ride: memo caches emptied);
+- for every engine (vLLM, SGLang, tokenspeed), a K3 plan at no more than 30x the bare
+  arithmetic of the same plan: planned again (the same model and an equal deployment: the
+  plan already made, as an engine's startup and a notebook ask it) and planned first (the
+  pipeline's memo emptied before each call, the model's own facts kept);
+- ``plan_ride`` at no more than 2x a first plan (and, beside it, a first ride: memo caches
+  emptied);
 - a PP8xTP1 -> TP8xDCP8 transfer plan under 1 ms;
 - ``import k3layout`` at no more than 1.5x ``import pydantic`` (fresh interpreters).
 
@@ -40,6 +44,7 @@ from k3layout import (
     plan_transfer,
     preset,
 )
+from k3layout.layouts.pipeline import _planned
 
 try:  # the offload package's memo caches, emptied for a first ride (none before they existed)
     from k3layout.names import _names_of
@@ -85,6 +90,17 @@ def bare_vllm(kinds: Kinds, tp: int, spec: int, elem: int) -> tuple[int, int, in
     ]
     planes = max(len(group) for group in groups)
     return block, block * per_token, planes
+
+
+def bare_sglang(kinds: Kinds, tp: int, elem: int) -> tuple[int, int, int, int]:
+    """SGLang's numbers by hand: its state keeps ``K - 1`` conv rows whatever the speculative
+    tokens; one token per page; the attention layers and the KDA layers in a group each.
+    Returns (bytes_per_token, state_bytes, attention_layers, num_planes)."""
+    if 96 % tp:
+        raise ValueError(tp)
+    state = (3 * 96 * 128 // tp) * 3 * 2 + (96 // tp) * 128 * 128 * 4
+    attention = sum(1 for kind in kinds if kind == "mla")
+    return attention * 576 * elem, state, attention, len(kinds)
 
 
 def bare_parent(
@@ -165,6 +181,12 @@ def fresh_k3() -> HybridModel:
     return HybridModel(name="kimi-k3", model_type="kimi_k3", layers=layers)
 
 
+def first_plan(model: HybridModel, deployment: Deployment) -> object:
+    """A plan the pipeline has not made yet: its memo of recent plans emptied first."""
+    _planned.cache_clear()
+    return plan(model, deployment)
+
+
 def cold_ride(vllm_plan: VllmPlan | ParentPlan) -> object:
     """``plan_ride`` with the offload package's memo caches emptied first (a first ride)."""
     for cache in MEMO_CACHES:
@@ -178,6 +200,14 @@ def check_bare(dspark: HybridModel, k3: HybridModel) -> None:
     assert isinstance(vllm, VllmPlan)
     bare = bare_vllm(layer_kinds(dspark), 8, 2, 1)
     assert bare == (vllm.block_tokens, vllm.page_bytes, vllm.num_planes), bare
+    sglang = plan(k3, Deployment(engine="sglang", attn_tp=8, spec_tokens=2))
+    ours = (
+        sglang.bytes_per_token,
+        sglang.sizes.state_bytes,
+        len(sglang.groups[0].layers),
+        sglang.num_planes,
+    )
+    assert bare_sglang(layer_kinds(k3), 8, 1) == ours, ours
     for tp in (8, 1):
         parent = plan(k3, Deployment(engine="tokenspeed", attn_tp=tp))
         assert isinstance(parent, ParentPlan)
@@ -195,23 +225,26 @@ def main() -> int:
     parent = Deployment(engine="tokenspeed", attn_tp=8)
     parent_tp1 = Deployment(engine="tokenspeed", attn_tp=1)
 
-    rows = [
+    sglang = Deployment(engine="sglang", attn_tp=8, spec_tokens=2)
+    cases: list[tuple[str, HybridModel, Deployment, Any]] = [
+        ("vllm, K3+DSpark tp8 s2", dspark, vllm, lambda: bare_vllm(dspark_kinds, 8, 2, 1)),
+        ("sglang, K3 tp8 s2", k3, sglang, lambda: bare_sglang(k3_kinds, 8, 1)),
+        ("tokenspeed, K3 tp8", k3, parent, lambda: bare_parent(k3_kinds, 8, 1, (1, 4))),
         (
-            "vllm plan, K3+DSpark tp8 s2",
-            median_seconds(lambda: plan(dspark, vllm), number=500, repeats=15),
-            median_seconds(lambda: bare_vllm(dspark_kinds, 8, 2, 1), number=5000, repeats=15),
-        ),
-        (
-            "parent plan, K3 tp8",
-            median_seconds(lambda: plan(k3, parent), number=500, repeats=15),
-            median_seconds(lambda: bare_parent(k3_kinds, 8, 1, (1, 4)), number=5000, repeats=15),
-        ),
-        (
-            "parent plan, K3 tp1 (89-page search)",
-            median_seconds(lambda: plan(k3, parent_tp1), number=500, repeats=15),
-            median_seconds(lambda: bare_parent(k3_kinds, 1, 1, (1, 4)), number=5000, repeats=15),
+            "tokenspeed, K3 tp1 (89-page search)",
+            k3,
+            parent_tp1,
+            lambda: bare_parent(k3_kinds, 1, 1, (1, 4)),
         ),
     ]
+    rows = []
+    for name, model, deployment, bare in cases:
+        plan(model, deployment)  # the model's own facts computed once, as in any process
+        again = median_seconds(lambda m=model, d=deployment: plan(m, d), number=500, repeats=15)
+        first = median_seconds(
+            lambda m=model, d=deployment: first_plan(m, d), number=200, repeats=15
+        )
+        rows.append((name, again, first, median_seconds(bare, number=5000, repeats=15)))
     vllm_plan = plan(dspark, vllm)
     fresh_models = iter([fresh_k3() for _ in range(1 + 15 * 50)])
     fresh_plan = median_seconds(lambda: plan(next(fresh_models), vllm), number=50, repeats=15)
@@ -228,12 +261,13 @@ def main() -> int:
     k3layout_import = import_seconds("import k3layout")
     planner_import = import_seconds("import k3layout; k3layout.plan")
 
-    print(f"{'case':40} {'median':>12} {'bare':>10} {'plan / bare':>12}")
-    for name, planned, bare in rows:
-        verdict = "ok" if planned <= 30 * bare else "OVER 30x"
+    header = f"{'again':>9} {'first':>9} {'bare':>9} {'again/bare':>11} {'first/bare':>11}"
+    print(f"{'plan of':36} {header}")
+    for name, again, first, bare in rows:
+        worst = max(again, first) / bare
         print(
-            f"{name:40} {planned * 1e6:9.1f} us {bare * 1e6:7.2f} us {planned / bare:11.1f}x"
-            f"  {verdict}"
+            f"{name:36} {again * 1e6:6.1f} us {first * 1e6:6.1f} us {bare * 1e6:6.2f} us"
+            f" {again / bare:10.1f}x {first / bare:10.1f}x  {'ok' if worst <= 30 else 'OVER 30x'}"
         )
     print(
         f"{'vllm plan, K3 on a model never planned':40} {fresh_plan * 1e6:9.1f} us"
@@ -243,18 +277,20 @@ def main() -> int:
     print(
         f"{'1,000-configuration sweep':40} {sweep * 1e3:9.1f} ms   ({per_plan * 1e6:.1f} us each)"
     )
-    plan_time = rows[0][1]
+    plan_time = rows[0][2]  # a first vLLM plan
     print(
         f"{'plan_ride, K3+DSpark tp8 s2':40} {ride * 1e6:9.1f} us   "
-        f"({ride / plan_time:.1f}x one vllm plan: {'ok' if ride <= 2 * plan_time else 'OVER 2x'})"
+        f"({ride / plan_time:.1f}x a first vllm plan: "
+        f"{'ok' if ride <= 2 * plan_time else 'OVER 2x'})"
     )
     print(
         f"{'plan_ride, its memo caches cleared':40} {ride_cold * 1e6:9.1f} us   "
-        f"({ride_cold / plan_time:.1f}x one vllm plan)"
+        f"({ride_cold / plan_time:.1f}x a first vllm plan)"
     )
     print(
         f"{'transfer PP8xTP1 -> TP8xDCP8, 4,096 tok':40} {transfer * 1e3:9.3f} ms"
-        f"   ({transfer / plan_time:.0f}x one vllm plan; fastest run {transfer_best * 1e3:.3f} ms: "
+        f"   ({transfer / plan_time:.0f}x a first vllm plan; "
+        f"fastest run {transfer_best * 1e3:.3f} ms: "
         f"{'under' if transfer_best < 1e-3 else 'OVER'} 1 ms)"
     )
     ratio = k3layout_import / pydantic_import
@@ -266,7 +302,7 @@ def main() -> int:
         f"{'import k3layout; k3layout.plan':40} {planner_import * 1e3:9.1f} ms "
         f"({planner_import / pydantic_import:.2f}x import pydantic)"
     )
-    slowest = max(planned for _, planned, _ in rows)
+    slowest = max(first for _, _, first, _ in rows)
     print(f"slowest plan {slowest * 1e3:.3f} ms ({'under' if slowest < 1e-3 else 'OVER'} 1 ms)")
     return 0
 

@@ -132,30 +132,27 @@ def rank_sizes(model: HybridModel, deployment: Deployment) -> RankSizes:
     """Per-rank sizes of ``model``'s layers under ``deployment`` (refuses what cannot shard)."""
     expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
     check_heads(model, deployment.attn_tp)
-    records, per_layer = model.distinct_layers
+    records, _ = model.distinct_layers
+    pairs, per_layer = model.record_uses
     # A draft's attention cache may keep a dtype of its own (tokenspeed #1152 keeps bf16).
     draft = deployment
     if model.draft_layers and deployment.draft_cache_dtype != deployment.kv_dtype:
         draft = deployment.model_copy(update={"kv_dtype": deployment.draft_cache_dtype})
     specs: list[LayerCacheSpec] = []
-    built: dict[tuple[int, bool], int] = {}
-    layer_specs_list: list[int] = []
+    spec_of_pair: list[int] = []
     replay: LayerCacheSpec | None = None
-    for layer_id, index in enumerate(per_layer):
-        key = (index, layer_id >= model.num_layers and draft is not deployment)
-        if key not in built:
-            record = records[index]
-            spec = record.cache_spec(draft if key[1] else deployment)
-            for side in record.side_specs(deployment):
-                replay = replay or side
-            if spec not in specs:
-                specs.append(spec)
-            built[key] = specs.index(spec)
-        layer_specs_list.append(built[key])
-    layer_specs = tuple(layer_specs_list)
-    target = {layer_specs[i] for i in range(model.num_layers)}
+    for index, in_draft in pairs:  # one spec per (record, draft or not), not one per layer
+        record = records[index]
+        spec = record.cache_spec(draft if in_draft else deployment)
+        for side in record.side_specs(deployment):
+            replay = replay or side
+        if spec not in specs:
+            specs.append(spec)
+        spec_of_pair.append(specs.index(spec))
+    layer_specs = tuple(map(spec_of_pair.__getitem__, per_layer))
+    target = {spec_of_pair[i] for i, (_, in_draft) in enumerate(pairs) if not in_draft}
     check_uniform_layers(model, tuple(specs[i] for i in sorted(target)))
-    check_uniform_layers(model, tuple(specs[i] for i in sorted(set(layer_specs) - target)))
+    check_uniform_layers(model, tuple(specs[i] for i in sorted(set(spec_of_pair) - target)))
     # Specs built by the layer kinds from validated records: nothing to re-validate.
     sizes = trusted(
         RankSizes,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,34 @@ def test_importing_k3layout_registers_nothing_until_an_engine_is_named() -> None
     assert lines[1] == str(
         ["k3layout.engines.sglang", "k3layout.engines.tokenspeed", "k3layout.engines.vllm"]
     )
+
+
+CORE = ROOT / "k3layout"
+
+
+def _imported(path: Path) -> set[str]:
+    """Every module ``path`` imports by name, relative imports made absolute."""
+    package = ".".join(path.relative_to(CORE.parent).with_suffix("").parts[:-1])
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(part for part in (base, node.module or "") if part)
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_no_module_below_the_engines_imports_an_engine_package() -> None:
+    """The house's rule: what the engines build on (the model, cache parts, the deployment,
+    the layouts' pipeline, offload and transfer plans, ...) names no engine package; engines
+    register themselves. Only the rooms above them - the CLI, the torch adapter, and the
+    package face (which exports the engines' plans lazily) - import an engine."""
+    above = ("engines", "cli", "torch", "__init__.py")
+    below = [path for path in CORE.rglob("*.py") if path.relative_to(CORE).parts[0] not in above]
+    assert {"deployment.py", "registry.py", "pipeline.py"} <= {path.name for path in below}
+    for path in below:
+        engines = {name for name in _imported(path) if name.startswith("k3layout.engines")}
+        assert not engines, (path, engines)

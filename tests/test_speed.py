@@ -18,6 +18,7 @@ from k3layout import (
     HybridModel,
     KDALayer,
     MLALayer,
+    Refusal,
     VllmPlan,
     load_plan,
     plan,
@@ -33,6 +34,7 @@ from k3layout._frozen import (
 )
 from k3layout.engines.tokenspeed.layout import group_tokenspeed
 from k3layout.engines.vllm.layout import group_vllm
+from k3layout.layouts.pipeline import PLANS_KEPT, _planned
 from k3layout.transfer import Segment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,3 +185,49 @@ def test_plan_json_does_not_import_rich() -> None:
         "print(code, out.getvalue().lstrip()[:1], 'rich' in sys.modules)\n"
     )
     assert run_python(code) == "0 { False"
+
+
+# The pipeline's memo of recent plans: a plan is a value of its inputs, so planning the same
+# model object and an equal deployment again returns the plan already made.
+
+
+def _k3_model() -> HybridModel:
+    kda = KDALayer(num_heads=96, head_dim=128)
+    mla = MLALayer(num_heads=96, q_lora_rank=1536)
+    return HybridModel(
+        name="k3-like",
+        model_type="kimi_k3",
+        layers=tuple(mla if i % 4 == 3 else kda for i in range(8)),
+    )
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "tokenspeed"])
+def test_planning_again_returns_the_plan_made_and_equals_a_first_plan(engine: str) -> None:
+    model = _k3_model()
+    first = plan(model, Deployment(engine=engine, attn_tp=8))
+    again = plan(model, Deployment(engine=engine, attn_tp=8))  # equal, not the same object
+    assert again is first
+    _planned.cache_clear()
+    fresh = plan(model, Deployment(engine=engine, attn_tp=8))
+    assert fresh is not first and fresh == first
+    assert fresh.model_dump_json() == first.model_dump_json()
+
+
+def test_an_equal_model_built_anew_or_another_deployment_is_planned_anew() -> None:
+    model = _k3_model()
+    base = plan(model, Deployment(attn_tp=8))
+    assert plan(_k3_model(), Deployment(attn_tp=8)) is not base
+    other = plan(model, Deployment(attn_tp=8, kv_dtype="bf16"))
+    assert other is not base and other.block_tokens * 2 == base.block_tokens
+
+
+def test_the_memo_is_bounded_and_keeps_no_refusal() -> None:
+    _planned.cache_clear()
+    model = _k3_model()
+    for gib in range(PLANS_KEPT + 50):
+        plan(model, Deployment(attn_tp=8, kv_memory_bytes=(gib + 1) << 30))
+    assert _planned.cache_info().currsize == PLANS_KEPT
+    for _ in range(2):  # refused each time, never kept as an answer
+        with pytest.raises(Refusal):
+            plan(model, Deployment(attn_tp=5))
+    assert _planned.cache_info().currsize == PLANS_KEPT

@@ -7,6 +7,7 @@ a pure function over frozen values.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 from pydantic import BeforeValidator, SerializeAsAny, TypeAdapter
@@ -75,9 +76,47 @@ def plan(model: HybridModel, deployment: Deployment) -> Any:
     return run_pipeline(model, deployment, rules_for(deployment.engine))
 
 
+PLANS_KEPT = 256
+"""How many recent plans :func:`run_pipeline` keeps (a bounded memo: a sweep of thousands of
+deployments keeps the last few hundred, not all)."""
+
+
+class _Inputs:
+    """A plan's inputs as a memo key: the model by identity (a model's facts are cached on
+    the object; an equal model built anew is planned anew), the deployment by value."""
+
+    __slots__ = ("deployment", "hash", "model", "rules")
+
+    def __init__(self, model: HybridModel, deployment: Deployment, rules: EngineRules) -> None:
+        self.model, self.deployment, self.rules = model, deployment, rules
+        self.hash = hash((id(model), deployment, rules.facts.name))
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _Inputs)
+            and other.model is self.model
+            and other.rules is self.rules
+            and other.deployment == self.deployment
+        )
+
+
+@lru_cache(maxsize=PLANS_KEPT)
+def _planned(inputs: _Inputs) -> Any:
+    return _run(inputs.model, inputs.deployment, inputs.rules)
+
+
 def run_pipeline(model: HybridModel, deployment: Deployment, rules: EngineRules) -> Any:
     """The pipeline with ``rules``' seams (each engine's own ``plan_<engine>`` calls this with
-    its rules, typed by its plan)."""
+    its rules, typed by its plan). A plan is an immutable value of its inputs: planning the
+    same model object and an equal deployment again returns the plan already made (the last
+    :data:`PLANS_KEPT` are kept; a refusal is not kept, it is raised again)."""
+    return _planned(_Inputs(model, deployment, rules))
+
+
+def _run(model: HybridModel, deployment: Deployment, rules: EngineRules) -> Any:
     check_parallelism(model, deployment)
     model = rules.check(model, deployment)
     sizes = rank_sizes(model, deployment)

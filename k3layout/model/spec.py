@@ -161,6 +161,21 @@ class HybridModel(Frozen):
         return tuple(index), per_layer
 
     @cached_property
+    def record_uses(self) -> tuple[tuple[tuple[int, bool], ...], tuple[int, ...]]:
+        """The distinct ``(record, in the draft)`` pairs of the module layers in order of first
+        use (a record of :attr:`distinct_layers`; whether the layer is a draft's, which may
+        keep a cache dtype of its own), and for every module layer the index of its pair
+        (computed once per model: a plan builds one cache spec per pair)."""
+        _, per_layer = self.distinct_layers
+        target = self.num_layers
+        index: dict[tuple[int, bool], int] = {}
+        uses = tuple(
+            index.setdefault((record, layer_id >= target), len(index))
+            for layer_id, record in enumerate(per_layer)
+        )
+        return tuple(index), uses
+
+    @cached_property
     def layer_ids_by_record(self) -> tuple[tuple[int, ...], ...]:
         """For every distinct layer record (:attr:`distinct_layers`), the module ids of the
         layers that use it, in module order (computed once per model)."""

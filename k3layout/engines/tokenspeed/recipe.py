@@ -131,13 +131,7 @@ def pack(
     spans = [table[i][-1][1] + table[i][-1][2] for i in range(len(table))]
     payloads = [sum(size for _, _, size in fields) for fields in table]
     elements = [[part.elem_bytes for part in spec.parts] for spec in sizes.specs]
-    index_of = sizes.layer_specs
-
-    def span(layer: int) -> int:
-        return spans[index_of[layer]]
-
-    def payload(layer: int) -> int:
-        return payloads[index_of[layer]]
+    index_of = sizes.layer_specs.__getitem__  # a layer's spec, for the loops below
 
     # a plane aligns to every ``p_g x element`` of the fields on it: per (p_g, spec), once
     aligned = {
@@ -148,23 +142,22 @@ def pack(
 
     num_planes = max(g.plane_of(len(g.layers) - 1) + 1 for g in held)
     required = [0] * num_planes
-    alignment = [PLANE_ALIGNMENT] * num_planes
-    for group in held:
+    needs: list[set[int]] = [{PLANE_ALIGNMENT} for _ in range(num_planes)]
+    for group in held:  # a group's layer j is on plane first_plane + j (Group.plane_of)
         count = packing[group.name]
-        for position, layer in enumerate(group.layers):
-            plane = group.plane_of(position)
-            required[plane] = max(required[plane], count * span(layer))
-            alignment[plane] = _lcm([alignment[plane], aligned[count, index_of[layer]]])
+        for plane, index in enumerate(map(index_of, group.layers), group.first_plane):
+            required[plane] = max(required[plane], count * spans[index])
+            needs[plane].add(aligned[count, index])
+    alignment = [_lcm(sorted(need)) for need in needs]  # a plane's few distinct needs, once
     plane_bytes = tuple(
         -(-need // align) * align for need, align in zip(required, alignment, strict=True)
     )
     for group in held:
         if group.kind != "attention":
             continue
-        for position, layer in enumerate(group.layers):
-            plane = group.plane_of(position)
+        for plane, layer in enumerate(group.layers, group.first_plane):
             stride = plane_bytes[plane] // packing[group.name]
-            page = payload(layer)
+            page = payloads[index_of(layer)]
             if stride != page:
                 raise Refusal(
                     "layout_unsupported",
@@ -178,7 +171,9 @@ def pack(
                 )
     parent_align = _lcm([PLANE_ALIGNMENT, *packing.values()])
     parent = -(-sum(plane_bytes) // parent_align) * parent_align
-    raws = {group.name: sum(payload(layer) for layer in group.layers) for group in held}
+    raws = {
+        group.name: sum(map(payloads.__getitem__, map(index_of, group.layers))) for group in held
+    }
     arena = trusted(
         Arena, packing=dict(packing), plane_bytes=plane_bytes, parent_bytes=parent, raw_bytes=raws
     )
