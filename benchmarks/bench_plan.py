@@ -21,6 +21,7 @@ they are the plan's.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
@@ -240,9 +241,9 @@ def main() -> int:
     rows = []
     for name, model, deployment, bare in cases:
         plan(model, deployment)  # the model's own facts computed once, as in any process
-        again = median_seconds(lambda m=model, d=deployment: plan(m, d), number=500, repeats=15)
+        again = median_seconds(functools.partial(plan, model, deployment), number=500, repeats=15)
         first = median_seconds(
-            lambda m=model, d=deployment: first_plan(m, d), number=200, repeats=15
+            functools.partial(first_plan, model, deployment), number=200, repeats=15
         )
         rows.append((name, again, first, median_seconds(bare, number=5000, repeats=15)))
     vllm_plan = plan(dspark, vllm)

@@ -156,9 +156,8 @@ def _engine_settings(
 
 
 def vllm_pipeline_depths(model: HybridModel, up_to: int) -> tuple[int, ...]:
-    """The pipeline depths up to ``up_to`` (vLLM's even split) at which every stage holding a
-    state layer holds an attention layer too, as vLLM plans need (``stage_without_attention``);
-    draft layers are not counted, since vLLM builds a draft only with speculative tokens.
+    """The pipeline depths up to ``up_to`` (vLLM's even split) at which vLLM plans ``model``
+    (every depth up to its layers: a stage without attention is planned as vLLM plans it).
     Refuses (``invalid_argument``) arguments of the wrong type."""
     expect_args(("model", model, HybridModel), ("up_to", up_to, int))
     return pipeline_depths(model, "vllm", up_to)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
 import subprocess
@@ -33,19 +34,47 @@ def test_py_typed_ships() -> None:
     assert resources.files("k3layout").joinpath("py.typed").is_file()
 
 
+ROOT = Path(__file__).parent.parent
+
+
+def noxfile_constant(name: str) -> object:
+    """A module-level constant of noxfile.py (read, not imported: nox need not be installed)."""
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == name for target in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"noxfile.py has no {name}")
+
+
+def noxfile_session(name: str) -> str:
+    """The source of one nox session's function."""
+    source = (ROOT / "noxfile.py").read_text()
+    tree = ast.parse(source)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return ast.get_source_segment(source, node) or ""
+    raise AssertionError(f"noxfile.py has no session {name}")
+
+
 def test_ci_runs_the_readme_test_command_verbatim() -> None:
-    root = Path(__file__).parent.parent
-    readme = (root / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     blocks = [b.split("```", 1)[0].strip() for b in readme.split("```sh\n")[1:]]
     setup_and_test = blocks[1]
-    assert "pip install torch==2.13.0" in setup_and_test  # the CPU build, before the extras
-    assert setup_and_test in (root / ".ci" / "run").read_text()
+    assert setup_and_test.endswith("/nox")  # every test session and the lint
+    assert setup_and_test in (ROOT / ".ci" / "run").read_text()
+    assert noxfile_constant("TORCH") == "torch==2.13.0"  # the CPU build, before the extras
+    tests = noxfile_session("tests")
+    assert tests.index("session.install(TORCH)") < tests.index(".[dev,torch]")
 
 
 def test_the_readme_main_job_plans() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     main_job = readme.split("```sh\n")[1].split("```", 1)[0].strip()
-    args = main_job.split(".venv/bin/k3layout ", 1)[1].split()
+    assert main_job.endswith("/nox -s demo")
+    args = noxfile_constant("MAIN_JOB")
+    assert isinstance(args, tuple)
     run = subprocess.run(
         [sys.executable, "-m", "k3layout", *args], capture_output=True, text=True, check=False
     )
@@ -54,18 +83,16 @@ def test_the_readme_main_job_plans() -> None:
 
 
 def test_the_test_setup_installs_vllm_without_its_cuda_torch() -> None:
-    root = Path(__file__).parent.parent
-    readme = (root / "README.md").read_text()
-    setup_and_test = [b.split("```", 1)[0] for b in readme.split("```sh\n")[1:]][1]
-    conformance = root / "tests" / "conformance"
+    setup_and_test = noxfile_session("tests")
+    conformance = ROOT / "tests" / "conformance"
 
     def requirements(name: str) -> list[str]:
         lines = (conformance / name).read_text().splitlines()
         return [line for line in lines if line and not line.startswith("#")]
 
     assert "vllm==0.33.0" in requirements("vllm-no-deps.txt")
-    assert "--no-deps -r tests/conformance/vllm-no-deps.txt" in setup_and_test
-    assert setup_and_test.index("torch==2.13.0") < setup_and_test.index("vllm-no-deps")
+    assert '"--no-deps", "-r", "tests/conformance/vllm-no-deps.txt"' in setup_and_test
+    assert setup_and_test.index("install(TORCH)") < setup_and_test.index("vllm-no-deps")
     # Nothing installed with its dependencies may pull torch (vLLM pins a CUDA 2.14).
     assert not any(line.startswith("torch") for line in requirements("vllm-deps.txt"))
 

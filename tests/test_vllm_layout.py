@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from k3layout import Deployment, HybridModel, KDALayer, MLALayer, VllmPlan, plan_vllm
+from k3layout import Deployment, HybridModel, KDALayer, MLALayer, Refusal, VllmPlan, plan_vllm
+from k3layout.engines.vllm.rules import check_mtp_depth
 
 PAGE_832512 = 832_512  # S(8, 2): K3 state at attention TP 8 with 2 speculative tokens
 
@@ -126,3 +127,46 @@ def test_pp_stages_project_the_global_groups(k3_dspark: HybridModel) -> None:
         assert stage.num_planes == max(len(g.layers) for g in stage.groups)
         assert p.stage_block_bytes(stage.index) == stage.num_planes * p.page_bytes
     assert p.num_blocks(10**10) == min(10**10 // p.stage_block_bytes(i) for i in range(8))
+
+
+def test_prefix_caching_off_spans_a_request_and_steps_on_the_lcm(k3_dspark: HybridModel) -> None:
+    """vLLM 0.33: the KDA block is max_model_len in none mode; the scheduler steps on the lcm
+    of every group's block (K3 TP 1 fp8, DSpark at 2 tokens, 8,192 tokens)."""
+    p = plan_vllm(k3_dspark, Deployment(spec_tokens=2, prefix_caching=False))
+    capacity = p.capacity(40 << 30, 8192)
+    assert (p.block_tokens, capacity.kda_span_tokens) == (11_648, 8192)
+    assert capacity.scheduler_block_tokens == math.lcm(11_648, 8192) == 745_472
+    context = k3_dspark.context_tokens
+    assert context is not None
+    assert p.kda_span_tokens == context  # vLLM's default max_model_len
+    assert p.scheduler_block_tokens == math.lcm(11_648, context)
+    aligned = plan_vllm(k3_dspark, Deployment(spec_tokens=2))
+    assert aligned.kda_span_tokens == aligned.scheduler_block_tokens == 11_648
+    dcp = plan_vllm(k3_dspark, Deployment(attn_tp=8, dcp=8, spec_tokens=2, prefix_caching=False))
+    assert dcp.capacity(40 << 30, 8192).scheduler_block_tokens == math.lcm(1536 * 8, 8192)
+
+
+def test_a_stage_without_attention_keeps_its_own_kda_block(k3: HybridModel) -> None:
+    """Layers 0-2 alone on stage 0: their KDA block stays 16 (or the requested block), so
+    they bucket apart and every group holds 3 layers."""
+    p = k3_tp8(k3, pp=2, pp_partition=(3, 90))
+    assert [len(g.layers) for g in p.groups] == [3] * 31
+    assert p.groups[0].layers == (0, 1, 2) and p.num_planes == 3
+    assert [p.span_tokens(g) for g in p.groups[:2]] == [16, 1536]
+    assert len({g.name for g in p.groups}) == 31
+    assert p.capacity(40 << 30, 8192).scheduler_block_tokens == 1536
+    requested = k3_tp8(k3, pp=2, pp_partition=(3, 90), block_tokens=256)
+    assert requested.span_tokens(requested.groups[0]) == 256
+    for same in ({"block_tokens": 1536}, {"prefix_caching": False}):  # one KDA spec again
+        kept = k3_tp8(k3, pp=2, pp_partition=(3, 90), **same)
+        assert [len(g.layers) for g in kept.groups] == [23, 23, 23, 24]
+
+
+def test_mtp_without_modules_is_refused() -> None:
+    with pytest.raises(Refusal) as refused:
+        check_mtp_depth(0, 2)
+    assert refused.value.code == "draft_unsupported"
+    assert "num_nextn_predict_layers" in refused.value.message
+    check_mtp_depth(1, 2)  # reused in turn
+    with pytest.raises(Refusal, match="multiple"):
+        check_mtp_depth(2, 3)

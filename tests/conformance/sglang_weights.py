@@ -118,7 +118,7 @@ def compressed_tensors(format: str, kind: str) -> dict[str, Any]:
         "actorder": None,
         "observer": "minmax",
     }
-    group = {"targets": ["Linear"], "weights": weights}
+    group: dict[str, Any] = {"targets": ["Linear"], "weights": weights}
     group |= {"input_activations": None, "output_activations": None}
     return {
         "quant_method": "compressed-tensors",

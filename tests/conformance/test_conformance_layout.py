@@ -28,7 +28,9 @@ from vllm_engine import (  # noqa: E402
     Engine,
     bind,
     blocks_per_request,
+    group_block_sizes,
     max_concurrency,
+    scheduler_block_size,
     start,
     target_config,
 )
@@ -36,6 +38,7 @@ from vllm_engine import (  # noqa: E402
 from k3layout import Deployment, HybridModel, Refusal, VllmPlan, load_config, plan  # noqa: E402
 from k3layout.engines.vllm import check_kv_caches  # noqa: E402
 from k3layout.engines.vllm import layer_of as layer_id  # noqa: E402
+from k3layout.engines.vllm.spans import group_block_tokens  # noqa: E402
 from k3layout.model.presets import DSPARK_DRAFT_LAYERS  # noqa: E402
 
 HEADS = {"kimi-k3": 96, "kimi-linear": 32}
@@ -220,7 +223,9 @@ def describe(value: Any) -> str:
 
 
 @pytest.mark.parametrize("case", grid(), ids=str)
-def test_planner_answers_what_vllm_resolves(case: Case, tmp_path: Path) -> None:
+def test_planner_answers_what_vllm_resolves(case: Case, tmp_path: Path, live: bool = True) -> None:
+    """``live``: also check what vLLM binds with ``check_kv_caches`` (which reads each
+    worker's own config)."""
     engine, result = both(case, tmp_path)
     if isinstance(engine, Exception) or isinstance(result, Refusal):
         assert isinstance(engine, Exception) and isinstance(result, Refusal), (
@@ -238,7 +243,7 @@ def test_planner_answers_what_vllm_resolves(case: Case, tmp_path: Path) -> None:
         assert backing == {result.blocks_bytes(num_blocks, stage)}
         assert result.stage_block_bytes(stage) * num_blocks in backing
         assert planned_offsets(result, stage, num_blocks) == page_offsets(engine, stage)
-        if binds(case):  # the caches vLLM binds pass the live check
+        if binds(case) and live:  # the caches vLLM binds pass the live check
             bound = bind(engine, stage)
             with pytest.MonkeyPatch.context() as env:  # as the engine process has it
                 if case.pp_partition is not None:
@@ -251,28 +256,13 @@ def test_planner_answers_what_vllm_resolves(case: Case, tmp_path: Path) -> None:
     assert capacity.max_concurrency == max_concurrency(engine)
     assert capacity.max_requests == math.floor(max_concurrency(engine))
     assert capacity.mamba_cache_mode == engine.config.cache_config.mamba_cache_mode
-    if result.model.kda_layers:  # one state per block in align mode; per request in none
+    # each group's block (KDA: one state per block in align mode, per request in none; a
+    # stage without attention keeps its own) and the scheduler's lcm of them
+    spans = [group_block_tokens(result, g, case.max_model_len) for g in result.groups]
+    assert spans == group_block_sizes(engine)
+    assert capacity.scheduler_block_tokens == scheduler_block_size(engine)
+    if result.model.kda_layers and not case.pp_partition:
         assert capacity.kda_span_tokens == engine.state_block_size
-
-
-def test_a_stage_without_attention_is_the_one_layout_refused_where_vllm_starts(
-    tmp_path: Path,
-) -> None:
-    """vLLM 0.33 starts with a stage of KDA layers only (3 + 90 over two stages), but that
-    stage's worker finds no attention backend: its KDA block stays at 16 tokens and every
-    layer is regrouped. The planner refuses it rather than plan another layout."""
-    case = Case(attn_tp=8, pp=2, pp_partition=(3, 90))
-    engine = start(case, tmp_path)
-    stage0 = engine.kv_cache_configs[0].kv_cache_groups
-    assert {g.kv_cache_spec.block_size for g in stage0 if g.layer_names} == {16}
-    assert len(stage0) > 4  # regrouped: not K3's 3 KDA groups + 1 attention group
-    with pytest.raises(Refusal) as refused:
-        plan(planner_model(case, tmp_path), deployment(case))
-    assert refused.value.code == "stage_without_attention"
-    assert refused.value.facts["stage"] == 0
-    # one MLA layer in the first stage (4 + 89) and both sides agree again
-    served = Case(attn_tp=8, pp=2, pp_partition=(4, 89))
-    test_planner_answers_what_vllm_resolves(served, tmp_path)
 
 
 def memory_cases() -> list[tuple[Case, int]]:

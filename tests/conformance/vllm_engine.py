@@ -487,6 +487,26 @@ def blocks_per_request(engine: Engine) -> list[int]:
         ]
 
 
+def group_block_sizes(engine: Engine) -> list[int]:
+    """Each global group's block in tokens as the scheduler counts it (attention scaled by
+    DCP, KDA not: ``resolve_dcp_kv_block_size``), in vLLM's group order."""
+    from vllm.v1.core.kv_cache_utils import resolve_dcp_kv_block_size  # noqa: PLC0415
+
+    dcp = engine.config.parallel_config.decode_context_parallel_size
+    groups = engine.kv_cache_configs[0].kv_cache_groups
+    return [resolve_dcp_kv_block_size(g.kv_cache_spec, dcp) for g in groups]
+
+
+def scheduler_block_size(engine: Engine) -> int:
+    """The scheduler's block vLLM's engine core resolves (``resolve_kv_cache_block_sizes``)."""
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes  # noqa: PLC0415
+
+    scheduler = generate_scheduler_kv_cache_config(engine.kv_cache_configs)
+    with set_current_vllm_config(engine.config):
+        block, _ = resolve_kv_cache_block_sizes(scheduler, engine.config)
+    return int(block)
+
+
 def with_block(case: Case, block_tokens: int | None) -> Case:
     """``case`` with another requested block size."""
     return replace(case, block_tokens=block_tokens)

@@ -308,9 +308,7 @@ def check_kv_caches(
 def _count(record: Any, name: str) -> int:
     """An integer field of one of vLLM's KV-cache records; a missing one or anything but an
     int is refused naming it."""
-    return expect_int(
-        f"kv_cache_config.{name}", engine_attribute(record, name, "kv_cache_config")
-    )
+    return expect_int(f"kv_cache_config.{name}", engine_attribute(record, name, "kv_cache_config"))
 
 
 def _records(record: Any, name: str) -> list[Any]:

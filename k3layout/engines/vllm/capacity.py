@@ -25,20 +25,18 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 from ..._frozen import Frozen
 from ...errors import Refusal
 from ...layouts.answer import RequestCapacity, answer, check_budget, check_context
-from ...layouts.protocol import EngineLayout
 from .rules import (
     MambaCacheMode,
+    mamba_block_tokens,
     prefill_checkpoint_blocks,
     resolved_kda_prefill_backend,
     state_blocks_per_request,
 )
+from .spans import SpanPlan, scheduler_block_tokens
 
 
-class BlockPlan(EngineLayout, Protocol):
+class BlockPlan(SpanPlan, Protocol):
     """What capacity reads of a vLLM plan (:class:`~k3layout.engines.vllm.VllmPlan`)."""
-
-    @property
-    def block_tokens(self) -> int: ...
 
     def num_blocks(self, budget_bytes: int, stage: int | None = None) -> int: ...
 
@@ -81,6 +79,11 @@ class VllmCapacity(RequestCapacity):
     kda_span_tokens: PositiveInt = Field(
         description="tokens one KDA state block covers: the block in align mode, "
         "max_model_len in none mode (vLLM's mamba_block_size)"
+    )
+    scheduler_block_tokens: PositiveInt = Field(
+        description="the scheduler's block: the lcm of every KV-cache group's block "
+        "(attention: block x dcp; KDA: kda_span_tokens, or the unaligned block of a "
+        "pipeline stage without attention)"
     )
     """Tokens one KDA state block covers: the block in ``align`` mode (a checkpoint per
     block), the whole request (``max_model_len``) in ``none`` mode, as vLLM sizes the KDA
@@ -188,7 +191,8 @@ def vllm_capacity(
         kda_prefill_backend=kda_prefill_backend_of(plan),
         blocks_per_request=entries,
         max_concurrency=concurrency,
-        kda_span_tokens=(
-            plan.block_tokens if plan.deployment.mamba_cache_mode_run == "align" else max_model_len
+        kda_span_tokens=mamba_block_tokens(
+            plan.deployment.mamba_cache_mode_run, plan.block_tokens, max_model_len
         ),
+        scheduler_block_tokens=scheduler_block_tokens(plan, max_model_len),
     )

@@ -10,7 +10,7 @@ from ...registry import EngineFacts, LayerNaming
 from .budget import VLLM_BUDGET
 from .invariants import vllm_violations
 from .launch import LAUNCH
-from .layout import VllmPlan, built_model, check_vllm, group_vllm, pack_vllm, serves_pipeline
+from .layout import VllmPlan, built_model, check_vllm, group_vllm, pack_vllm
 from .rules import DENSE_MLA_KV_DTYPES
 from .weights import rank_weights
 
@@ -52,7 +52,6 @@ VLLM = register_engine(
         pack=pack_vllm,
         built_model=built_model,
         violations=vllm_violations,
-        pipeline_ok=serves_pipeline,
         weights=rank_weights,
         budget=VLLM_BUDGET,
     )

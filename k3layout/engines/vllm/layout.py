@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from typing import ClassVar, Literal
 
 from pydantic import PositiveInt, model_validator
@@ -29,13 +28,20 @@ from ...constants import MAX_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
 from ...deployment import Deployment
 from ...errors import Refusal
 from ...layouts.answer import check_context
-from ...layouts.groups import Group, Stage, group_kind, group_names, split_strided
+from ...layouts.groups import (
+    Group,
+    Stage,
+    group_kind,
+    group_names,
+    projected_stages,
+    split_strided,
+)
 from ...layouts.protocol import ByteRange, LayoutBase, check_block, check_non_negative
 from ...layouts.recommend import Recommendation, advise, check_workload
 from ...layouts.seams import SGLANG_SETTINGS, TOKENSPEED_SETTINGS, refuse_settings
 from ...limits import check_bound, checked_bytes
 from ...model import HybridModel
-from ...placements import Interleave, pp_stage_bounds
+from ...placements import Interleave
 from ...sizes import RankSizes
 from .capacity import VllmCapacity, vllm_capacity
 from .launch import vllm_env, vllm_flags
@@ -51,6 +57,13 @@ from .rules import (
     check_layout_serves,
     check_mtp_depth,
     kernel_block_tokens,
+    mamba_block_tokens,
+)
+from .spans import (
+    default_max_model_len,
+    group_block_tokens,
+    scheduler_block_tokens,
+    unaligned_state_layers,
 )
 
 
@@ -100,8 +113,20 @@ class VllmPlan(SelfChecked, LayoutBase):
 
     @property
     def kda_span_tokens(self) -> int:
-        """Tokens one KDA block (one state checkpoint in ``align`` mode) covers."""
-        return self.block_tokens
+        """Tokens one KDA block covers (vLLM's ``mamba_block_size``) on stages with attention:
+        the block in ``align`` mode (one state checkpoint per block), vLLM's default
+        ``max_model_len`` in ``none`` mode (one state per request)."""
+        return mamba_block_tokens(
+            self.deployment.mamba_cache_mode_run,
+            self.block_tokens,
+            default_max_model_len(self.model),
+        )
+
+    @property
+    def scheduler_block_tokens(self) -> int:
+        """The scheduler's block at vLLM's default ``max_model_len``: the lcm of every
+        group's block (:func:`.spans.scheduler_block_tokens`)."""
+        return scheduler_block_tokens(self)
 
     @property
     def bytes_per_token(self) -> float:
@@ -194,11 +219,9 @@ class VllmPlan(SelfChecked, LayoutBase):
         return num_blocks * self.page_bytes
 
     def span_tokens(self, group: Group) -> int:
-        """Tokens one block of ``group`` covers: ``page tokens * dcp`` for attention, the
-        block for state (one checkpoint per block in ``align`` mode)."""
-        if self.group_spec(group).paging == "slot":
-            return self.block_tokens
-        return self.tokens_per_page(group) * self.deployment.dcp
+        """Tokens one block of ``group`` covers: ``page tokens * dcp`` for attention; for
+        state the group's KDA block (:func:`.spans.group_block_tokens`)."""
+        return group_block_tokens(self, group)
 
     def blocks_in(self, budget_bytes: int, stage: int | None = None) -> int:
         """Blocks in ``budget_bytes`` (:meth:`num_blocks`)."""
@@ -325,6 +348,7 @@ class VllmPlan(SelfChecked, LayoutBase):
             "kda_page_padding_bytes": self.kda_page_padding_bytes,
             "attention_span_tokens": self.attention_span_tokens,
             "kda_span_tokens": self.kda_span_tokens,
+            "scheduler_block_tokens": self.scheduler_block_tokens,
             "attention_backend": backend_of(self.deployment),
             "kernel_block_tokens": self.kernel_block_tokens,
             "kv_cache_layout": self.deployment.kv_cache_layout,
@@ -376,43 +400,7 @@ def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
         check_backend_runs(backend, deployment.gpu, deployment.kv_dtype)
     if deployment.block_tokens is not None:
         check_block_supported(backend, deployment.block_tokens)
-    built = built_model(model, deployment)
-    check_every_stage_pages(built, deployment)  # a draft vLLM does not build pages nothing
-    return built
-
-
-def check_every_stage_pages(model: HybridModel, deployment: Deployment) -> None:
-    """Refuse (``stage_without_attention``) a pipeline stage with KDA layers and no attention
-    layer: its worker finds no attention backend to align the block to, so vLLM 0.33 leaves
-    that stage's KDA block at 16 tokens and regroups every layer around it, a layout this
-    planner does not model."""
-    bounds = pp_stage_bounds(model.num_layers, deployment.pp, deployment.pp_partition)
-    stage = stage_without_attention(model, bounds)
-    if stage is not None:
-        start, end = bounds[stage]
-        raise Refusal(
-            "stage_without_attention",
-            f"pipeline stage {stage} (module layers {start}-{end - 1}) holds KDA layers "
-            "and no attention layer: vLLM 0.33 leaves its KDA block at 16 tokens and "
-            "regroups every layer, a layout the planner does not model",
-            facts={"stage": stage, "first_layer": start, "end_layer": end},
-            hint="choose pp / pp_partition so that every stage holds an MLA layer",
-        )
-
-
-def stage_without_attention(model: HybridModel, bounds: tuple[tuple[int, int], ...]) -> int | None:
-    """The first pipeline stage (``[start, end)`` module layers each; drafts on the last)
-    holding a state layer and no attention layer, or ``None``."""
-    attention = model.attention_layer_ids  # sorted: count each stage's by bisection
-    draft_pagings = {layer.paging for layer in model.draft_layers}
-    last = len(bounds) - 1
-    for stage, (start, end) in enumerate(bounds):
-        held = bisect_left(attention, end) - bisect_left(attention, start)
-        has_attention = held > 0 or (stage == last and "token" in draft_pagings)
-        has_state = held < end - start or (stage == last and "slot" in draft_pagings)
-        if has_state and not has_attention:
-            return stage
-    return None
+    return built_model(model, deployment)
 
 
 def built_model(model: HybridModel, deployment: Deployment) -> HybridModel:
@@ -422,38 +410,41 @@ def built_model(model: HybridModel, deployment: Deployment) -> HybridModel:
     return model.without_draft() if deployment.spec_tokens == 0 else model
 
 
-def serves_pipeline(model: HybridModel, pp: int) -> bool:
-    """Whether vLLM's even split of ``model`` over ``pp`` stages gives every stage holding a
-    state layer an attention layer too (``stage_without_attention``); draft layers are not
-    counted, since vLLM builds a draft only with speculative tokens."""
-    target = model.without_draft()
-    return stage_without_attention(target, pp_stage_bounds(model.num_layers, pp)) is None
-
-
-def group_vllm(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
+def group_vllm(
+    model: HybridModel, sizes: RankSizes, apart: frozenset[int] = frozenset()
+) -> tuple[Group, ...]:
     """vLLM's grouping: one bucket per distinct cache spec, in first-appearance (module)
-    order, strided split.
+    order, strided split. ``apart``: state layers whose spec differs by its block alone (a
+    stage without attention, :func:`.spans.unaligned_state_layers`), bucketed on their own.
 
     K3 + DSpark: buckets KDA 69 and attention 29; 69 >= 1.5 x 29 so ``group_size`` = 29 and
     KDA splits into ceil(69/29) = 3 groups of 23, 23, 23 (KDA first: module layer 0 is KDA).
     """
     # One bucket per spec, from the model's (cached) layers of each distinct record: records
     # whose specs coincide under this deployment share a bucket.
-    buckets: dict[int, tuple[int, ...]] = {}
+    buckets: dict[tuple[int, bool], tuple[int, ...]] = {}
     for ids in model.layer_ids_by_record:
         index = sizes.layer_specs[ids[0]]
-        buckets[index] = tuple(sorted((*buckets[index], *ids))) if index in buckets else ids
-    smallest = min(len(ids) for ids in buckets.values())
-    largest = max(len(ids) for ids in buckets.values())
+        for alone in (False, True):
+            held = tuple(i for i in ids if (i in apart) is alone) if apart else ids * (not alone)
+            if held:
+                key = (index, alone)
+                buckets[key] = tuple(sorted((*buckets.get(key, ()), *held)))
+    ordered = sorted(buckets.items(), key=lambda item: item[1][0])  # vLLM: first appearance
+    smallest = min(len(ids) for _, ids in ordered)
+    largest = max(len(ids) for _, ids in ordered)
     ratio_num, ratio_den = VLLM_GROUP_SIZE_RATIO
     group_size = largest if largest * ratio_den < smallest * ratio_num else smallest
-    kinds = {index: group_kind(sizes.specs[index]) for index in buckets}
+    kinds = {index: group_kind(sizes.specs[index]) for (index, _), _ in ordered}
+    named: dict[tuple[str, int], int] = {}  # groups named so far per kind and spec
     groups: list[Group] = []
-    for index, ids in buckets.items():
+    for (index, _), ids in ordered:
         kind = kinds[index]
         splits = split_strided(ids, -(-len(ids) // group_size))
         prefix = None if list(kinds.values()).count(kind) == 1 else sizes.specs[index].kind
-        names = group_names(kind, len(splits), prefix)
+        done = named.get((kind, index), 0)
+        names = group_names(kind, done + len(splits), prefix)[done:]
+        named[(kind, index)] = done + len(splits)
         groups.extend(
             trusted(Group, name=n, kind=kind, layers=s, first_plane=0)
             for n, s in zip(names, splits, strict=True)
@@ -468,11 +459,17 @@ def pack_vllm(
     groups: tuple[Group, ...],
     stages: tuple[Stage, ...],
 ) -> VllmPlan:
-    """Raise the block, size the shared page and check DCP's interleave against it."""
+    """Raise the block, size the shared page and check DCP's interleave against it; regroup
+    when a stage without attention keeps its KDA layers at another block (vLLM buckets them
+    apart)."""
     page = unified_page_bytes(
         sizes, block_tokens_for(sizes, deployment.block_tokens, backend_of(deployment))
     )
     block = page // sizes.attention_bytes_per_token
+    apart = unaligned_state_layers(model, deployment, block)
+    if apart:
+        groups = group_vllm(model, sizes, apart)
+        stages = projected_stages(model, deployment, groups)
     check_layout_serves(backend_of(deployment), deployment.kv_cache_layout, block)
     if block % deployment.dcp_interleave:
         raise Refusal(

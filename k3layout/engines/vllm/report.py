@@ -24,6 +24,7 @@ class VllmReport(PlanReport):
     kda_page_padding_bytes: int
     attention_span_tokens: int
     kda_span_tokens: int
+    scheduler_block_tokens: int
     attention_backend: str
     kernel_block_tokens: int
     kv_cache_layout: str

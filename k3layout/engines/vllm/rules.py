@@ -125,6 +125,9 @@ def backend_of(deployment: Deployment) -> AttentionBackend:
 DEFAULT_BLOCK_TOKENS: Final = 16
 """vLLM's ``CacheConfig.DEFAULT_BLOCK_SIZE``, from which a backend's preferred block starts."""
 
+DEFAULT_MAX_MODEL_LEN: Final = 2048
+"""vLLM's ``max_model_len`` for a checkpoint that names no context length."""
+
 DENSE_MLA_KV_DTYPES: Final = ("fp8", "bf16")
 """Cache dtypes vLLM 0.33's dense MLA backends accept for Kimi-K3 (not ``fp8_ds_mla``, the
 sparse backends' 656-byte layout)."""
@@ -334,6 +337,19 @@ def prefill_checkpoint_blocks(kda_prefill_backend: str) -> int:
     return int(kda_prefill_backend in ("flashkda", "fused"))
 
 
+def mamba_block_tokens(mode: MambaCacheMode, block: int, max_model_len: int) -> int:
+    """Tokens one KDA block covers (vLLM's ``mamba_block_size``): the stage's block in
+    ``align`` mode (a state checkpoint per block), the whole request in ``none`` mode."""
+    return block if mode == "align" else max_model_len
+
+
+def unaligned_block_tokens(requested: int | None) -> int:
+    """The block of a pipeline stage whose worker holds no attention layer: it finds no
+    attention backend to align to, so its block stays the requested one, else vLLM's
+    default 16 (its KDA layers then checkpoint every that many tokens in ``align`` mode)."""
+    return DEFAULT_BLOCK_TOKENS if requested is None else requested
+
+
 def state_blocks_per_request(mode: MambaCacheMode, spec_blocks: int, checkpoint: int) -> int:
     """Blocks one request holds in a KDA group: ``2 + spec + checkpoint`` in ``align`` mode
     (the running state, the last block's checkpoint, one per draft token), ``1 + spec`` in
@@ -344,10 +360,25 @@ def state_blocks_per_request(mode: MambaCacheMode, spec_blocks: int, checkpoint:
 
 
 def check_mtp_depth(num_modules: int, spec_tokens: int) -> None:
-    """Refuse (``spec_tokens``) a speculative depth MTP modules cannot be reused for: above
-    ``num_modules`` it must be a multiple of it, as vLLM's ``SpeculativeConfig`` requires."""
-    expect_positive("num_modules", num_modules)
+    """Refuse a speculative depth MTP modules cannot serve: (``draft_unsupported``) MTP asked
+    of a checkpoint with no MTP module (``num_nextn_predict_layers`` 0 or absent), which
+    vLLM's ``SpeculativeConfig`` fails on at start-up (it divides the depth by the module
+    count); (``spec_tokens``) above ``num_modules`` a depth that is not a multiple of it, as
+    ``SpeculativeConfig`` requires (it reuses the modules in turn)."""
+    expect_int("num_modules", num_modules)
     expect_int("spec_tokens", spec_tokens)
+    if num_modules == 0 and spec_tokens > 0:
+        raise Refusal(
+            "draft_unsupported",
+            f"speculative method 'mtp' with spec_tokens={spec_tokens}, but the checkpoint has "
+            "no MTP module (num_nextn_predict_layers is 0 or absent): vLLM "
+            f"{VLLM_VERSION}'s SpeculativeConfig divides the depth by the module count and "
+            "fails at start-up",
+            facts={"spec_tokens": spec_tokens, "mtp_modules": 0, "drafter": "mtp"},
+            hint="use a checkpoint with MTP modules, a DSpark draft (method 'dspark' with "
+            "its draft model), or spec_tokens=0",
+        )
+    expect_positive("num_modules", num_modules)
     if spec_tokens > num_modules and spec_tokens % num_modules:
         lower = spec_tokens - spec_tokens % num_modules
         raise Refusal(
@@ -422,6 +453,7 @@ def recommended_max_num_batched_tokens(prompt_tokens: Sequence[int], block: int)
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "DEFAULT_MAX_MODEL_LEN",
     "KDA_PREFILL_BACKENDS",
     "KV_CACHE_LAYOUTS",
     "MAMBA_CACHE_MODES",
@@ -439,6 +471,7 @@ __all__ = [
     "check_mtp_depth",
     "default_attention_backend",
     "kernel_block_tokens",
+    "mamba_block_tokens",
     "preferred_block_tokens",
     "prefill_checkpoint_blocks",
     "recommended_max_num_batched_tokens",
@@ -450,4 +483,5 @@ __all__ = [
     "smallest_kernel_block",
     "state_blocks_per_request",
     "supports_block",
+    "unaligned_block_tokens",
 ]
