@@ -239,3 +239,44 @@ def test_a_model_of_another_family_is_refused_by_its_model_type() -> None:
     with pytest.raises(Refusal) as caught:
         model_from_config(nested)
     assert "model_type llama is not a hybrid MLA + KDA model" in str(caught.value)
+
+
+def _glm() -> dict[str, Any]:
+    config: dict[str, Any] = json.loads((FIXTURES / "glm-5.3-flash.config.json").read_text())
+    return config
+
+
+@pytest.mark.parametrize("form", ["nested", "flat", "full_attention"])
+def test_a_layer_types_hybrid_with_an_indexer_is_refused_naming_layer_types(form: str) -> None:
+    """GLM-5.3-Flash (``glm5_next``): its indexed MLA layers keep caches no plan counts yet,
+    so it is refused by its layer kinds, not by a field the operator should not change
+    (``qk_rope_head_dim`` 0 is valid there)."""
+    config = _glm()
+    if form == "flat":  # transformers' text-only form
+        config = {**config["text_config"], "model_type": "glm5_next"}
+    if form == "full_attention":  # read as indexed_attention, as transformers does
+        text = config["text_config"]
+        text["layer_types"] = [
+            "full_attention" if kind == "indexed_attention" else kind
+            for kind in text["layer_types"]
+        ]
+    with pytest.raises(Refusal) as caught:
+        model_from_config(config)
+    refusal = caught.value
+    assert refusal.code == "invalid_config"
+    assert refusal.facts["field"] == "layer_types"
+    assert refusal.facts["model_type"] == "glm5_next"
+    assert "indexer" in str(refusal) and "qk_rope_head_dim" not in str(refusal)
+
+
+def test_a_layer_types_model_without_hybrid_kinds_is_not_refused_for_them() -> None:
+    """Only linear_attention / indexed_attention layers mark the indexed family: a Kimi config
+    that also lists ``layer_types`` of another vocabulary is planned as before."""
+    config = json.loads((FIXTURES / "kimi-linear-48b-a3b.config.json").read_text())
+    config["layer_types"] = ["sliding_attention"] * 2
+    assert (
+        model_from_config(config).layers
+        == model_from_config(
+            json.loads((FIXTURES / "kimi-linear-48b-a3b.config.json").read_text())
+        ).layers
+    )

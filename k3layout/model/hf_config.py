@@ -167,7 +167,10 @@ def _check_family(outer: Mapping[str, object], text: object, source: str) -> Non
     """Refuse (``invalid_config``) by name a model that is neither MLA nor hybrid MLA + KDA
     (a Llama: no ``kv_lora_rank``, no ``linear_attn_config``), rather than listing the MLA
     fields it lacks."""
-    if not isinstance(text, Mapping) or "kv_lora_rank" in text or "linear_attn_config" in text:
+    if not isinstance(text, Mapping) or "linear_attn_config" in text:
+        return
+    _check_layer_types(outer, text, source)
+    if "kv_lora_rank" in text:
         return
     model_type = text.get("model_type") or outer.get("model_type")
     if not isinstance(model_type, str):
@@ -178,6 +181,33 @@ def _check_family(outer: Mapping[str, object], text: object, source: str) -> Non
         "kv_lora_rank and no linear_attn_config)",
         facts={"source": source, "field": "model_type", "model_type": model_type},
         hint="plan a Kimi-K3 / Kimi-Linear config (or an MLA model such as DeepSeek-V3.2)",
+    )
+
+
+INDEXED_FAMILY_LAYERS = frozenset({"linear_attention", "indexed_attention"})
+"""``layer_types`` values of the hybrids that declare KDA and DSA-indexed MLA layers per layer
+(GLM-5.3-Flash's ``glm5_next``), whose caches the planner does not model yet."""
+
+
+def _check_layer_types(
+    outer: Mapping[str, object], text: Mapping[str, object], source: str
+) -> None:
+    """Refuse (``invalid_config``, field ``layer_types``) a hybrid that declares its KDA and
+    indexed MLA layers in ``layer_types``: its MLA layers keep a DSA indexer key cache (one
+    entry per ``index_kpool`` tokens) and a per-request tail ring beside the latent, which no
+    plan counts yet; planned as a Kimi model, it would be planned silently wrong."""
+    kinds = text.get("layer_types")
+    if not isinstance(kinds, list) or not INDEXED_FAMILY_LAYERS & set(map(str, kinds)):
+        return
+    model_type = outer.get("model_type") or text.get("model_type")
+    raise Refusal(
+        "invalid_config",
+        f"config {source}: model_type {model_type} declares linear_attention / "
+        "indexed_attention layers in layer_types; its indexed MLA layers keep a DSA indexer "
+        "key cache and a tail ring beside the latent, which k3layout does not plan yet",
+        facts={"source": source, "field": "layer_types", "model_type": str(model_type)},
+        hint="k3layout plans Kimi-K3 and Kimi-Linear (linear_attn_config) and MLA models; "
+        "size this model with the engine's own start-up",
     )
 
 
