@@ -242,7 +242,7 @@ def test_a_model_of_another_family_is_refused_by_its_model_type() -> None:
 
 
 def _glm() -> dict[str, Any]:
-    config: dict[str, Any] = json.loads((FIXTURES / "glm-5.3-flash.config.json").read_text())
+    config: dict[str, Any] = json.loads((FIXTURES / "glm-5.3-flash" / "config.json").read_text())
     return config
 
 
