@@ -26,6 +26,7 @@ from .settings import (
     KdaPrefillBackend,
     KvCacheLayout,
     MambaCacheMode,
+    SpeculativeMethod,
     resolved_mamba_cache_mode,
 )
 
@@ -74,6 +75,8 @@ class Deployment(Frozen):
     - ``prefix_caching`` (vLLM's ``--enable-prefix-caching``, on by default) decides the KDA
       cache mode, ``align`` or ``none``; ``mamba_cache_mode`` is accepted as vLLM 0.33 accepts
       it (``align`` or ``none``) and resolved as it resolves it (:attr:`mamba_cache_mode_run`).
+    - ``speculative_method``: vLLM's speculative method (``--speculative-config``'s
+      ``method``); ``None``: the model's own drafter (:attr:`HybridModel.drafter`).
     - ``kda_prefill_backend``: vLLM's KDA prefill kernel (``auto``: FlashKDA where the layer
       allows it); FlashKDA holds one more state block per request.
 
@@ -182,6 +185,11 @@ class Deployment(Frozen):
         description="vLLM's KDA prefill kernel; auto: FlashKDA where the layer allows it "
         "(FlashKDA holds one more state block per request)",
     )
+    speculative_method: SpeculativeMethod | None = Field(
+        None,
+        description="vLLM's --speculative-config method: mtp (the checkpoint's MTP modules), "
+        "dspark (a DSpark draft) or ngram (no draft model); None: the model's own drafter",
+    )
     expert_parallel: bool = Field(
         False,
         description="expert parallelism over every rank of a stage (vLLM's "
@@ -212,12 +220,12 @@ class Deployment(Frozen):
         "the smaller of it and what the memory gives); None: no cap",
     )
 
-    gpu_memory_utilization: (
-        Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None
-    ) = Field(
-        None,
-        description="vLLM's and tokenspeed's --gpu-memory-utilization: the share of the GPU "
-        "the engine takes for weights, reserve and KV; None: the engine's default",
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None = (
+        Field(
+            None,
+            description="vLLM's and tokenspeed's --gpu-memory-utilization: the share of the GPU "
+            "the engine takes for weights, reserve and KV; None: the engine's default",
+        )
     )
     mem_fraction_static: Annotated[float, Field(gt=0.0, lt=1.0, allow_inf_nan=False)] | None = (
         Field(

@@ -41,6 +41,13 @@ KDA_PREFILL_BACKENDS: Final[tuple[KdaPrefillBackend, ...]] = (
     "fused",
 )
 
+SpeculativeMethod: TypeAlias = Literal["mtp", "dspark", "ngram"]
+"""vLLM's ``--speculative-config`` ``method`` k3layout plans: ``mtp`` (the checkpoint's
+``num_nextn_predict_layers`` modules), ``dspark`` (a DSpark draft model) or ``ngram`` (no draft
+model: prompt lookup)."""
+
+SPECULATIVE_METHODS: Final[tuple[SpeculativeMethod, ...]] = ("mtp", "dspark", "ngram")
+
 MambaCacheMode: TypeAlias = Literal["align", "none"]
 """What ``--mamba-cache-mode`` takes in vLLM 0.33 (deprecated there: prefix caching decides)."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from k3layout import Deployment, HybridModel, MLALayer, Refusal, plan, plan_vllm
+from k3layout import Deployment, HybridModel, MLALayer, Refusal, plan, plan_vllm, preset
 from k3layout.engines.vllm.rules import (
     ATTENTION_BACKENDS,
     aligned_block_tokens,
@@ -232,3 +232,59 @@ def test_a_kernel_block_of_a_block_the_backend_refuses_is_refused() -> None:
     with pytest.raises(Refusal) as refused:
         kernel_block_tokens("FLASHMLA", 200)
     assert refused.value.code == "block_unsupported"
+
+
+# Deployment.speculative_method: the method vLLM's --speculative-config names
+
+
+def test_speculative_method_mtp_without_mtp_modules_is_refused_as_vllm_fails() -> None:
+    k3 = preset("kimi-k3")  # num_nextn_predict_layers 0
+    with pytest.raises(Refusal) as caught:
+        plan(k3, Deployment(attn_tp=8, spec_tokens=2, speculative_method="mtp"))
+    assert caught.value.code == "draft_unsupported"
+    assert caught.value.facts["mtp_modules"] == 0
+    assert "SpeculativeConfig" in str(caught.value)
+    # without speculative tokens nothing speculates: planned
+    plan(k3, Deployment(attn_tp=8, speculative_method="mtp"))
+
+
+@pytest.mark.parametrize(("model", "method"), [("kimi-k3", "dspark"), ("kimi-k3-dspark", "mtp")])
+def test_a_method_the_model_has_no_draft_for_is_refused_naming_both(
+    model: str, method: str
+) -> None:
+    with pytest.raises(Refusal) as caught:
+        plan(preset(model), Deployment(attn_tp=8, spec_tokens=2, speculative_method=method))
+    assert caught.value.code == "draft_unsupported"
+    assert caught.value.facts["speculative_method"] == method
+
+
+def test_ngram_builds_no_draft_and_the_model_drafter_is_the_default() -> None:
+    dspark = preset("kimi-k3-dspark")
+    ngram = plan(dspark, Deployment(attn_tp=8, spec_tokens=2, speculative_method="ngram"))
+    target = plan(dspark.without_draft(), Deployment(attn_tp=8, spec_tokens=2))
+    assert ngram.model == dspark.without_draft()
+    assert (ngram.block_tokens, ngram.num_planes) == (target.block_tokens, target.num_planes)
+    named = plan(dspark, Deployment(attn_tp=8, spec_tokens=2, speculative_method="dspark"))
+    default = plan(dspark, Deployment(attn_tp=8, spec_tokens=2))
+    assert (named.num_planes, named.page_bytes) == (default.num_planes, default.page_bytes)
+    assert named.num_planes > ngram.num_planes  # the draft's MLA layers join the planes
+
+
+@pytest.mark.parametrize("engine", ["sglang", "tokenspeed"])
+def test_speculative_method_is_vllms_setting(engine: str) -> None:
+    with pytest.raises(Refusal) as caught:
+        plan(preset("kimi-k3"), Deployment(engine=engine, attn_tp=8, speculative_method="mtp"))
+    assert caught.value.code == "engine_setting"
+    assert caught.value.facts["field"] == "speculative_method"
+
+
+def test_the_launch_line_names_the_speculative_method() -> None:
+    linear = preset("kimi-linear-48b")
+    for method, drafted in (("ngram", '"method":"ngram","num_speculative_tokens":2'),):
+        deployment = Deployment(
+            attn_tp=2, gpu="h200", spec_tokens=2, speculative_method=method, expert_parallel=True
+        )
+        assert drafted in plan(linear, deployment).recommend(16, 8192).launch_line
+    # unset: a model without a drafter names no method (vLLM then runs no draft)
+    bare = plan(linear, Deployment(attn_tp=2, gpu="h200", expert_parallel=True))
+    assert "--speculative-config" not in bare.recommend(16, 8192).launch_line

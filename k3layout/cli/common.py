@@ -18,6 +18,7 @@ from ..errors import Refusal
 from ..gpus import DEFAULT_GPU, GPU_NAMES
 from ..model import PRESETS, HybridModel, load_config, preset
 from ..registry import engine_aliases, engine_names
+from ..settings import SPECULATIVE_METHODS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -162,6 +163,12 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
         help="vLLM's KDA prefill kernel (auto: FlashKDA where the layer allows it; FlashKDA "
         "holds one more state block per request; vllm)",
     )
+    parser.add_argument(
+        "--speculative-method",
+        choices=SPECULATIVE_METHODS,
+        default=None,
+        help="vLLM's --speculative-config method (default: the model's drafter; vllm)",
+    )
 
 
 def add_memory_options(parser: argparse.ArgumentParser, *, kv_help: str | None = None) -> None:
@@ -215,6 +222,7 @@ OPTION_FIELDS: dict[str, str] = {
     "attention_backend": "--attention-backend",
     "kv_cache_layout": "--kv-cache-layout",
     "kda_prefill_backend": "--kda-prefill-backend",
+    "speculative_method": "--speculative-method",
     "block_tokens": "--block-tokens",
     "dcp_interleave": "--dcp-interleave",
     "expert_parallel": "--expert-parallel",
@@ -369,6 +377,7 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
         "kv_cache_layout": getattr(args, "kv_cache_layout", "LBNHC"),
         "prefix_caching": getattr(args, "prefix_caching", True),
         "kda_prefill_backend": getattr(args, "kda_prefill_backend", "auto"),
+        "speculative_method": getattr(args, "speculative_method", None),
         "mamba_cache_mode": getattr(args, "vllm_mamba_cache_mode", None),
         "gpu": getattr(args, "gpu", DEFAULT_GPU),
         "mamba_full_memory_ratio": getattr(args, "mamba_full_memory_ratio", None),

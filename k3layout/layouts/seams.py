@@ -95,9 +95,11 @@ VLLM_SETTINGS: tuple[tuple[str, object], ...] = (
     ("mamba_cache_mode", None),
     ("block_tokens", None),
     ("dcp_interleave", 1),
+    ("speculative_method", None),
 )
 """Deployment fields only vLLM takes, at their unset values: its attention backend, cache
-layout, KDA prefill kernel, mamba cache mode, block size and DCP interleave."""
+layout, KDA prefill kernel, mamba cache mode, block size, DCP interleave and speculative
+method."""
 
 
 def refuse_settings(

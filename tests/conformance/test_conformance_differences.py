@@ -32,9 +32,8 @@ from vllm_engine import (  # noqa: E402
     vllm_config,
 )
 
-from k3layout import Refusal, VllmPlan, plan  # noqa: E402
+from k3layout import Deployment, Refusal, VllmPlan, plan  # noqa: E402
 from k3layout.engines.vllm import layer_of  # noqa: E402
-from k3layout.engines.vllm.rules import check_mtp_depth  # noqa: E402
 
 # 1. prefix caching off
 
@@ -171,7 +170,13 @@ def test_mtp_without_modules_fails_vllm_and_is_refused(modules: int | None, tmp_
         vllm_config(case, directory)
     model = layout.planner_model(case, tmp_path)
     assert not model.draft_layers  # the checkpoint gives the planner no module either
-    with pytest.raises(Refusal) as refused:
-        check_mtp_depth(len(model.draft_layers), case.spec_tokens)
+    with pytest.raises(Refusal) as refused:  # vLLM's method named: the plan refuses
+        plan(model, replace_method(layout.deployment(case), "mtp"))
     assert refused.value.code == "draft_unsupported"
+    assert refused.value.facts["mtp_modules"] == 0
     assert "dspark" in (refused.value.hint or "")
+
+
+def replace_method(deployment: Deployment, method: str) -> Deployment:
+    """``deployment`` with vLLM's ``--speculative-config`` method named."""
+    return Deployment.model_validate({**dict(deployment), "speculative_method": method})

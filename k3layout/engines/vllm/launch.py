@@ -52,9 +52,11 @@ def _speculative(d: Deployment, model: HybridModel) -> dict[str, object] | None:
     """vLLM's ``--speculative-config`` for the drafter vLLM builds (none without speculative
     tokens)."""
     tokens = d.spec_tokens
-    drafter = model.drafter
+    drafter = d.speculative_method or model.drafter
     if tokens == 0 or drafter is None:
         return None
+    if drafter == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": tokens}
     if drafter == "dspark":
         return {"method": "dspark", "model": DRAFT_PATH, "num_speculative_tokens": tokens}
     return {"method": "mtp", "num_speculative_tokens": tokens}

@@ -55,9 +55,9 @@ from .rules import (
     check_block_supported,
     check_kv_dtype,
     check_layout_serves,
-    check_mtp_depth,
     kernel_block_tokens,
     mamba_block_tokens,
+    speculative_model,
 )
 from .spans import (
     default_max_model_len,
@@ -392,8 +392,7 @@ def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
     model vLLM builds: without speculative tokens there is no drafter, so no draft layers."""
     refuse_settings(deployment, SGLANG_SETTINGS, "SGLang")
     refuse_settings(deployment, TOKENSPEED_SETTINGS, "tokenspeed")
-    if model.drafter == "mtp":
-        check_mtp_depth(len(model.draft_layers), deployment.spec_tokens)
+    model = speculative_model(model, deployment)
     backend = backend_of(deployment)
     if model.mla_layers:
         check_kv_dtype(deployment.kv_dtype, backend)

@@ -26,6 +26,7 @@ from ...constants import MLA_KERNEL_BLOCK_TOKENS
 from ...deployment import Deployment
 from ...errors import Refusal
 from ...gpus import DEFAULT_GPU, GPUS, GpuName
+from ...model import HybridModel
 from ...settings import (
     ATTENTION_BACKENDS,
     KDA_PREFILL_BACKENDS,
@@ -359,6 +360,39 @@ def state_blocks_per_request(mode: MambaCacheMode, spec_blocks: int, checkpoint:
     return 1 + spec_blocks
 
 
+def speculative_model(model: HybridModel, deployment: Deployment) -> HybridModel:
+    """The model vLLM builds for ``deployment.speculative_method`` (``None``: the model's own
+    drafter). ``ngram`` builds no draft model (the draft layers are dropped); ``mtp`` needs
+    the checkpoint's MTP modules (:func:`check_mtp_depth`, refused without any); ``dspark``
+    needs a DSpark draft. A method other than the model's draft is refused
+    (``draft_unsupported``) naming both."""
+    method = deployment.speculative_method or model.drafter
+    if method is None or deployment.spec_tokens == 0:
+        return model
+    if method == "ngram":
+        return model.without_draft()
+    if model.drafter not in (None, method):
+        raise Refusal(
+            "draft_unsupported",
+            f"speculative method {method!r}, but model {model.name}'s draft is "
+            f"{model.drafter!r}: vLLM {VLLM_VERSION} builds {method} from "
+            + ("the checkpoint's MTP modules" if method == "mtp" else "a DSpark draft model"),
+            facts={"speculative_method": method, "drafter": model.drafter},
+            hint=f"use speculative_method={model.drafter!r} (or leave it unset), or ngram",
+        )
+    if method == "mtp":
+        check_mtp_depth(len(model.draft_layers), deployment.spec_tokens)
+    elif not model.draft_layers:
+        raise Refusal(
+            "draft_unsupported",
+            f"speculative method 'dspark' with spec_tokens={deployment.spec_tokens}, but model "
+            f"{model.name} has no DSpark draft: vLLM {VLLM_VERSION} needs the draft model",
+            facts={"speculative_method": method, "drafter": None},
+            hint="load the draft (load_config(..., draft=) or --draft PATH), or use ngram",
+        )
+    return model
+
+
 def check_mtp_depth(num_modules: int, spec_tokens: int) -> None:
     """Refuse a speculative depth MTP modules cannot serve: (``draft_unsupported``) MTP asked
     of a checkpoint with no MTP module (``num_nextn_predict_layers`` 0 or absent), which
@@ -481,6 +515,7 @@ __all__ = [
     "restored_prefix",
     "runs_on",
     "smallest_kernel_block",
+    "speculative_model",
     "state_blocks_per_request",
     "supports_block",
     "unaligned_block_tokens",
