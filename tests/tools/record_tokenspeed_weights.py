@@ -77,7 +77,6 @@ This file is not collected by pytest (no ``test_`` prefix).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -86,7 +85,6 @@ import io
 import json
 import platform
 import re
-import subprocess
 import sys
 import tarfile
 import types
@@ -94,9 +92,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = "lightseekorg/tokenspeed"
-REF = "refs/pull/1152/head"
-COMMIT = "a6ee91b3e612d111b0ad6361607f221419d139f7"
+# The same tokenspeed revision, read and hashed the same way as the layout recorder's.
+from record_tokenspeed import COMMIT, REF, REPO, _error, _git, git_blob_id
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -132,20 +129,9 @@ STUBBED_ROOTS = (
 DRAFT_MASK_TOKEN_ID = 163838
 
 
-def git_blob_id(data: bytes) -> str:
-    """The id git gives a file's bytes (``git hash-object``)."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
 # --------------------------------------------------------------------------------------
 # extract
 # --------------------------------------------------------------------------------------
-
-
-def _git(git_dir: Path, *args: str) -> bytes:
-    return subprocess.run(
-        ["git", f"--git-dir={git_dir}", *args], check=True, capture_output=True
-    ).stdout
 
 
 def extract(git_dir: Path, rev: str, dest: Path) -> str:
@@ -713,10 +699,6 @@ def inventory(module: Any, kda: set[int], draft: bool) -> dict[str, Any]:
         "by_kind": by_kind,
         "tensors": tensors,
     }
-
-
-def _error(exc: BaseException) -> dict[str, str]:
-    return {"type": type(exc).__name__, "message": str(exc)}
 
 
 def run_case(ts: types.SimpleNamespace, c: dict[str, Any]) -> dict[str, Any]:
