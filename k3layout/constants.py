@@ -33,6 +33,11 @@ FLASHMLA_FP8_SCALE_GROUP: Final = 128
 """FlashMLA's fp8 latent layout keeps one fp32 scale per 128 latent elements (656 B/token for
 K3: 512 fp8 + 4 fp32 scales + 64 bf16 rope)."""
 
+FLASHMLA_ROPE_SLOT: Final = 64
+"""The bf16 RoPE elements FlashMLA's fp8_ds_mla row keeps: a NoPE latent (GLM-5.3-Flash,
+``qk_rope_head_dim`` 0) keeps the slot, zeroed, so its row is still 656 B (vLLM 0.33's
+``state_content_bytes`` for fp8_ds_mla)."""
+
 REPLAYSSM_DEFAULT_CACHE_LEN: Final = 16
 """ATOM ReplaySSM's default record length per slot before the ``2*(s+1)`` floor."""
 

@@ -70,8 +70,8 @@ class Deployment(Frozen):
     - ``attention_backend``: vLLM's MLA backend (``--attention-backend``; ``None``: the one
       vLLM's selector picks on ``gpu``, :func:`k3layout.engines.vllm.rules.backend_of`; its
       kernel blocks shape the block); ``kv_cache_layout``: vLLM's ``VLLM_KV_CACHE_LAYOUT``
-      (``LBNHC``, the default, layer-outermost; ``BLHNC`` block-outermost). Both are ``vllm``
-      settings.
+      (``LBNHC`` layer-outermost; ``BLHNC`` block-outermost; ``None``: what vLLM resolves from
+      its backends, LBNHC unless a cache takes only BLHNC). Both are ``vllm`` settings.
     - ``prefix_caching`` (vLLM's ``--enable-prefix-caching``, on by default) decides the KDA
       cache mode, ``align`` or ``none``; ``mamba_cache_mode`` is accepted as vLLM 0.33 accepts
       it (``align`` or ``none``) and resolved as it resolves it (:attr:`mamba_cache_mode_run`).
@@ -89,8 +89,10 @@ class Deployment(Frozen):
       default. ``gpu_memory_bytes`` replaces the GPU table's total, ``reserve_bytes``
       k3layout's estimate of what the engine keeps beside weights and KV.
     - ``mamba_full_memory_ratio``, ``max_running_requests``, ``max_mamba_cache_size``,
-      ``max_total_tokens``:
-      SGLang's flags of those names (``None``: SGLang's own defaults); ``sglang`` settings.
+      ``max_total_tokens``, ``mamba_track_interval``:
+      SGLang's flags of those names (``None``: SGLang's own defaults; for the track interval,
+      the least that starts: SGLang's 256 unless the page does not divide it); ``sglang``
+      settings.
       ``prefix_caching=False`` is SGLang's ``--disable-radix-cache``.
 
     Sizes above the bounds of :mod:`k3layout.constants` (``MAX_RANKS``, ``MAX_BLOCK_TOKENS``,
@@ -165,10 +167,11 @@ class Deployment(Frozen):
         "picks on the GPU for the cache dtype; its kernel block sizes shape the attention "
         "block (vllm)",
     )
-    kv_cache_layout: KvCacheLayout = Field(
-        "LBNHC",
-        description="vLLM's VLLM_KV_CACHE_LAYOUT: LBNHC layer-outermost (the default) or "
-        "BLHNC block-outermost (vllm)",
+    kv_cache_layout: KvCacheLayout | None = Field(
+        None,
+        description="vLLM's VLLM_KV_CACHE_LAYOUT: LBNHC layer-outermost or BLHNC "
+        "block-outermost; None: the one vLLM resolves from its backends (LBNHC, or BLHNC where "
+        "a cache takes no other, as an indexer's tail ring) (vllm)",
     )
     prefix_caching: bool = Field(
         True,
@@ -218,6 +221,12 @@ class Deployment(Frozen):
         None,
         description="SGLang's --max-total-tokens: a cap on the token pool per rank (the pool is "
         "the smaller of it and what the memory gives); None: no cap",
+    )
+    mamba_track_interval: Annotated[int, Field(gt=0, le=MAX_BLOCK_TOKENS)] | None = Field(
+        None,
+        description="SGLang's --mamba-track-interval: tokens between the KDA states its radix "
+        "cache tracks (a multiple of the page); None: SGLang's 256, or the page where the "
+        "page does not divide 256",
     )
 
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None = (

@@ -70,7 +70,11 @@ class EngineFacts:
     - ``aliases``: other names a deployment may use for it, deprecated: using one warns
       (:class:`DeprecationWarning`);
     - ``listing_order``: where it stands in listings (sweeps, ``--engine`` choices);
-    - ``launch``: the command that starts it, before the checkpoint (``vllm serve``).
+    - ``launch``: the command that starts it, before the checkpoint (``vllm serve``);
+    - ``scaled_fp8_latent_majors``: the CUDA capability majors where its fp8 cache of an
+      indexed (DSA) MLA layer keeps FlashMLA's scaled row (one fp32 scale per 128 latent
+      elements: 528 B for a 512 latent, SGLang's ``flashmla_kv`` on SM90) rather than the
+      plain fp8 latent.
     """
 
     name: str
@@ -89,6 +93,7 @@ class EngineFacts:
     aliases: tuple[str, ...] = field(default=())
     listing_order: int = 100
     launch: str = ""
+    scaled_fp8_latent_majors: tuple[int, ...] = ()
 
 
 class Registered(Protocol):

@@ -33,13 +33,15 @@ class RankSizes(Frozen):
     ``specs`` holds each distinct spec once, in module order of first use; module layer ``i``
     uses ``specs[layer_specs[i]]``. ``attention`` is the target's first attention spec (the
     one vLLM raises its block for), ``state`` the state layers' spec, ``replay`` the ReplaySSM
-    records beside each state slot (``None`` when not kept).
+    records beside each state slot (``None`` when not kept), ``ring`` the tail ring beside
+    each page of a pooled indexer's layer (``None`` without one: :mod:`k3layout.cache.ring`).
     """
 
     attn_tp: PositiveInt
     specs: tuple[LayerCacheSpec, ...]
     layer_specs: tuple[NonNegativeInt, ...]
     replay: LayerCacheSpec | None = None
+    ring: LayerCacheSpec | None = None
 
     def spec_of(self, layer: int) -> LayerCacheSpec:
         """The cache spec of module layer ``layer``."""
@@ -140,12 +142,12 @@ def rank_sizes(model: HybridModel, deployment: Deployment) -> RankSizes:
         draft = deployment.model_copy(update={"kv_dtype": deployment.draft_cache_dtype})
     specs: list[LayerCacheSpec] = []
     spec_of_pair: list[int] = []
-    replay: LayerCacheSpec | None = None
+    sides: dict[str, LayerCacheSpec] = {}  # one side spec per kind (replay, tail)
     for index, in_draft in pairs:  # one spec per (record, draft or not), not one per layer
         record = records[index]
         spec = record.cache_spec(draft if in_draft else deployment)
         for side in record.side_specs(deployment):
-            replay = replay or side
+            sides.setdefault(side.kind, side)
         if spec not in specs:
             specs.append(spec)
         spec_of_pair.append(specs.index(spec))
@@ -159,7 +161,8 @@ def rank_sizes(model: HybridModel, deployment: Deployment) -> RankSizes:
         attn_tp=deployment.attn_tp,
         specs=tuple(specs),
         layer_specs=layer_specs,
-        replay=replay,
+        replay=sides.get("replay"),
+        ring=sides.get("tail"),
     )
     for spec in specs:  # every part splits evenly (KV heads, records) or is refused here
         for part in spec.parts:

@@ -224,10 +224,19 @@ def plannable_inputs(
     layouts: tuple[KvCacheLayout, ...] = ("LBNHC",),
 ) -> tuple[HybridModel, Deployment]:
     """A model and a deployment whose parallelism is valid for it, of a model the engine
-    serves (its package's ``strategies.serves``, where it has one)."""
+    serves (its package's ``strategies.serves``, where it has one) in one of ``layouts`` (a
+    model with pooled indexers is laid out block-outermost only)."""
     engine = engine or draw(st.sampled_from(engine_names()))
-    model = draw(models().filter(lambda drawn: _serves(engine, drawn)))
+    blocked = "BLHNC" not in layouts
+    model = draw(
+        models().filter(lambda drawn: _serves(engine, drawn) and not (blocked and _indexed(drawn)))
+    )
     return model, draw(deployments(model, engine=engine, layouts=layouts))
+
+
+def _indexed(model: HybridModel) -> bool:
+    """Whether ``model``'s MLA layers keep a pooled indexer (laid out block-outermost)."""
+    return any(layer.indexer is not None for layer in model.mla_layers)
 
 
 def _serves(engine: EngineFlavour, model: HybridModel) -> bool:

@@ -53,6 +53,8 @@ def test_the_cli_writes_the_picture(tmp_path: Path) -> None:
             "k3layout",
             "draw",
             "requests",
+            "--model",
+            "kimi-linear-48b",  # whose weights leave the H200 60 GiB for KV at TP 8
             "--attn-tp",
             "8",
             "--kv-memory-gib",
@@ -68,3 +70,20 @@ def test_the_cli_writes_the_picture(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert 'id="line.sglang"' in out.read_text()
+    assert 'id="point.sglang.8192"' in out.read_text()
+
+
+def test_the_cli_refuses_a_picture_of_nothing(tmp_path: Path) -> None:
+    """K3's weights do not fit one H200 at TP 8 beside 60 GiB of KV: no engine holds a
+    request, and the CLI says why rather than drawing empty lines."""
+    run = subprocess.run(
+        [
+            *(sys.executable, "-m", "k3layout", "draw", "requests", "--attn-tp", "8"),
+            *("--kv-memory-gib", "60", "--contexts", "8192", "-o", str(tmp_path / "none.svg")),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode != 0 and not (tmp_path / "none.svg").exists()
+    assert "no engine holds a request" in run.stderr + run.stdout

@@ -247,10 +247,10 @@ def _glm() -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("form", ["nested", "flat", "full_attention"])
-def test_a_layer_types_hybrid_with_an_indexer_is_refused_naming_layer_types(form: str) -> None:
-    """GLM-5.3-Flash (``glm5_next``): its indexed MLA layers keep caches no plan counts yet,
-    so it is refused by its layer kinds, not by a field the operator should not change
-    (``qk_rope_head_dim`` 0 is valid there)."""
+def test_a_layer_types_hybrid_loads_in_every_form(form: str) -> None:
+    """GLM-5.3-Flash (``glm5_next``) nested, flat (transformers' text-only form) or with
+    ``full_attention`` for ``indexed_attention`` loads as the preset (NoPE MLA layers with a
+    pooled indexer, ``qk_rope_head_dim`` 0)."""
     config = _glm()
     if form == "flat":  # transformers' text-only form
         config = {**config["text_config"], "model_type": "glm5_next"}
@@ -260,13 +260,9 @@ def test_a_layer_types_hybrid_with_an_indexer_is_refused_naming_layer_types(form
             "full_attention" if kind == "indexed_attention" else kind
             for kind in text["layer_types"]
         ]
-    with pytest.raises(Refusal) as caught:
-        model_from_config(config)
-    refusal = caught.value
-    assert refusal.code == "invalid_config"
-    assert refusal.facts["field"] == "layer_types"
-    assert refusal.facts["model_type"] == "glm5_next"
-    assert "indexer" in str(refusal) and "qk_rope_head_dim" not in str(refusal)
+    model = model_from_config(config)
+    assert model.layers == get_preset("glm-5.3-flash").layers
+    assert model.model_type == "glm5_next"
 
 
 def test_a_layer_types_model_without_hybrid_kinds_is_not_refused_for_them() -> None:

@@ -4,11 +4,14 @@ over the configuration space."""
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from k3layout import Deployment, HybridModel, Refusal, VllmPlan, plan, plan_vllm, preset
 from k3layout.engines.vllm import vllm_bound_views
+from k3layout.engines.vllm.packed import packed_cache_part
 from k3layout.testing import plannable_inputs
 
 
@@ -44,6 +47,9 @@ def test_every_view_sits_where_the_plan_puts_its_pages(
     except Refusal:
         return
     assert isinstance(result, VllmPlan)
+    if result.packed:
+        _check_packed_views(result, num_blocks)
+        return
     for stage in range(len(result.stages)):
         views = vllm_bound_views(result, num_blocks, stage)
         assert [v.module_layer for v in views] == list(result.stage(stage).layers)
@@ -59,6 +65,32 @@ def test_every_view_sits_where_the_plan_puts_its_pages(
                 assert span <= result.page_bytes and at + span <= backing
                 assert per_block == view.block_stride_bytes
             assert view.shape[0] == num_blocks * view.entries_per_block
+
+
+def _check_packed_views(result: VllmPlan, num_blocks: int) -> None:
+    """A packed plan's views: each of its caches (a KDA page; an indexed layer's latent,
+    pooled keys and tail ring) starts where ``byte_range`` puts its part in every block,
+    holds exactly that part's bytes a block (in whole kernel pages), and fits the backing."""
+    for stage in range(len(result.stages)):
+        views = vllm_bound_views(result, num_blocks, stage)
+        assert sorted({v.module_layer for v in views}) == list(result.stage(stage).layers)
+        assert len({v.name for v in views}) == len(views)
+        backing = result.blocks_bytes(num_blocks, stage)
+        ring = result.sizes.ring
+        for view in views:
+            part = packed_cache_part(result.sizes, view.name, view.module_layer)
+            pages = view.shape[0] - (num_blocks - 1) * view.entries_per_block
+            held = pages * math.prod(view.shape[1:]) * view.elem_bytes
+            for block in {0, num_blocks - 1}:
+                at = result.byte_range(view.module_layer, part, block, num_blocks, stage)
+                assert view.page_offset_bytes(block) == at.offset_bytes
+                if view.kind == "ring":
+                    assert ring is not None and held == ring.payload_bytes(result.sizes.attn_tp)
+                elif view.kind == "kda":
+                    assert held == result.sizes.state_bytes
+                else:
+                    assert held == at.size_bytes
+                assert at.offset_bytes + held <= backing
 
 
 def test_bad_arguments_are_refused() -> None:

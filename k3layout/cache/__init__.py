@@ -9,14 +9,19 @@ from .gqa import GQALayer
 from .kda import CONV_CHANNEL_GROUPS, KDALayer, conv_channel_offset
 from .mla import MLALayer
 from .part import CachePart, ElementDtype, element_bytes
+from .pooled import DSAIndexer, IndexerType
 from .replay import cursor_spec, record_len, replay_spec
+from .ring import RING_PARTS, ring_spec, ring_tokens
 from .spec import LayerCacheSpec, Paging, PartRange
 
 __all__ = [
     "CONV_CHANNEL_GROUPS",
+    "RING_PARTS",
     "CachePart",
+    "DSAIndexer",
     "ElementDtype",
     "GQALayer",
+    "IndexerType",
     "KDALayer",
     "LayerCacheSpec",
     "MLALayer",
@@ -27,4 +32,6 @@ __all__ = [
     "element_bytes",
     "record_len",
     "replay_spec",
+    "ring_spec",
+    "ring_tokens",
 ]

@@ -45,9 +45,10 @@ class KDALayer(Frozen):
     ``(num_heads, head_dim, head_dim)`` recurrence.
 
     ``full_rank_gate`` and ``gate_lower_bound`` (``linear_attn_config``'s ``use_full_rank_gate``
-    and ``gate_lower_bound``) do not change the cache; they decide which kernels an engine
-    runs: vLLM serves a full-rank-gate layer (Kimi-K3) with its own KDA path, whose FlashKDA
-    prefill needs a bounded gate and exports a state checkpoint per request.
+    and ``gate_lower_bound``) and ``safe_gate`` do not change the cache; they decide which
+    kernels an engine runs: vLLM serves a full-rank-gate layer (Kimi-K3) and a safe-gate one
+    (GLM-5.3-Flash) with KDA paths whose FlashKDA prefill needs a bounded gate and exports a
+    state checkpoint per request.
     """
 
     kind: Literal["kda"] = Field("kda", description="the layer kind tag: kda")
@@ -69,6 +70,11 @@ class KDALayer(Frozen):
         None,
         description="linear_attn_config's gate_lower_bound (negative); FlashKDA prefill "
         "needs one; None: unbounded",
+    )
+    safe_gate: bool = Field(
+        False,
+        description="GLM-5.3-Flash's bounded sigmoid gate (linear_lower_bound): like a "
+        "full-rank gate, it picks vLLM's KDA layer with a FlashKDA prefill path; not the cache",
     )
 
     def conv_rows(self, deployment: Deployment) -> int:

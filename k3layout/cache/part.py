@@ -92,6 +92,10 @@ class CachePart(Frozen):
     dtype: ElementDtype
     tp: Shard | Replicate | ReplicaShard
     view: tuple[PositiveInt, ...] | None = None
+    tokens_per_row: Annotated[int, Field(ge=1, le=MAX_MODEL_DIM)] = 1
+    """Tokens one row of a token-paged part covers: 1 for a row per token; ``n`` for a
+    token-pooled part keeping one compressed entry per ``n`` tokens (GLM-5.3-Flash's DSA
+    indexer keys, :mod:`k3layout.cache.pooled`). A slot part ignores it."""
 
     @model_validator(mode="after")
     def _axes_fit(self) -> CachePart:

@@ -7,8 +7,12 @@ Every layer kind describes its cache as one :class:`LayerCacheSpec`: a tuple of
   holds the parts back to back, each ``[T, *part]`` (tokens outermost), as the engines cut
   one block of a layer: the MLA latent rows, then a DSA index's rows; K rows, then V rows.
 - ``slot``: the layer keeps one state per request (KDA conv and recurrent state, ReplaySSM
-  records). A slot holds the parts back to back from its start; an engine that gives the
-  slot a bigger page leaves the padding at the end.
+  records, GLM-5.3-Flash's indexer tail ring). A slot holds the parts back to back from its
+  start; an engine that gives the slot a bigger page leaves the padding at the end.
+
+A token-paged part may be *pooled* (:mod:`k3layout.cache.pooled`): one row per
+``tokens_per_row`` tokens (GLM-5.3-Flash's DSA indexer keys, one per 16 tokens), so a page of
+``T`` tokens holds ``T / tokens_per_row`` of its rows.
 
 Everything per rank (bytes, the byte range of a part inside a page or slot) is derived here,
 once; layouts place pages, transfers and images copy these ranges.
@@ -16,10 +20,12 @@ once; layouts place pages, transfers and images copy these ranges.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, NonNegativeInt, model_validator
 
+from .._args import expect_int
 from .._frozen import Frozen, trusted
 from ..errors import Refusal
 from ..placements import Interleave
@@ -83,9 +89,36 @@ class LayerCacheSpec(Frozen):
         )
 
     def bytes_per_token(self, tp: int) -> int:
-        """Bytes of one token's rows on a rank (token paging; 576 for K3's fp8 latent)."""
+        """Bytes of one token's rows on a rank (token paging; 576 for K3's fp8 latent). A
+        pooled part (a row per ``tokens_per_row`` tokens) is not a per-token row: it is
+        counted by :meth:`payload_bytes`, not here (as vLLM sizes its block by the latent)."""
         self._need("token", "bytes_per_token")
-        return sum(part.local_bytes(tp) for part in self.parts)
+        return sum(part.local_bytes(tp) for part in self.parts if part.tokens_per_row == 1)
+
+    def tokens_bytes(self, tp: int, tokens: int) -> int:
+        """Bytes ``tokens`` tokens keep on a rank (token paging), a pooled part's last row
+        counted whole: a request's payload, whatever the page."""
+        self._need("token", "tokens_bytes")
+        expect_int("tp", tp)
+        if expect_int("tokens", tokens) < 0:
+            raise Refusal(
+                "invalid_argument",
+                f"tokens={tokens} must be >= 0",
+                facts={"field": "tokens"},
+                hint="pass tokens >= 0",
+            )
+        return sum(-(-tokens // part.tokens_per_row) * part.local_bytes(tp) for part in self.parts)
+
+    @property
+    def pooled(self) -> bool:
+        """Whether a part keeps one row per several tokens (:mod:`k3layout.cache.pooled`)."""
+        return any(part.tokens_per_row > 1 for part in self.parts)
+
+    @property
+    def page_tokens_multiple(self) -> int:
+        """The token counts a page of this spec can hold are multiples of this: the lcm of
+        its parts' ``tokens_per_row`` (1 unless a part is pooled)."""
+        return math.lcm(*(part.tokens_per_row for part in self.parts))
 
     def payload_bytes(self, tp: int, tokens: int = 1) -> int:
         """Payload of one page of ``tokens`` tokens (token paging) or of one slot (slot
@@ -114,11 +147,20 @@ class LayerCacheSpec(Frozen):
 
 
 def _ranges(spec: LayerCacheSpec, tp: int, rows: int) -> tuple[PartRange, ...]:
-    """The part ranges of ``rows`` rows of ``spec`` on a rank of ``tp``."""
+    """The part ranges of ``rows`` tokens (a slot: 1) of ``spec`` on a rank of ``tp``; a
+    pooled part holds a row per ``tokens_per_row`` of them (refused unless they divide)."""
+    if rows % spec.page_tokens_multiple:
+        raise Refusal(
+            "invalid_argument",
+            f"{spec.kind} layer: a page of {rows} tokens does not hold whole rows of its pooled "
+            f"parts (one row per {spec.page_tokens_multiple} tokens)",
+            facts={"kind": spec.kind, "tokens": rows, "multiple": spec.page_tokens_multiple},
+            hint=f"use a multiple of {spec.page_tokens_multiple} tokens",
+        )
     ranges: list[PartRange] = []
     offset = 0
     for part in spec.parts:
-        size = rows * part.local_bytes(tp)
+        size = rows // part.tokens_per_row * part.local_bytes(tp)
         # Sizes from the part's own validated shape: nothing to re-validate.
         ranges.append(trusted(PartRange, part=part.name, offset_bytes=offset, size_bytes=size))
         offset += size

@@ -121,9 +121,10 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
     parser.add_argument(
         "--kv-cache-layout",
         choices=KV_CACHE_LAYOUTS,
-        default="LBNHC",
-        help="as VLLM_KV_CACHE_LAYOUT (LBNHC: layer-outermost, the default; BLHNC: "
-        "block-outermost; vllm)",
+        default=None,
+        help="as VLLM_KV_CACHE_LAYOUT (LBNHC: layer-outermost; BLHNC: block-outermost); "
+        "default: the one vLLM resolves from its backends (LBNHC, BLHNC for GLM-5.3-Flash; "
+        "vllm)",
     )
     parser.add_argument(
         "--no-prefix-caching",
@@ -149,6 +150,13 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
         type=int,
         default=None,
         help="SGLang's state slots, instead of the ratio's (sglang)",
+    )
+    parser.add_argument(
+        "--mamba-track-interval",
+        type=int,
+        default=None,
+        help="SGLang's tokens between tracked KDA states, a multiple of the page; default: "
+        "SGLang's 256, or the page where it does not divide 256 (sglang)",
     )
     parser.add_argument(
         "--max-total-tokens",
@@ -218,6 +226,7 @@ OPTION_FIELDS: dict[str, str] = {
     "max_running_requests": "--max-running-requests",
     "max_mamba_cache_size": "--max-mamba-cache-size",
     "max_total_tokens": "--max-total-tokens",
+    "mamba_track_interval": "--mamba-track-interval",
     "max_padding": "--max-padding",
     "attention_backend": "--attention-backend",
     "kv_cache_layout": "--kv-cache-layout",
@@ -374,7 +383,7 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
         "replayssm": args.replayssm,
         "conv_layout": args.conv_layout,
         "attention_backend": getattr(args, "attention_backend", None),
-        "kv_cache_layout": getattr(args, "kv_cache_layout", "LBNHC"),
+        "kv_cache_layout": getattr(args, "kv_cache_layout", None),
         "prefix_caching": getattr(args, "prefix_caching", True),
         "kda_prefill_backend": getattr(args, "kda_prefill_backend", "auto"),
         "speculative_method": getattr(args, "speculative_method", None),
@@ -384,6 +393,7 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
         "max_running_requests": getattr(args, "max_running_requests", None),
         "max_mamba_cache_size": getattr(args, "max_mamba_cache_size", None),
         "max_total_tokens": getattr(args, "max_total_tokens", None),
+        "mamba_track_interval": getattr(args, "mamba_track_interval", None),
         "expert_parallel": getattr(args, "expert_parallel", False),
         **memory_fields(args),
     }

@@ -158,10 +158,15 @@ def _size_rows(result: EngineLayout) -> list[tuple[str, str]]:
         ("attention page (128 tokens)", thousands(sizes.attention_page_bytes())),
     ]
     target = {sizes.layer_specs[i] for i in range(result.model.num_layers)}
-    for index, spec in enumerate(sizes.specs):
-        per = "token" if spec.paging == "token" else "slot"
-        whose = "" if index in target else "draft "
+    sides = [(spec, "") for spec in (sizes.ring, sizes.replay) if spec is not None]
+    for spec, whose in [
+        *((spec, "" if index in target else "draft ") for index, spec in enumerate(sizes.specs)),
+        *sides,
+    ]:
         for part in spec.parts:
+            per = "slot" if spec.paging == "slot" else "token"
+            if part.tokens_per_row > 1:  # a pooled part: a row per that many tokens
+                per = f"{part.tokens_per_row} tokens"
             rows.append(
                 (
                     f"{whose}{spec.kind.upper()} {part.name} / {per}",

@@ -28,6 +28,7 @@ from ..errors import Refusal
 from ..layouts import EngineLayout, Group, GroupKind, LayoutBase
 from ..layouts.groups import num_planes as num_planes_of
 from ..layouts.groups import stage_at
+from ..layouts.protocol import check_planes
 from .figure import (
     CELL_SIZE,
     FRAME_EDGE,
@@ -90,6 +91,7 @@ def plane_cells(plan: EngineLayout, stage: int | None = None) -> tuple[PlaneCell
             facts={"type": type(plan).__name__},
             hint="pass the result of k3layout.plan(model, deployment)",
         )
+    check_planes(plan, "a picture of planes")
     cells: list[PlaneCell] = []
     for group in drawn_groups(plan, stage):
         for j, layer in enumerate(group.layers):

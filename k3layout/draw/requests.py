@@ -30,6 +30,16 @@ def draw_requests(cells: Sequence[RequestsCell], title: str = "") -> Figure:
             facts={"num_cells": 0},
             hint="sweep at least one context length and engine",
         )
+    held_cells = [cell for cell in cells if cell.max_requests is not None]
+    if not held_cells:  # every point refused: nothing to draw, so say why
+        reasons = sorted({f"{cell.engine}: {cell.refusal}" for cell in cells})
+        raise Refusal(
+            cells[0].refusal or "budget_too_small",
+            f"no engine holds a request at any context ({'; '.join(reasons)})",
+            facts={"refusals": tuple(reasons)},
+            hint="give the KV memory per rank (kv_memory_bytes, --kv-memory-gib) where the "
+            "GPU's budget is refused",
+        )
     figure = new_figure(7.0, 4.0)
     axes = figure.add_subplot()
     by_engine: dict[str, list[RequestsCell]] = {}
@@ -52,7 +62,7 @@ def draw_requests(cells: Sequence[RequestsCell], title: str = "") -> Figure:
         axes.set_yscale("log", base=2)
     axes.set_xlabel("context length (tokens per request)")
     axes.set_ylabel("requests held at once")
-    memory = human_bytes(cells[0].kv_memory_bytes)
+    memory = human_bytes(held_cells[0].kv_memory_bytes)
     axes.set_title(title or f"requests against context, {memory} of KV memory per rank")
     axes.legend()
     axes.grid(alpha=0.3)

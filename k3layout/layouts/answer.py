@@ -7,7 +7,8 @@ The shares are defined once, here, over the memory of one rank of every pipeline
 (``pp x kv_memory_bytes``):
 
 - a request's **payload** is its attention rows (``ceil(L / dcp)`` tokens of every attention
-  layer a rank holds) and one KDA state per KDA layer (ReplaySSM records included);
+  layer a rank holds, a pooled part's rows included) and one KDA state per KDA layer
+  (ReplaySSM records included) and one tail ring per indexed layer;
 - ``kda_share`` is the held requests' KDA state over that memory;
 - ``waste_fraction`` is one minus the held requests' payload over it: padding, extra state
   slots, null blocks, workspace and whatever no whole request fills.
@@ -153,11 +154,15 @@ def request_payload(plan: EngineLayout, max_model_len: int) -> tuple[int, int]:
     sizes = plan.sizes
     attention = state = 0
     for group in plan.groups:
+        if group.kind == "ring":  # a tail ring per layer: a state the request keeps
+            if sizes.ring is not None:
+                state += len(group.layers) * sizes.ring.payload_bytes(tp)
+            continue
         for layer in group.layers:
             spec = sizes.spec_of(layer)
             if spec.paging == "token":
                 ranks = spec.dcp.num_ranks if spec.dcp is not None else 1
-                attention += -(-max_model_len // ranks) * spec.bytes_per_token(tp)
+                attention += spec.tokens_bytes(tp, -(-max_model_len // ranks))
             else:
                 state += spec.payload_bytes(tp)
                 if sizes.replay is not None:

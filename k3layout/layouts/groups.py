@@ -24,7 +24,10 @@ from ..model import HybridModel
 from ..placements import pp_stage_bounds
 from ..registry import facts_of
 
-GroupKind: TypeAlias = Literal["attention", "kda"]
+GroupKind: TypeAlias = Literal["attention", "kda", "ring"]
+"""``attention``: token-paged layers; ``kda``: state slots; ``ring``: the tail rings beside an
+indexed layer's pages (:mod:`k3layout.cache.ring`), a group of its own in vLLM's packed
+layout that names the layers whose rings it holds."""
 
 
 class Group(Frozen):

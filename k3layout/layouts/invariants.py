@@ -21,10 +21,18 @@ def _common_violations(result: EngineLayout) -> list[str]:
     model = result.model
     problems: list[str] = []
     module_ids = list(range(len(model.module_layers)))
-    grouped = sorted(layer for group in result.groups for layer in group.layers)
+    owning = [group for group in result.groups if group.kind != "ring"]
+    grouped = sorted(layer for group in owning for layer in group.layers)
     if grouped != module_ids:
         problems.append(f"groups do not partition the module layers: {grouped} != {module_ids}")
-    for group in result.groups:
+    # A ring group names the indexed layers whose tail rings it holds: each exactly once.
+    ringed = sorted(
+        layer for group in result.groups if group.kind == "ring" for layer in group.layers
+    )
+    rings = [i for i, layer in enumerate(model.module_layers) if getattr(layer, "indexer", None)]
+    if ringed and ringed != rings:
+        problems.append(f"ring groups hold {ringed}, not the indexed layers {rings}")
+    for group in owning:
         # An attention group pages tokens; a state group keeps slots; one spec per group.
         wanted = "token" if group.kind == "attention" else "slot"
         wrong = [i for i in group.layers if model.module_layers[i].paging != wanted]

@@ -72,6 +72,15 @@ class LayoutBase(GroupedLayout):
     def group_spec(self, group: Group) -> LayerCacheSpec:
         """The cache spec every layer of ``group`` shares."""
         expect("group", group, Group)
+        if group.kind == "ring":
+            ring = self.sizes.ring
+            if ring is None:
+                raise Refusal(
+                    "invalid_argument",
+                    f"model {self.model.name} keeps no tail ring",
+                    facts={"model": self.model.name, "group": group.name},
+                )
+            return ring
         if not group.layers:
             return self.sizes.attention if group.kind == "attention" else self._state_spec()
         return self.sizes.spec_of(group.layers[0])
@@ -104,7 +113,8 @@ class LayoutBase(GroupedLayout):
         if held is None:
             expect("stage", stage, (int, type(None)))
             groups = self.groups if stage is None else self.stage(stage).groups
-            held = {i: (g, j) for g in groups for j, i in enumerate(g.layers)}
+            # A ring group names layers whose pages another group holds: not their group.
+            held = {i: (g, j) for g in groups if g.kind != "ring" for j, i in enumerate(g.layers)}
             self.positions[stage] = held
         found = held.get(layer)
         if found is not None:
@@ -140,6 +150,13 @@ class LayoutBase(GroupedLayout):
     def tokens_per_page(self, group: Group) -> int:
         """Tokens one page of an attention group holds on a rank (1 for a state group)."""
         raise NotImplementedError
+
+    @property
+    def block_outermost(self) -> bool:
+        """Whether a rank's backing is block-outermost (every layer's page of block ``b`` in
+        one run: vLLM's ``BLHNC``) rather than layer-outermost (each layer's pages in one
+        run); ``False`` unless an engine lays it out so."""
+        return False
 
     @property
     def one_backing(self) -> bool:
@@ -232,6 +249,23 @@ class LayoutBase(GroupedLayout):
         return span
 
 
+def check_planes(plan: EngineLayout, what: str) -> None:
+    """Refuse (``layout_unsupported``) ``what`` of a plan whose layers keep pooled caches and
+    tail rings (an indexed hybrid): they are packed in blocks of several page sizes, not on
+    planes, and ``what`` is not planned for them yet."""
+    sizes = plan.sizes
+    if sizes.ring is None and not any(spec.pooled for spec in sizes.specs):
+        return
+    raise Refusal(
+        "layout_unsupported",
+        f"model {plan.model.name}: its indexed layers keep pooled keys and a tail ring, packed "
+        f"in blocks of several page sizes rather than on planes; {what} of such a layout is "
+        "not planned yet",
+        facts={"model": plan.model.name, "engine": plan.engine, "feature": what},
+        hint="plan, size and recommend it (plan, capacity, memory_for, recommend)",
+    )
+
+
 def check_non_negative(name: str, value: int) -> None:
     """Refuse (``invalid_argument``) a count or byte budget ``value`` below 0."""
     if expect_int(name, value) < 0:
@@ -294,6 +328,8 @@ class EngineLayout(Protocol):
     def state_rides_pages(self) -> bool: ...
     @property
     def one_backing(self) -> bool: ...
+    @property
+    def block_outermost(self) -> bool: ...
     @property
     def worst_padding(self) -> float: ...
 

@@ -32,37 +32,53 @@ class PartReport(Frozen):
     dtype: str
     shape: tuple[int, ...]
     bytes: int
+    tokens_per_row: int = 1
 
 
 class SpecReport(Frozen):
-    """One layer cache spec on one rank: its kind, paging, bytes (per token or per slot)
-    and parts, in page order."""
+    """One layer cache spec on one rank: its kind, paging, bytes (of ``tokens`` tokens, the
+    fewest a page of it holds whole rows of: 1 unless a part is pooled; or of a slot) and
+    parts, in page order."""
 
     kind: str
     paging: str
     bytes: int
     parts: tuple[PartReport, ...]
+    tokens: int = 1
 
     @classmethod
     def of(cls, spec: LayerCacheSpec, tp: int) -> SpecReport:
         """Spell out ``spec`` at attention TP ``tp``."""
         parts = tuple(
             PartReport(
-                name=p.name, dtype=p.dtype, shape=p.engine_shape(tp), bytes=p.local_bytes(tp)
+                name=p.name,
+                dtype=p.dtype,
+                shape=p.engine_shape(tp),
+                bytes=p.local_bytes(tp),
+                tokens_per_row=p.tokens_per_row,
             )
             for p in spec.parts
         )
-        return cls(kind=spec.kind, paging=spec.paging, bytes=spec.payload_bytes(tp), parts=parts)
+        tokens = spec.page_tokens_multiple
+        return cls(
+            kind=spec.kind,
+            paging=spec.paging,
+            bytes=spec.payload_bytes(tp, tokens),
+            parts=parts,
+            tokens=tokens,
+        )
 
 
 class SizesReport(Frozen):
-    """Per-rank, per-layer sizes: every distinct layer cache spec, and ReplaySSM's records."""
+    """Per-rank, per-layer sizes: every distinct layer cache spec, ReplaySSM's records and an
+    indexer's tail ring."""
 
     attention_bytes_per_token: int
     attention_page_bytes: int
     state_bytes: int
     specs: tuple[SpecReport, ...]
     replay: SpecReport | None
+    ring: SpecReport | None = None
 
     @classmethod
     def of(cls, sizes: RankSizes) -> SizesReport:
@@ -74,6 +90,7 @@ class SizesReport(Frozen):
             state_bytes=sizes.state_bytes,
             specs=tuple(SpecReport.of(spec, tp) for spec in sizes.specs),
             replay=None if sizes.replay is None else SpecReport.of(sizes.replay, tp),
+            ring=None if sizes.ring is None else SpecReport.of(sizes.ring, tp),
         )
 
 

@@ -81,6 +81,7 @@ SGLANG_SETTINGS: tuple[tuple[str, object], ...] = (
     ("max_running_requests", None),
     ("max_mamba_cache_size", None),
     ("max_total_tokens", None),
+    ("mamba_track_interval", None),
 )
 """Deployment fields only SGLang takes, at their unset values."""
 
@@ -90,7 +91,7 @@ UTILIZATION_SETTINGS: tuple[tuple[str, object], ...] = (("gpu_memory_utilization
 
 VLLM_SETTINGS: tuple[tuple[str, object], ...] = (
     ("attention_backend", None),
-    ("kv_cache_layout", "LBNHC"),
+    ("kv_cache_layout", None),
     ("kda_prefill_backend", "auto"),
     ("mamba_cache_mode", None),
     ("block_tokens", None),

@@ -63,6 +63,7 @@ from ..dtypes import HF_TORCH_DTYPES
 from ..errors import Refusal
 from ..limits import check_bound
 from .architecture import Architecture
+from .hf_layer_types import declares_layer_types, model_from_layer_types
 from .hf_weights import architecture_of, dspark_draft_of
 from .layers import KDALayer, Layer, MLALayer
 from .presets import is_kimi_mla_layer
@@ -169,7 +170,6 @@ def _check_family(outer: Mapping[str, object], text: object, source: str) -> Non
     fields it lacks."""
     if not isinstance(text, Mapping) or "linear_attn_config" in text:
         return
-    _check_layer_types(outer, text, source)
     if "kv_lora_rank" in text:
         return
     model_type = text.get("model_type") or outer.get("model_type")
@@ -181,33 +181,6 @@ def _check_family(outer: Mapping[str, object], text: object, source: str) -> Non
         "kv_lora_rank and no linear_attn_config)",
         facts={"source": source, "field": "model_type", "model_type": model_type},
         hint="plan a Kimi-K3 / Kimi-Linear config (or an MLA model such as DeepSeek-V3.2)",
-    )
-
-
-INDEXED_FAMILY_LAYERS = frozenset({"linear_attention", "indexed_attention"})
-"""``layer_types`` values of the hybrids that declare KDA and DSA-indexed MLA layers per layer
-(GLM-5.3-Flash's ``glm5_next``), whose caches the planner does not model yet."""
-
-
-def _check_layer_types(
-    outer: Mapping[str, object], text: Mapping[str, object], source: str
-) -> None:
-    """Refuse (``invalid_config``, field ``layer_types``) a hybrid that declares its KDA and
-    indexed MLA layers in ``layer_types``: its MLA layers keep a DSA indexer key cache (one
-    entry per ``index_kpool`` tokens) and a per-request tail ring beside the latent, which no
-    plan counts yet; planned as a Kimi model, it would be planned silently wrong."""
-    kinds = text.get("layer_types")
-    if not isinstance(kinds, list) or not INDEXED_FAMILY_LAYERS & set(map(str, kinds)):
-        return
-    model_type = outer.get("model_type") or text.get("model_type")
-    raise Refusal(
-        "invalid_config",
-        f"config {source}: model_type {model_type} declares linear_attention / "
-        "indexed_attention layers in layer_types; its indexed MLA layers keep a DSA indexer "
-        "key cache and a tail ring beside the latent, which k3layout does not plan yet",
-        facts={"source": source, "field": "layer_types", "model_type": str(model_type)},
-        hint="k3layout plans Kimi-K3 and Kimi-Linear (linear_attn_config) and MLA models; "
-        "size this model with the engine's own start-up",
     )
 
 
@@ -379,7 +352,28 @@ def _model_from_config(
 ) -> HybridModel:
     nested = "text_config" in config and config["text_config"] is not None
     _check_top_model_type(config, nested, source)
-    _check_family(config, config["text_config"] if nested else config, source)
+    if num_draft_layers is not None and num_draft_layers < 0:
+        raise Refusal(
+            "invalid_argument",
+            f"num_draft_layers={num_draft_layers} must be >= 0",
+            facts={"num_draft_layers": num_draft_layers, "field": "num_draft_layers"},
+        )
+    backbone = config["text_config"] if nested else config
+    if isinstance(backbone, Mapping) and declares_layer_types(config, backbone):
+        if nested:
+            _check_flat_against_nested(config, source)
+        top = config.get("model_type")
+        model = model_from_layer_types(
+            config,
+            backbone,
+            name=name,
+            model_type=top if isinstance(top, str) else None,
+            source=source,
+            prefix="text_config." if nested else "",
+            num_draft_layers=num_draft_layers,
+        )
+        return model
+    _check_family(config, backbone, source)
     try:
         if nested:
             if not isinstance(config["text_config"], Mapping):
@@ -397,12 +391,6 @@ def _model_from_config(
             top_type = text.model_type
     except ValidationError as error:
         raise _invalid(error, source, "fix the named field of the config.json") from None
-    if num_draft_layers is not None and num_draft_layers < 0:
-        raise Refusal(
-            "invalid_argument",
-            f"num_draft_layers={num_draft_layers} must be >= 0",
-            facts={"num_draft_layers": num_draft_layers, "field": "num_draft_layers"},
-        )
     drafts = text.num_nextn_predict_layers if num_draft_layers is None else num_draft_layers
     check_bound(
         "num_draft_layers" if num_draft_layers is not None else "num_nextn_predict_layers",
@@ -447,7 +435,6 @@ def _model_from_config(
                 "a hybrid model needs at least one MLA layer",
                 facts={"source": source, "field": f"{prefix}linear_attn_config.kda_layers"},
             )
-    backbone = config["text_config"] if nested else config
     assert isinstance(backbone, Mapping)  # validated above
     return HybridModel(
         name=name or model_type or "model",

@@ -11,10 +11,12 @@ from typing import Final
 
 from .._args import expect_args
 from .._validation import describe
+from ..cache import DSAIndexer
 from ..constants import MAX_MODULE_LAYERS
 from ..errors import Refusal
 from ..limits import check_bound
 from .architecture import Architecture, DSparkDraft, VisionTower
+from .hf_layer_types import UNLAID_WEIGHTS
 from .layers import KDALayer, Layer, MLALayer
 from .spec import HybridModel
 
@@ -148,10 +150,52 @@ def kimi_linear_48b() -> HybridModel:
     )
 
 
+GLM_CONTEXT_TOKENS: Final = 1 << 20
+"""GLM-5.3-Flash's ``max_position_embeddings`` (1,048,576)."""
+
+GLM_INDEXER: Final = DSAIndexer(head_dim=128, num_heads=32, topk=2048, kpool=16)
+"""GLM-5.3-Flash's DSA indexer: 128-dim fp8 keys pooled over 16 tokens, top 2,048."""
+
+
+def glm_5_3_flash() -> HybridModel:
+    """GLM-5.3-Flash: 45 layers, 11 NoPE MLA with a pooled DSA indexer (64 heads, latent 512,
+    q_lora 1536; layers 3, 7, .., 43) and 34 KDA (64 x 128, a bounded safe gate); no MTP
+    layers declared (transformers' default config, the fixture)."""
+    mla = MLALayer(
+        num_heads=64,
+        qk_rope_head_dim=0,
+        qk_nope_head_dim=256,
+        v_head_dim=256,
+        q_lora_rank=1536,
+        indexer=GLM_INDEXER,
+    )
+    kda = KDALayer(num_heads=64, head_dim=128, conv_kernel=4, gate_lower_bound=-5.0, safe_gate=True)
+    return HybridModel(
+        name="glm-5.3-flash",
+        model_type="glm5_next",
+        layers=tuple(mla if i % 4 == 3 else kda for i in range(45)),
+        context_tokens=GLM_CONTEXT_TOKENS,
+        architecture=Architecture(
+            architecture="Glm5NextForConditionalGeneration",
+            hidden_size=4096,
+            vocab_size=154880,
+            intermediate_size=12288,
+            num_experts=288,
+            num_experts_per_token=8,
+            num_shared_experts=1,
+            moe_intermediate_size=2048,
+            first_k_dense_replace=3,
+            defaulted=("num_nextn_predict_layers",),
+            unsupported=(("architectures", UNLAID_WEIGHTS),),
+        ),
+    )
+
+
 PRESETS: Final[dict[str, Callable[[], HybridModel]]] = {
     "kimi-k3": kimi_k3,
     "kimi-k3-dspark": kimi_k3_dspark,
     "kimi-linear-48b": kimi_linear_48b,
+    "glm-5.3-flash": glm_5_3_flash,
 }
 
 

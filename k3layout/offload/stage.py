@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..errors import Refusal
 from ..layouts import EngineLayout, Stage
+from ..layouts.protocol import check_planes
 
 
 def ridable(plan: EngineLayout) -> EngineLayout:
@@ -18,12 +19,12 @@ def ridable(plan: EngineLayout) -> EngineLayout:
     whose state pages are not whole attention pages (the ``tokenspeed`` engine), and
     (``layout_unsupported``) a block-outermost vLLM layout, whose planes the ride's views do
     not describe."""
-    layout = plan.deployment.kv_cache_layout
-    if plan.state_rides_pages and layout != "LBNHC":
+    check_planes(plan, "the ride")
+    if plan.block_outermost:
         raise Refusal(
             "layout_unsupported",
-            f"kv_cache_layout={layout}: the ride publishes layer-outermost planes (LBNHC)",
-            facts={"kv_cache_layout": layout},
+            "kv_cache_layout=BLHNC: the ride publishes layer-outermost planes (LBNHC)",
+            facts={"kv_cache_layout": "BLHNC"},
             hint="plan the ride's deployment with kv_cache_layout='LBNHC'",
         )
     if plan.state_rides_pages:

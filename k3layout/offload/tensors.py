@@ -42,7 +42,7 @@ from ..cache import ElementDtype, element_bytes
 from ..constants import INT64_MAX
 from ..deployment import ConvLayout, EngineFlavour
 from ..errors import Refusal
-from ..layouts.protocol import EngineLayout, LayoutBase
+from ..layouts.protocol import EngineLayout, LayoutBase, check_planes
 from ..names import LayerNames, engine_layer_names
 from .image import part_region_name
 
@@ -266,13 +266,14 @@ def cache_spec(
             facts={"engine": plan.engine},
             hint="describe SGLang's pools with k3layout.engines.sglang.pools.pool_tensors",
         )
-    if plan.deployment.kv_cache_layout != "LBNHC":
+    check_planes(plan, "the adapter's tensors")
+    if plan.block_outermost:
         # One tensor per plane is layer-outermost by construction.
         raise Refusal(
             "layout_unsupported",
-            f"the adapter lays out planes layer-outermost (LBNHC); this plan is "
-            f"{plan.deployment.kv_cache_layout}",
-            facts={"kv_cache_layout": plan.deployment.kv_cache_layout},
+            "the adapter lays out planes layer-outermost (LBNHC); this plan is "
+            "block-outermost (BLHNC)",
+            facts={"kv_cache_layout": "BLHNC"},
             hint="plan with kv_cache_layout='LBNHC' to allocate or validate with the adapter",
         )
     names = names or engine_layer_names(plan.model)

@@ -34,6 +34,7 @@ from ..constants import MAX_PROMPT_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..layouts import Stage, plan, project_stages
+from ..layouts.protocol import check_planes
 from ..limits import check_bound
 from ..model import HybridModel
 from ..placements import Interleave
@@ -358,6 +359,7 @@ def plan_transfer(
     check_matching_deployments(prefill, decode)
     prefill_plan = plan(model, prefill)
     decode_plan = plan(model, decode)
+    check_planes(prefill_plan, "a prefill-to-decode transfer")
     model = prefill_plan.model  # what the engine builds (no draft without spec tokens)
     # the decode pulls: its engine's rank mapping decides who feeds whom
     facts = facts_of(decode.engine)

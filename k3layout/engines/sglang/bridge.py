@@ -28,6 +28,7 @@ from ...model.hf_weights import dspark_draft_of
 from .engine import plan_sglang
 from .layout import SglangPlan
 from .pools import PoolTensor, pool_tensors
+from .rules import DEFAULT_TRACK_INTERVAL
 
 __all__ = ["check_pools", "deployment_from_sglang", "model_from_sglang", "plan_from_sglang"]
 
@@ -167,8 +168,17 @@ def deployment_from_sglang(server_args: Any, gpu: str = DEFAULT_GPU) -> Deployme
         "max_running_requests": _flag(server_args, "max_running_requests"),
         "max_mamba_cache_size": _flag(server_args, "max_mamba_cache_size"),
         "max_total_tokens": _flag(server_args, "max_total_tokens"),
+        # SGLang's default (256) plans as unset: the planner gives it where it starts
+        "mamba_track_interval": _track_interval(server_args),
     }
     return Deployment.model_validate(fields)
+
+
+def _track_interval(server_args: Any) -> int | None:
+    """``--mamba-track-interval`` as the engine runs it, ``None`` at SGLang's default (a
+    ``ServerArgs`` without the field: SGLang's default too)."""
+    value = getattr(server_args, "mamba_track_interval", None)
+    return None if value in (None, DEFAULT_TRACK_INTERVAL) else value
 
 
 def _flag(server_args: Any, name: str) -> Any:
@@ -304,7 +314,15 @@ def check_pools(
         raise _mismatch("kv_buffer count", len(attention), len(kv_buffer), wrong)
     for want, tensor in zip(attention, kv_buffer, strict=True):
         _check_tensor(want, tensor, want.layers[0])
-    states = [t for t in planned if not t.name.startswith("kv_buffer")]
+    keys = [t for t in planned if t.name.startswith("index_k")]
+    if keys:  # a pooled indexer's keys: the DSA pool's IndexKeyCache, one tensor per layer
+        buffers = _get(_get(kv_pool, "index_key_cache"), "buffer")
+        if not isinstance(buffers, Sequence) or len(buffers) != len(keys):
+            count = len(buffers) if isinstance(buffers, Sequence) else None
+            raise _mismatch("index_key_cache.buffer count", len(keys), count, keys[0].layers[0])
+        for want, tensor in zip(keys, buffers, strict=True):
+            _check_tensor(want, tensor, want.layers[0])
+    states = [t for t in planned if t.name.startswith(("conv", "temporal"))]
     if not states:
         return plan
     if mamba is None:

@@ -28,6 +28,7 @@ SGLANG = register_engine(
             decode_pp_matches_prefill=True,
             pd_refusal_note=PD_REFUSAL_NOTE,
             pp_remainder_skips_last=False,  # get_pp_indices: the last stages take the rest
+            scaled_fp8_latent_majors=(9,),  # DSA's flashmla_kv keeps fp8 rows with scales
         ),
         plan_type=SglangPlan,
         check=check_sglang,

@@ -4,8 +4,7 @@ adds the common ones)."""
 
 from __future__ import annotations
 
-from .layout import SglangPlan
-from .rules import attention_backends
+from .layout import SglangPlan, resolved_backends
 
 
 def sglang_violations(result: SglangPlan) -> list[str]:
@@ -15,13 +14,12 @@ def sglang_violations(result: SglangPlan) -> list[str]:
     if any(count != 1 for count in owners):
         problems.append("a plane is shared: SGLang gives every layer its own tensor")
     resolved = (result.prefill_attention_backend, result.attention_backend, result.page_tokens)
-    if resolved != attention_backends(
-        result.deployment.gpu, result.model.model_type, result.deployment.dcp
-    ):
+    if resolved != resolved_backends(result.model, result.deployment):
         problems.append("backend / page is not what SGLang resolves on the GPU")
-    tp = result.deployment.attn_tp
+    # Every stage prices the draft's rows: the target's once, the draft's once per stage.
+    model = result.model
     whole = sum(
-        result.sizes.spec_of(layer).bytes_per_token(tp)
+        result.layer_cell_bytes(layer) * (1 if layer < model.num_layers else len(result.stages))
         for group in result.groups
         if group.kind == "attention"
         for layer in group.layers

@@ -7,6 +7,8 @@ parses them with SGLang's own argument parser."""
 
 from __future__ import annotations
 
+import json
+
 from ...deployment import Deployment
 from ...layouts.recommend import DRAFT_PATH
 from ...model import HybridModel
@@ -17,8 +19,11 @@ KV_CACHE_DTYPE = {"fp8": "fp8_e4m3", "bf16": "auto", "fp8_ds_mla": "fp8_e4m3"}
 LAUNCH = "python -m sglang.launch_server --model-path"
 
 
-def sglang_flags(d: Deployment, model: HybridModel) -> tuple[tuple[str, str], ...]:
-    """The flags that start deployment ``d`` of ``model`` (switches have an empty value)."""
+def sglang_flags(
+    d: Deployment, model: HybridModel, track_interval: int | None = None
+) -> tuple[tuple[str, str], ...]:
+    """The flags that start deployment ``d`` of ``model`` (switches have an empty value);
+    ``track_interval``: the ``--mamba-track-interval`` SGLang needs (``None``: its own)."""
     world = d.attn_tp * d.attn_dp
     flags: list[tuple[str, str]] = [("--tp-size", str(world))]
     if d.attn_dp > 1:
@@ -29,13 +34,37 @@ def sglang_flags(d: Deployment, model: HybridModel) -> tuple[tuple[str, str], ..
         flags.append(("--ep-size", str(world)))
     if d.dcp > 1:
         flags.append(("--dcp-size", str(d.dcp)))
-    flags.append(("--kv-cache-dtype", KV_CACHE_DTYPE[d.kv_dtype]))
+    indexed = any(layer.indexer is not None for layer in model.mla_layers)
+    # DSA's auto is fp8 on Blackwell: an indexed model's bf16 is named.
+    flags.append(
+        (
+            "--kv-cache-dtype",
+            "bf16" if indexed and d.kv_dtype == "bf16" else KV_CACHE_DTYPE[d.kv_dtype],
+        )
+    )
+    if indexed and model.architecture is not None:
+        flags.append(("--json-model-override-args", architectures_override(model)))
     if not d.prefix_caching:
         flags.append(("--disable-radix-cache", ""))
+    if track_interval is not None:
+        flags.append(("--mamba-track-interval", str(track_interval)))
     if d.mamba_full_memory_ratio is not None:
         flags.append(("--mamba-full-memory-ratio", f"{d.mamba_full_memory_ratio:g}"))
     flags += _speculative(d, model)
     return tuple(flags)
+
+
+def architectures_override(model: HybridModel) -> str:
+    """``--json-model-override-args`` restoring the model class on a nested checkpoint:
+    SGLang's ``Glm5NextConfig`` lets ``text_config.architectures`` (``null`` in the
+    checkpoint) win over the top-level list, and its ``ModelConfig`` then fails
+    (``TypeError``); both levels are given, so the text model is built as the class too."""
+    assert model.architecture is not None
+    names = [model.architecture.architecture]
+    return json.dumps(
+        {"architectures": names, "text_config": {"architectures": names}},
+        separators=(",", ":"),
+    )
 
 
 def _speculative(d: Deployment, model: HybridModel) -> list[tuple[str, str]]:

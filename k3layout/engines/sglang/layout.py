@@ -43,7 +43,7 @@ from ...sizes import RankSizes
 from .capacity import SglangCapacity, sglang_capacity
 from .launch import sglang_flags
 from .report import SglangReport
-from .rules import SGLANG_VERSION, attention_backends, state_slots_per_request
+from .rules import SGLANG_VERSION, attention_backends, state_slots_per_request, track_interval
 
 _KDA_STATE_SETTINGS: tuple[tuple[str, object], ...] = (
     ("conv_layout", "SD"),
@@ -91,12 +91,37 @@ class SglangPlan(SelfChecked, LayoutBase):
         layer the stage holds (``576 * elem`` per MLA layer; a draft's K/V rows too, since
         its pool shares the budget)."""
         held = self.stage(stage)
-        tp = self.deployment.attn_tp
-        return sum(
-            self.sizes.spec_of(layer).bytes_per_token(tp)
+        target = sum(
+            self.layer_cell_bytes(layer)
             for group in held.groups
             if group.kind == "attention"
             for layer in group.layers
+            if layer < self.model.num_layers
+        )
+        # Every stage prices the draft's rows (only the last allocates its pool).
+        return target + sum(self.layer_cell_bytes(layer) for layer in self.model.draft_layer_ids)
+
+    def layer_cell_bytes(self, layer: int) -> int:
+        """What SGLang's configurator budgets per token for one attention layer: its rows,
+        and a pooled part's row over its tokens, rounded up (GLM-5.3-Flash's index keys:
+        ``ceil(132 / 16)`` = 9 bytes), although the pool allocates them by the page."""
+        tp = self.deployment.attn_tp
+        spec = self.sizes.spec_of(layer)
+        pooled = sum(
+            -(-part.local_bytes(tp) // part.tokens_per_row)
+            for part in spec.parts
+            if part.tokens_per_row > 1
+        )
+        return spec.bytes_per_token(tp) + pooled
+
+    @property
+    def mamba_track_interval(self) -> int | None:
+        """The ``--mamba-track-interval`` SGLang needs to start with the radix cache (``None``:
+        its default 256 starts; no radix cache: none)."""
+        if not self.deployment.prefix_caching:
+            return None
+        return track_interval(
+            self.page_tokens, self.deployment.mamba_track_interval, _draft_tokens(self.deployment)
         )
 
     def state_slot_bytes(self, stage: int | None = None) -> int:
@@ -126,20 +151,21 @@ class SglangPlan(SelfChecked, LayoutBase):
 
     def launch_flags(self) -> tuple[tuple[str, str], ...]:
         """``python -m sglang.launch_server``'s flags for this deployment
-        (:func:`.launch.sglang_flags`)."""
-        return sglang_flags(self.deployment, self.model)
+        (:func:`.launch.sglang_flags`), the track interval SGLang needs to start included."""
+        return sglang_flags(self.deployment, self.model, self.mamba_track_interval)
 
     def tensor_of(self, layer: int, part: str, stage: int = 0) -> str:
         """The name of the pool tensor holding ``part`` of module ``layer``:
-        ``kv_buffer[j]`` (the ``j``-th MLA layer of the stage), ``conv[0]`` or
-        ``temporal`` (indexed by the KDA layer's position)."""
+        ``kv_buffer[j]`` (the ``j``-th MLA layer of the stage; its pooled index keys:
+        ``index_k[j]``, the DSA pool's ``IndexKeyCache``), ``conv[0]`` or ``temporal``
+        (indexed by the KDA layer's position)."""
         group, position = self.group_of(layer, stage)
         self.part_range(layer, part)  # refuses a part the layer does not have
         if group.kind == "kda":
             return "conv[0]" if part == "conv" else "temporal"
         if group.name != "full_attention":
             raise _draft_refusal(layer)
-        return f"kv_buffer[{position}]"
+        return f"index_k[{position}]" if part == "index" else f"kv_buffer[{position}]"
 
     # The engine-layout protocol.
 
@@ -188,7 +214,11 @@ class SglangPlan(SelfChecked, LayoutBase):
         return self.page_stride_bytes(group)
 
     def page_stride_bytes(self, group: Group) -> int:
-        """Bytes between pages (slots) of one layer: the payload, unpadded."""
+        """Bytes between pages (slots) of one layer's ``kv_buffer``: the payload, unpadded
+        (a pooled part's rows are in a tensor of their own: not in the stride)."""
+        spec = self.group_spec(group)
+        if spec.paging == "token" and spec.pooled:
+            return spec.bytes_per_token(self.deployment.attn_tp) * self.page_tokens
         return self.payload_bytes(group)
 
     def page_axes(self, group: Group, num_blocks: int) -> tuple[tuple[int, int], ...]:
@@ -228,7 +258,8 @@ class SglangPlan(SelfChecked, LayoutBase):
         whose pool holds ``num_blocks`` pages (slots), padding included.
 
         - attention layer: page ``b`` of its ``kv_buffer`` at ``b * page * row`` (page 0 is
-          SGLang's padding page);
+          SGLang's padding page); its pooled index keys, page ``b`` of ``index_k`` at ``b *
+          page / index_kpool * 132``;
         - KDA layer at position ``j`` of the stage: row ``s`` at ``(j * num_blocks + s) *
           part`` of ``conv[0]`` or ``temporal`` (``num_blocks`` = slots + the padding slot).
         """
@@ -238,6 +269,8 @@ class SglangPlan(SelfChecked, LayoutBase):
         inner = self.part_range(layer, part)
         if group.kind == "kda":
             offset = (position * num_blocks + block) * inner.size_bytes
+        elif self.sizes.spec_of(layer).part(part).tokens_per_row > 1:
+            offset = block * inner.size_bytes  # the pooled keys: a tensor of their own
         else:
             offset = block * self.page_stride_bytes(group) + inner.offset_bytes
         return ByteRange(
@@ -266,6 +299,11 @@ class SglangPlan(SelfChecked, LayoutBase):
                 f"{self.bytes_per_token:,}",
             ),
             ("state slot bytes (KDA state, whole model)", f"{self.state_slot_bytes():,}"),
+            *(
+                (("--mamba-track-interval (the page: SGLang's 256 would not start)", str(n)),)
+                if (n := self.mamba_track_interval) is not None
+                else ()
+            ),
         ]
 
     def recommend(
@@ -338,9 +376,33 @@ def _draft_refusal(layer: int) -> Refusal:
     )
 
 
+NEXTN_DEFAULT_LAYERS = 1
+"""The MTP layers SGLang's ``Glm5NextConfig`` reads when the checkpoint names none
+(``num_nextn_predict_layers`` absent); its NEXTN draft prices that many."""
+
+
 def built_model(model: HybridModel, deployment: Deployment) -> HybridModel:
-    """The model SGLang builds: no draft runner without speculative tokens."""
-    return model.without_draft() if deployment.spec_tokens == 0 else model
+    """The model SGLang builds: no draft runner without speculative tokens; with them, an
+    indexed hybrid whose config leaves ``num_nextn_predict_layers`` out drafts with
+    SGLang's default MTP layer (one indexed MLA layer, the target's)."""
+    if deployment.spec_tokens == 0:
+        return model.without_draft()
+    architecture = model.architecture
+    if (
+        model.draft_layers
+        or index_kpool(model) is None
+        or architecture is None
+        or "num_nextn_predict_layers" not in architecture.defaulted
+    ):
+        return model
+    fields = {name: getattr(model, name) for name in HybridModel.model_fields}
+    return HybridModel.model_validate(
+        {
+            **fields,
+            "draft_layers": (model.mla_layers[0],) * NEXTN_DEFAULT_LAYERS,
+            "drafter": "mtp",
+        }
+    )
 
 
 def check_sglang(model: HybridModel, deployment: Deployment) -> HybridModel:
@@ -349,6 +411,8 @@ def check_sglang(model: HybridModel, deployment: Deployment) -> HybridModel:
     backend does not run (Hopper), and a draft that is not SGLang's dense K/V draft.
     Returns the model SGLang builds (:func:`built_model`)."""
     model = built_model(model, deployment)
+    if index_kpool(model) is not None:
+        check_indexed(model, deployment)
     refuse_settings(deployment, VLLM_SETTINGS + _KDA_STATE_SETTINGS, "vLLM")
     refuse_settings(deployment, TOKENSPEED_SETTINGS, "tokenspeed")
     refuse_settings(deployment, UTILIZATION_SETTINGS, "vLLM's and tokenspeed")
@@ -359,7 +423,9 @@ def check_sglang(model: HybridModel, deployment: Deployment) -> HybridModel:
             facts={"engine": "sglang", "kv_dtype": deployment.kv_dtype},
             hint="use kv_dtype='fp8' (SGLang's fp8_e4m3) or 'bf16'",
         )
-    prefill, _, _ = attention_backends(deployment.gpu, model.model_type, deployment.dcp)
+    prefill, _, page = resolved_backends(model, deployment)
+    if deployment.prefix_caching:  # the radix cache's extra buffer validates its interval
+        track_interval(page, deployment.mamba_track_interval, _draft_tokens(deployment))
     if deployment.dcp > 1 and prefill == "fa3" and model.model_type == "kimi_k3":
         raise Refusal(
             "dcp_unsupported",
@@ -368,7 +434,7 @@ def check_sglang(model: HybridModel, deployment: Deployment) -> HybridModel:
             facts={"engine": "sglang", "dcp": deployment.dcp, "gpu": deployment.gpu},
             hint="use dcp=1 on Hopper, or gpu='b200'",
         )
-    if any(layer.kind == "mla" for layer in model.draft_layers):
+    if model.drafter != "mtp" and any(layer.kind == "mla" for layer in model.draft_layers):
         raise Refusal(
             "draft_unsupported",
             f"model {model.name}: its draft layers are MLA; SGLang's DSpark draft is a dense "
@@ -377,7 +443,7 @@ def check_sglang(model: HybridModel, deployment: Deployment) -> HybridModel:
             hint="plan the target alone (spec_tokens without a draft plans SGLang's EAGLE "
             "sizing), or give the draft as GQA layers",
         )
-    if model.draft_layers and deployment.pp > 1:
+    if model.draft_layers and model.drafter != "mtp" and deployment.pp > 1:
         raise Refusal(
             "draft_unsupported",
             f"pp={deployment.pp}: SGLang's DSpark draft does not run under pipeline parallelism",
@@ -385,6 +451,44 @@ def check_sglang(model: HybridModel, deployment: Deployment) -> HybridModel:
             hint="use pp=1 with a draft",
         )
     return model
+
+
+def index_kpool(model: HybridModel) -> int | None:
+    """The pooled indexer's ``index_kpool`` of an indexed hybrid (``None`` otherwise)."""
+    return next(
+        (layer.indexer.kpool for layer in model.mla_layers if layer.indexer is not None), None
+    )
+
+
+def resolved_backends(model: HybridModel, deployment: Deployment) -> tuple[str, str, int]:
+    """The prefill and decode backends and the page SGLang resolves for ``deployment``
+    (:func:`.rules.attention_backends`)."""
+    return attention_backends(
+        deployment.gpu,
+        model.model_type,
+        deployment.dcp,
+        deployment.kv_dtype,
+        index_kpool(model),
+    )
+
+
+def _draft_tokens(deployment: Deployment) -> int:
+    """SGLang's ``speculative_num_draft_tokens``: the verify window (0 without drafting)."""
+    return deployment.spec_tokens + 1 if deployment.spec_tokens else 0
+
+
+def check_indexed(model: HybridModel, deployment: Deployment) -> None:
+    """What SGLang refuses of an indexed hybrid (DSA) beyond K3's rules: DCP (a pooled key
+    spans positions of several DCP ranks)."""
+    if deployment.dcp > 1:
+        raise Refusal(
+            "dcp_unsupported",
+            f"dcp={deployment.dcp}: SGLang {SGLANG_VERSION} does not run DCP for DSA with "
+            f"index_kpool={index_kpool(model)} (a pooled index key spans positions owned by "
+            "different DCP ranks)",
+            facts={"engine": "sglang", "dcp": deployment.dcp, "field": "dcp"},
+            hint="use dcp=1",
+        )
 
 
 def group_sglang(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
@@ -413,7 +517,7 @@ def pack_sglang(
     stages: tuple[Stage, ...],
 ) -> SglangPlan:
     """The plan: the backend and page SGLang resolves on the deployment's GPU."""
-    prefill, decode, page = attention_backends(deployment.gpu, model.model_type, deployment.dcp)
+    prefill, decode, page = resolved_backends(model, deployment)
     return SglangPlan(
         model=model,
         deployment=deployment,

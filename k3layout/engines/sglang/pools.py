@@ -1,7 +1,9 @@
 """The tensors SGLang 0.5.23 allocates for a plan's pools on one rank, as data.
 
 A token pool of ``num_tokens`` tokens holds one ``kv_buffer`` per MLA layer of the stage,
-``[num_tokens + page, 1, 576]`` (fp8 stored as ``uint8``, SGLang's ``store_dtype``); a state
+``[num_tokens + page, 1, 576]`` (fp8 stored as ``uint8``, SGLang's ``store_dtype``), and for
+a pooled indexer (DSA) one ``index_k`` per layer, ``[num_tokens // page + 1, page / index_kpool
+* 132]`` ``uint8`` (its ``IndexKeyCache``: a row of pooled keys per page, a padding page); a state
 pool of ``num_slots`` slots holds ``conv[0]`` ``[L_kda, num_slots + 1, K-1, q|k|v]`` bf16 and
 ``temporal`` ``[L_kda, num_slots + 1, H/tp, K, V]`` fp32 over the stage's KDA layers. All are
 contiguous. :func:`~k3layout.engines.sglang.check_pools` compares live tensors with these.
@@ -80,7 +82,7 @@ def pool_tensors(
             continue  # the draft runner's own pool: its tensors were not read off SGLang
         for position, layer in enumerate(group.layers):
             spec = plan.sizes.spec_of(layer)
-            row = sum(part.local_bytes(tp) for part in spec.parts)
+            row = spec.bytes_per_token(tp)  # a pooled part keeps a tensor of its own
             part = spec.parts[0]
             dtype = STORE_DTYPES.get(part.dtype, part.dtype)
             elements = row // (1 if dtype == "uint8" else part.elem_bytes)
@@ -91,6 +93,17 @@ def pool_tensors(
                     dtype,
                     (num_tokens + plan.page_tokens, 1, elements),
                 )
+            )
+            pages = (num_tokens + plan.page_tokens + 1) // plan.page_tokens
+            tensors.extend(
+                _tensor(
+                    f"index_k[{position}]",
+                    (layer,),
+                    "uint8",
+                    (pages, plan.page_tokens // pooled.tokens_per_row * pooled.local_bytes(tp)),
+                )
+                for pooled in spec.parts
+                if pooled.tokens_per_row > 1
             )
     kda = tuple(layer for group in plan.groups_of("kda", stage) for layer in group.layers)
     if kda:

@@ -16,6 +16,13 @@ every change): its configuration resolution, its ``KVCacheConfigurator`` and its
   slots // ratio)``, ``ratio`` the state slots a request holds (5 with the radix cache:
   3 plus 2 ``extra_buffer`` tracking slots under the overlap scheduler, 1 under PP, which
   runs without it; 1 without the radix cache).
+- **An indexed hybrid (DSA, GLM-5.3-Flash)** runs SGLang's ``dsa`` attention: the page is
+  forced to ``64 * index_kpool`` tokens (a pooled key never spans pages); fp8 runs
+  ``flashmla_kv`` on SM90 (the scaled 528-byte row) and ``trtllm`` on SM100, bf16
+  ``flashmla_sparse`` prefill with ``fa3`` (SM90) or ``trtllm`` (SM100) decode; the cell
+  budgets the pooled keys at ``ceil(132 / index_kpool)`` bytes per token per layer; DCP is
+  refused; the radix cache's track interval must be a multiple of the page (SGLang's default
+  256 is not, and it fails on a bare assertion).
 """
 
 from __future__ import annotations
@@ -49,8 +56,9 @@ SPEC_MAX_RUNNING_REQUESTS: Final = 48
 MULTIMODAL_RESERVATION_BYTES: Final = 100 << 20
 """``SGLANG_VLM_CACHE_SIZE_MB``: what SGLang holds back from a multimodal model's budget."""
 
-MULTIMODAL_MODEL_TYPES: Final = frozenset({"kimi_k3"})
-"""Model types SGLang serves with a multimodal class (K3: ``KimiK3ForConditionalGeneration``)."""
+MULTIMODAL_MODEL_TYPES: Final = frozenset({"kimi_k3", "glm5_next"})
+"""Model types SGLang serves with a multimodal class (K3: ``KimiK3ForConditionalGeneration``;
+GLM-5.3-Flash: ``Glm5NextForConditionalGeneration``)."""
 
 BLACKWELL_PAGE_TOKENS: Final = 64
 """``trtllm_mla``'s page (SGLang's MLA backend constraint)."""
@@ -76,13 +84,20 @@ ESTIMATED_REQUESTS: Final = (2048, 4096)
 """... clamped to this range."""
 
 
-def attention_backends(gpu: GpuName, model_type: str, dcp: int = 1) -> tuple[str, str, int]:
+def attention_backends(
+    gpu: GpuName,
+    model_type: str,
+    dcp: int = 1,
+    kv_dtype: str = "fp8",
+    index_kpool: int | None = None,
+) -> tuple[str, str, int]:
     """The prefill and decode MLA backends and the page (tokens) SGLang resolves on ``gpu``
     for ``model_type``; refuses (``engine_setting``) a GPU not read off SGLang.
 
     Hopper: ``fa3`` both ways, 1-token pages. Blackwell: Kimi-K3 runs ``trtllm_mla`` on
     64-token pages, and with DCP decodes on ``cutedsl_mla`` (other models keep
-    ``flashinfer``, 1-token pages)."""
+    ``flashinfer``, 1-token pages). An indexed hybrid (``index_kpool`` given) runs DSA's
+    backends on ``64 * index_kpool``-token pages (:data:`DSA_BACKENDS`)."""
     if gpu not in SERVED_GPUS:
         raise Refusal(
             "engine_setting",
@@ -91,12 +106,61 @@ def attention_backends(gpu: GpuName, model_type: str, dcp: int = 1) -> tuple[str
             facts={"engine": "sglang", "field": "gpu", "gpu": gpu, "allowed": SERVED_GPUS},
             hint=f"use gpu in {list(SERVED_GPUS)}",
         )
-    if GPUS[gpu].capability[0] < 10:  # Hopper
+    hopper = GPUS[gpu].capability[0] < 10
+    if index_kpool is not None:
+        prefill, decode = DSA_BACKENDS[(kv_dtype, hopper)]
+        return prefill, decode, DSA_PAGE_POOLS * index_kpool
+    if hopper:
         return "fa3", "fa3", 1
     if model_type in MULTIMODAL_MODEL_TYPES:  # SGLang's Kimi-K3 override on SM100
         decode = "cutedsl_mla" if dcp > 1 else "trtllm_mla"
         return "trtllm_mla", decode, BLACKWELL_PAGE_TOKENS
     return "flashinfer", "flashinfer", 1
+
+
+DSA_BACKENDS: Final[dict[tuple[str, bool], tuple[str, str]]] = {
+    ("fp8", True): ("flashmla_kv", "flashmla_kv"),
+    ("fp8", False): ("trtllm", "trtllm"),
+    ("bf16", True): ("flashmla_sparse", "fa3"),
+    ("bf16", False): ("flashmla_sparse", "trtllm"),
+}
+"""SGLang's DSA prefill and decode backends by (cache dtype, Hopper) (its
+``_dsa_split_backend_resolution``)."""
+
+DSA_PAGE_POOLS: Final = 64
+"""Pooled index entries in one DSA page: the page is ``64 * index_kpool`` tokens."""
+
+DEFAULT_TRACK_INTERVAL: Final = 256
+"""``--mamba-track-interval``'s default: tokens between the KDA states the radix cache
+tracks; it must be a multiple of the page."""
+
+
+def track_interval(page: int, requested: int | None, draft_tokens: int = 0) -> int | None:
+    """The ``--mamba-track-interval`` that starts SGLang's radix cache on ``page``-token
+    pages: the requested one, else its default 256 where the page divides it (``None``: no
+    flag needed), else the page; refuses (``engine_setting``) a requested interval that is
+    not a multiple of the page or is under the verify window (``draft_tokens``), as SGLang's
+    ``validate_mamba_extra_buffer`` asserts (a bare ``AssertionError``)."""
+    if requested is None:
+        if DEFAULT_TRACK_INTERVAL % page == 0 and draft_tokens <= DEFAULT_TRACK_INTERVAL:
+            return None
+        return page * max(1, -(-draft_tokens // page))
+    if requested % page or requested < draft_tokens:
+        least = page * max(1, -(-draft_tokens // page))
+        raise Refusal(
+            "engine_setting",
+            f"mamba_track_interval={requested} must be a multiple of the {page}-token page "
+            f"and at least the {draft_tokens} verify tokens: SGLang {SGLANG_VERSION} fails "
+            "at start-up on a bare AssertionError (arg_groups/mamba_hook.py)",
+            facts={
+                "engine": "sglang",
+                "field": "mamba_track_interval",
+                "mamba_track_interval": requested,
+                "page_tokens": page,
+            },
+            hint=f"use mamba_track_interval={least} (or a multiple of {page})",
+        )
+    return requested
 
 
 def state_slots_per_request(radix_cache: bool, overlap: bool = True) -> int:

@@ -71,6 +71,17 @@ def check_settings(deployment: Deployment) -> None:
 
 def check_model(model: HybridModel, attn_tp: int) -> None:
     """Refuse what tokenspeed's K3 recipe does not group or shard (see the module)."""
+    if any(layer.indexer is not None for layer in model.mla_layers):
+        raise _refuse(
+            "layout_unsupported",
+            f"model {model.name} ({model.model_type}): its MLA layers keep a pooled DSA "
+            "indexer and a tail ring, and tokenspeed has no cache recipe for that hybrid",
+            "no recipe family for it (mha, mla, dsa, msa, qwen_gdn, inkling, kimi_k3, "
+            "deepseek_v4) and no model class Glm5NextForConditionalGeneration",
+            "use engine=vllm",
+            model=model.name,
+            model_type=model.model_type,
+        )
     kda = model.kda_layer_ids
     state = set(kda)
     mla = [i for i in range(model.num_layers) if i not in state]

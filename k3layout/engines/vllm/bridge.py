@@ -31,6 +31,7 @@ from ...model import HybridModel, config_of, model_from_config
 from .caches import check_bound_caches
 from .engine import plan_vllm
 from .layout import VllmPlan
+from .packed import packed_cache_part
 from .rules import ATTENTION_BACKENDS, VLLM_VERSION, runs_on
 
 __all__ = [
@@ -159,10 +160,9 @@ def deployment_from_vllm(vllm_config: Any, gpu: GpuName | None = None) -> Deploy
     dtype = str(need("cache_config.cache_dtype"))
     kv_dtype = _KV_DTYPES.get(dtype, dtype)
     backend = need("attention_config.backend", nullable=True)
-    layout = (
-        need("cache_config.kv_cache_layout", nullable=True)
-        or os.environ.get("VLLM_KV_CACHE_LAYOUT")
-        or "LBNHC"
+    # None: unset, vLLM resolves it from its backends (as the plan does).
+    layout = need("cache_config.kv_cache_layout", nullable=True) or os.environ.get(
+        "VLLM_KV_CACHE_LAYOUT"
     )
     partition = os.environ.get("VLLM_PP_LAYER_PARTITION")
     additional = need("additional_config", nullable=True) or {}
@@ -192,7 +192,7 @@ def deployment_from_vllm(vllm_config: Any, gpu: GpuName | None = None) -> Deploy
         if need("cache_config.user_specified_block_size")
         else None,
         "attention_backend": name,
-        "kv_cache_layout": "LBNHC" if layout in ("NHD", "LBNHC") else layout,
+        "kv_cache_layout": "LBNHC" if layout in ("NHD", "LBNHC") else layout or None,
         "prefix_caching": bool(need("cache_config.enable_prefix_caching")),
         "kda_prefill_backend": (
             additional.get("kda_prefill_backend", "auto")
@@ -242,19 +242,26 @@ def worker_stage(vllm_config: Any) -> int:
 
 
 def check_kv_cache_config(
-    vllm_config: Any, kv_cache_config: Any, stage: int | None = None
+    vllm_config: Any,
+    kv_cache_config: Any,
+    stage: int | None = None,
+    *,
+    gpu: GpuName | None = None,
 ) -> VllmPlan:
     """Check one rank's ``KVCacheConfig`` (pipeline stage ``stage``: default the worker's
-    own, :func:`worker_stage`) against the plan of ``vllm_config``: the groups' layers in
-    order, the backing's size for ``num_blocks``, and each tensor's offset, layer stride and
-    block stride. Returns the plan; refuses (``plan_mismatch``) at the first difference,
-    naming the planned and actual values and the layer."""
-    result = plan_from_vllm(vllm_config)
+    own, :func:`worker_stage`) against the plan of ``vllm_config`` on ``gpu`` (default: the
+    engine's own, :func:`engine_gpu`): the groups' layers in order (an indexed layer's
+    caches once), the backing's size for ``num_blocks``, and each tensor's offset, layer
+    stride and block stride (a packed plan's caches at their parts: :func:`cache_part`).
+    Returns the plan; refuses (``plan_mismatch``) at the first difference, naming the planned
+    and actual values and the layer."""
+    result = plan_from_vllm(vllm_config, gpu)
     stage = worker_stage(vllm_config) if stage is None else expect_int("stage", stage)
     num_blocks = _count(kv_cache_config, "num_blocks")
     groups = list(_records(kv_cache_config, "kv_cache_groups"))
     # A stage holds the groups' projections; a group with none of its layers is left out.
-    actual = [tuple(layer_of(n) for n in _records(g, "layer_names")) for g in groups]
+    # An indexed layer has several caches (keys, latent) in one group: its id once.
+    actual = [tuple(dict.fromkeys(layer_of(n) for n in _records(g, "layer_names"))) for g in groups]
     actual = [layers for layers in actual if layers]
     expected = [group.layers for group in result.stage(stage).groups if group.layers]
     if actual != expected:
@@ -275,8 +282,13 @@ def check_kv_cache_config(
             raise _mismatch("backing bytes", planned_size, size, layer=layer_of(names[0]))
         for position, name in enumerate(names):
             layer = layer_of(name)
+            part = cache_part(result, name)
             for block in (0, 1, num_blocks - 1) if num_blocks > 1 else (0,):
-                want = result.page_offset_bytes(layer, block, num_blocks, stage)
+                want = (
+                    result.byte_range(layer, part, block, num_blocks, stage).offset_bytes
+                    if part is not None
+                    else result.page_offset_bytes(layer, block, num_blocks, stage)
+                )
                 got = (
                     _count(tensor, "offset")
                     + position * _count(tensor, "layer_stride")
@@ -288,7 +300,12 @@ def check_kv_cache_config(
 
 
 def check_kv_caches(
-    vllm_config: Any, kv_cache_config: Any, kv_caches: Any, stage: int | None = None
+    vllm_config: Any,
+    kv_cache_config: Any,
+    kv_caches: Any,
+    stage: int | None = None,
+    *,
+    gpu: GpuName | None = None,
 ) -> VllmPlan:
     """Check the caches a worker of pipeline stage ``stage`` (default: its own) bound
     (``kv_caches``: layer name -> tensor, one int8 backing viewed per layer) against the plan
@@ -301,8 +318,16 @@ def check_kv_caches(
     their attributes). Returns the plan; refuses the first difference naming the layer
     (``tensor_mismatch``, ``aliasing``)."""
     stage = worker_stage(vllm_config) if stage is None else expect_int("stage", stage)
-    result = check_kv_cache_config(vllm_config, kv_cache_config, stage)
+    result = check_kv_cache_config(vllm_config, kv_cache_config, stage, gpu=gpu)
     return check_bound_caches(result, kv_cache_config, kv_caches, stage)
+
+
+def cache_part(result: VllmPlan, name: str) -> str | None:
+    """The part whose start vLLM's cache ``name`` binds in a packed plan (``None``: a plan of
+    shared planes, whose layers each bind their whole page)."""
+    if not result.packed:
+        return None
+    return packed_cache_part(result.sizes, name, layer_of(name))
 
 
 def _count(record: Any, name: str) -> int:

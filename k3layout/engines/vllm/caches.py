@@ -176,7 +176,7 @@ def _check_tensor(
                 where,
                 f"has strides {got_strides}, the plan's are {view.strides}"
                 + _layout_note(result, axis, got * view.elem_bytes, stage),
-                f"bind the plan's view ({result.deployment.kv_cache_layout})",
+                f"bind the plan's view ({result.kv_cache_layout})",
                 strides=got_strides,
                 axis=axis,
             )
@@ -186,7 +186,7 @@ def _layout_note(result: VllmPlan, axis: int, got_bytes: int, stage: int) -> str
     """Why a block stride differs: the tensors are in the other KV-cache layout."""
     if axis != 0:
         return ""
-    planned = result.deployment.kv_cache_layout
+    planned = result.kv_cache_layout
     if planned == "LBNHC" and got_bytes == result.stage_block_bytes(stage):
         return " (the caches are laid out block-outermost, BLHNC; the plan is LBNHC)"
     if planned == "BLHNC" and got_bytes == result.page_bytes:
@@ -232,7 +232,7 @@ def _plane_and_block(result: VllmPlan, offset: int, num_blocks: int, stage: int)
     """The plane and block a backing offset falls in."""
     layer_stride = result.layer_stride_bytes(num_blocks, stage)
     block_stride = result.block_stride_bytes(stage)
-    if result.deployment.kv_cache_layout == "BLHNC":
+    if result.kv_cache_layout == "BLHNC":
         return (offset % block_stride) // layer_stride, offset // block_stride
     return offset // layer_stride, (offset % layer_stride) // block_stride
 

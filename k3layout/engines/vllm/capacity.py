@@ -7,7 +7,9 @@ tokens costs the sum over groups of:
 - an attention group: ``ceil(ceil(L / dcp) / tokens_per_page)`` blocks (DCP deals the tokens);
 - a KDA group: ``2 + spec + checkpoint`` blocks in ``align`` mode (the running state, the last
   block boundary's checkpoint, one per draft token, FlashKDA's prefill checkpoint), ``1 +
-  spec`` in ``none`` mode. The state is pinned whatever the context length.
+  spec`` in ``none`` mode. The state is pinned whatever the context length;
+- a tail ring group (an indexed hybrid's packed layout): one block for the request's life
+  (vLLM's ``CircularBufferSpec``), a whole packed block although the ring is small.
 
 ``max_concurrency = num_blocks / blocks_per_request`` (vLLM's
 ``get_max_concurrency_for_kv_cache_config``, over pipeline stage 0's groups as its scheduler
@@ -125,6 +127,7 @@ def kda_prefill_backend_of(plan: BlockPlan) -> str | None:
     return resolved_kda_prefill_backend(
         plan.deployment.kda_prefill_backend,
         full_rank_gate=layer.full_rank_gate,
+        safe_gate=layer.safe_gate,
         gate_lower_bound=layer.gate_lower_bound,
         head_dim=layer.head_dim,
         gpu=plan.deployment.gpu,
@@ -141,7 +144,9 @@ def group_blocks(plan: BlockPlan, max_model_len: int, stage: int = 0) -> tuple[G
     entries = []
     for group in plan.stage(stage).groups:
         spec = plan.group_spec(group)
-        if spec.paging == "slot":
+        if group.kind == "ring":
+            blocks = 1
+        elif spec.paging == "slot":
             blocks = state_blocks_per_request(mode, spec_blocks, checkpoint)
         else:
             ranks = spec.dcp.num_ranks if spec.dcp is not None else 1

@@ -18,7 +18,8 @@ SOURCE = "vLLM 0.33.0's KVCacheConfig and bound caches (tests/conformance)"
 
 LAYER_NAMING = (
     LayerNaming(
-        model_types=("kimi_k3",),  # the multimodal checkpoint: its text model is nested
+        # the multimodal checkpoints: their text model is nested
+        model_types=("kimi_k3", "glm5_next"),
         attention="language_model.model.layers.{layer}.self_attn",
         kda="language_model.model.layers.{layer}.self_attn",
         draft="model.layers.{layer}.self_attn",

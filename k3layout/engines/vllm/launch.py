@@ -65,7 +65,7 @@ def _speculative(d: Deployment, model: HybridModel) -> dict[str, object] | None:
 def vllm_env(deployment: Deployment) -> tuple[tuple[str, str], ...]:
     """The environment variables vLLM reads the deployment's other settings from."""
     env: list[tuple[str, str]] = []
-    if deployment.kv_cache_layout != "LBNHC":
+    if deployment.kv_cache_layout is not None:
         env.append(("VLLM_KV_CACHE_LAYOUT", deployment.kv_cache_layout))
     if deployment.conv_layout != "SD":
         env.append(("VLLM_SSM_CONV_STATE_LAYOUT", deployment.conv_layout))

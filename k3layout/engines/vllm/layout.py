@@ -11,11 +11,16 @@
 3. **Shared planes**: one backing per rank of ``group_size`` planes of ``num_blocks`` pages;
    plane ``j`` is shared by layer ``j`` of every group. ``LBNHC`` (the default) puts plane
    ``j``'s pages in one run; ``BLHNC`` puts block ``b``'s pages of every plane in one run.
+
+An indexed hybrid (GLM-5.3-Flash: pooled DSA keys beside each latent, a tail ring per
+request) has pages of several sizes, which vLLM packs block-outermost instead
+(:mod:`.packed`, with the sparse backends' rules of :mod:`.sparse`): :attr:`VllmPlan.packed`.
 """
 
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from typing import ClassVar, Literal
 
 from pydantic import PositiveInt, model_validator
@@ -24,6 +29,7 @@ from ..._args import expect_args, expect_int
 from ..._derivation import SelfChecked, is_deriving
 from ..._frozen import trusted
 from ..._validation import describe
+from ...cache import DSAIndexer
 from ...constants import MAX_BLOCK_TOKENS, VLLM_GROUP_SIZE_RATIO
 from ...deployment import Deployment
 from ...errors import Refusal
@@ -42,9 +48,18 @@ from ...layouts.seams import SGLANG_SETTINGS, TOKENSPEED_SETTINGS, refuse_settin
 from ...limits import check_bound, checked_bytes
 from ...model import HybridModel
 from ...placements import Interleave
+from ...settings import KvCacheLayout
 from ...sizes import RankSizes
 from .capacity import VllmCapacity, vllm_capacity
 from .launch import vllm_env, vllm_flags
+from .packed import (
+    Run,
+    alignment_bytes,
+    block_stride_bytes,
+    group_runs,
+    packed_byte_range,
+    packed_groups,
+)
 from .report import VllmReport
 from .rules import (
     ATTENTION_BACKENDS,
@@ -64,6 +79,14 @@ from .spans import (
     group_block_tokens,
     scheduler_block_tokens,
     unaligned_state_layers,
+)
+from .sparse import (
+    SparseBackend,
+    check_indexed,
+    indexed_block_tokens,
+    indexed_layers,
+    resolved_kv_cache_layout,
+    sparse_backend_of,
 )
 
 
@@ -95,10 +118,51 @@ class VllmPlan(SelfChecked, LayoutBase):
             check_plan(self)
         return self
 
+    @cached_property
+    def packed(self) -> bool:
+        """Whether vLLM packs pages of several sizes block-outermost (an indexed hybrid:
+        :mod:`.packed`) rather than sharing planes of one page size."""
+        return indexed_layers(self.model) is not None
+
+    @property
+    def kv_cache_layout(self) -> KvCacheLayout:
+        """The KV-cache layout vLLM runs: the deployment's, else the one it resolves from its
+        backends (``BLHNC`` when a tail ring's backend takes no other, else ``LBNHC``)."""
+        return resolved_kv_cache_layout(self.deployment, self.model)
+
+    @property
+    def block_outermost(self) -> bool:
+        """Whether the backing is block-outermost (``BLHNC``)."""
+        return self.kv_cache_layout == "BLHNC"
+
+    @cached_property
+    def sparse_backend(self) -> SparseBackend | None:
+        """The sparse MLA backend of an indexed hybrid (``None`` otherwise)."""
+        return sparse_backend_of(self.deployment) if self.packed else None
+
+    @cached_property
+    def packed_alignment_bytes(self) -> int:
+        """The packed layout's block stride alignment (1 for shared planes)."""
+        backend = self.sparse_backend
+        if backend is None:
+            return 1
+        return alignment_bytes(self.model, self.sizes, self.deployment, backend, self.block_tokens)
+
     @property
     def block_bytes(self) -> int:
-        """Bytes one block costs per rank: one page on every plane."""
+        """Bytes one block costs per rank: one page on every plane (the packed layout: the
+        widest group, aligned)."""
+        if self.packed:
+            return (
+                self.stage_block_bytes(0)
+                if len(self.stages) == 1
+                else max(self.stage_block_bytes(i) for i in range(len(self.stages)))
+            )
         return self.num_planes * self.page_bytes
+
+    def runs(self, group: Group) -> tuple[Run, ...]:
+        """The packed layout's cache tensors of ``group`` inside a block (:mod:`.packed`)."""
+        return group_runs(self.sizes, group, self.block_tokens, self.page_bytes)
 
     @property
     def kda_page_padding_bytes(self) -> int:
@@ -140,7 +204,10 @@ class VllmPlan(SelfChecked, LayoutBase):
 
     def stage_block_bytes(self, stage: int) -> int:
         """Bytes one block costs on a rank of pipeline stage ``stage``."""
-        return self.stage(stage).num_planes * self.page_bytes
+        held = self.stage(stage)
+        if self.packed:
+            return block_stride_bytes(held.groups, self.runs, self.packed_alignment_bytes)
+        return held.num_planes * self.page_bytes
 
     def num_blocks(self, budget_bytes: int, stage: int | None = None) -> int:
         """Blocks a rank allocates from ``budget_bytes`` (``budget // (page * group_size)``);
@@ -154,8 +221,9 @@ class VllmPlan(SelfChecked, LayoutBase):
     @property
     def state_rides_pages(self) -> bool:
         """A state group's page is one whole page of an attention layer's plane, so the
-        state rides the PAGE object (LMCache MP): true of vLLM's hybrid layout."""
-        return True
+        state rides the PAGE object (LMCache MP): true of vLLM's hybrid layout with shared
+        planes, not of the packed one."""
+        return not self.packed
 
     @property
     def packing_label(self) -> str:
@@ -174,6 +242,8 @@ class VllmPlan(SelfChecked, LayoutBase):
         spec = self.group_spec(group)
         if spec.paging == "slot":
             return 1
+        if self.packed:
+            return self.block_tokens
         return self.page_bytes // spec.bytes_per_token(self.deployment.attn_tp)
 
     def payload_bytes(self, group: Group) -> int:
@@ -183,33 +253,42 @@ class VllmPlan(SelfChecked, LayoutBase):
         )
 
     def page_stride_bytes(self, group: Group) -> int:
-        """Bytes between blocks ``b`` and ``b + 1`` of one layer: the page."""
-        return self.page_bytes
+        """Bytes between blocks ``b`` and ``b + 1`` of one layer: the page (packed: the whole
+        block)."""
+        return self.block_bytes if self.packed else self.page_bytes
 
     def page_axes(self, group: Group, num_blocks: int) -> tuple[tuple[int, int], ...]:
         """How one layer's pages repeat on its plane: ``(count, stride in bytes)`` per axis;
         ``num_blocks`` blocks of one page each (``LBNHC``)."""
         expect_int("num_blocks", num_blocks)
-        return ((num_blocks, self.page_bytes),)
+        return ((num_blocks, self.page_stride_bytes(group)),)
 
     @property
     def kernel_block_tokens(self) -> int:
         """The attention backend's kernel block: the block is split into these for the
         attention kernels (FlashMLA: 64), or kept whole (``TRITON_MLA``)."""
+        if self.packed:  # the sparse kernels take any multiple of theirs: the whole block
+            return self.block_tokens
         return kernel_block_tokens(backend_of(self.deployment), self.block_tokens)
+
+    @property
+    def attention_backend(self) -> str:
+        """The MLA backend vLLM runs: the sparse one of an indexed hybrid, else the dense
+        one (the deployment's, else vLLM's pick)."""
+        return self.sparse_backend or backend_of(self.deployment)
 
     def layer_stride_bytes(self, num_blocks: int, stage: int = 0) -> int:
         """Bytes between plane ``j`` and ``j + 1`` of the same block in a rank's backing:
         a whole plane (``LBNHC``) or one page (``BLHNC``)."""
         expect_int("num_blocks", num_blocks)
-        if self.deployment.kv_cache_layout == "BLHNC":
+        if self.kv_cache_layout == "BLHNC":
             return self.page_bytes
         return num_blocks * self.page_bytes
 
     def block_stride_bytes(self, stage: int = 0) -> int:
         """Bytes between block ``b`` and ``b + 1`` of one layer in a rank's backing: one
         page (``LBNHC``) or the stage's whole block (``BLHNC``)."""
-        if self.deployment.kv_cache_layout == "BLHNC":
+        if self.kv_cache_layout == "BLHNC":
             return self.stage_block_bytes(stage)
         return self.page_bytes
 
@@ -241,6 +320,10 @@ class VllmPlan(SelfChecked, LayoutBase):
         group) and block ``b`` at ``j * layer_stride + b * block_stride`` (``LBNHC``: plane
         ``j`` starts at ``j * num_blocks * page``; ``BLHNC``: block ``b`` at ``b * planes *
         page``)."""
+        if self.packed:
+            return packed_byte_range(
+                self, layer, part, block=block, num_blocks=num_blocks, stage=stage
+            )
         inner = self.part_range(layer, part)
         offset = self.page_offset_bytes(layer, block, num_blocks, stage) + inner.offset_bytes
         return ByteRange(
@@ -267,17 +350,29 @@ class VllmPlan(SelfChecked, LayoutBase):
 
     def summary(self) -> list[tuple[str, str]]:
         """The layout's numbers as (label, value) rows."""
-        deployment = self.deployment
         return [
             ("block tokens", f"{self.block_tokens:,}"),
             (
                 "attention backend / kernel block",
-                f"{backend_of(deployment)} / {self.kernel_block_tokens:,}",
+                f"{self.attention_backend} / {self.kernel_block_tokens:,}",
             ),
-            ("KV-cache layout", deployment.kv_cache_layout),
-            ("page bytes (per layer)", f"{self.page_bytes:,}"),
-            ("planes (group_size)", f"{self.num_planes:,}"),
-            ("block bytes", f"{self.block_bytes:,}"),
+            ("KV-cache layout", self.kv_cache_layout),
+            *(
+                (
+                    ("KDA page bytes (padded to the latent's)", f"{self.page_bytes:,}"),
+                    (
+                        "packed groups: layers",
+                        ", ".join(f"{g.name} {len(g.layers)}" for g in self.groups),
+                    ),
+                    ("block bytes (widest group, aligned)", f"{self.block_bytes:,}"),
+                )
+                if self.packed
+                else (
+                    ("page bytes (per layer)", f"{self.page_bytes:,}"),
+                    ("planes (group_size)", f"{self.num_planes:,}"),
+                    ("block bytes", f"{self.block_bytes:,}"),
+                )
+            ),
             ("KDA page padding bytes", f"{self.kda_page_padding_bytes:,}"),
             (
                 "spans: attention / KDA tokens",
@@ -349,9 +444,9 @@ class VllmPlan(SelfChecked, LayoutBase):
             "attention_span_tokens": self.attention_span_tokens,
             "kda_span_tokens": self.kda_span_tokens,
             "scheduler_block_tokens": self.scheduler_block_tokens,
-            "attention_backend": backend_of(self.deployment),
+            "attention_backend": self.attention_backend,
             "kernel_block_tokens": self.kernel_block_tokens,
-            "kv_cache_layout": self.deployment.kv_cache_layout,
+            "kv_cache_layout": self.kv_cache_layout,
         }, "block_bytes"
 
 
@@ -393,6 +488,10 @@ def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
     refuse_settings(deployment, SGLANG_SETTINGS, "SGLang")
     refuse_settings(deployment, TOKENSPEED_SETTINGS, "tokenspeed")
     model = speculative_model(model, deployment)
+    indexer = indexed_layers(model)
+    if indexer is not None:
+        check_indexed(model, deployment, indexer)
+        return built_model(model, deployment)
     backend = backend_of(deployment)
     if model.mla_layers:
         check_kv_dtype(deployment.kv_dtype, backend)
@@ -460,7 +559,10 @@ def pack_vllm(
 ) -> VllmPlan:
     """Raise the block, size the shared page and check DCP's interleave against it; regroup
     when a stage without attention keeps its KDA layers at another block (vLLM buckets them
-    apart)."""
+    apart). An indexed hybrid is packed instead (:func:`pack_indexed`)."""
+    indexer = indexed_layers(model)
+    if indexer is not None:
+        return pack_indexed(model, deployment, sizes, indexer)
     page = unified_page_bytes(
         sizes, block_tokens_for(sizes, deployment.block_tokens, backend_of(deployment))
     )
@@ -469,16 +571,45 @@ def pack_vllm(
     if apart:
         groups = group_vllm(model, sizes, apart)
         stages = projected_stages(model, deployment, groups)
-    check_layout_serves(backend_of(deployment), deployment.kv_cache_layout, block)
-    if block % deployment.dcp_interleave:
-        raise Refusal(
-            "dcp_interleave",
-            f"dcp_interleave={deployment.dcp_interleave} must divide the block "
-            f"(block_tokens={block})",
-            facts={"dcp_interleave": deployment.dcp_interleave, "block_tokens": block},
-            hint=f"use a dcp_interleave that divides {block}, e.g. "
-            f"dcp_interleave={math.gcd(block, deployment.dcp_interleave)}",
-        )
+    check_layout_serves(backend_of(deployment), resolved_kv_cache_layout(deployment, model), block)
+    check_interleave(deployment, block)
+    return _made(model, deployment, groups, stages, block=block, page=page)
+
+
+def pack_indexed(
+    model: HybridModel, deployment: Deployment, sizes: RankSizes, indexer: DSAIndexer
+) -> VllmPlan:
+    """vLLM's packed layout of an indexed hybrid: the block raised over the indexer's kernel
+    pages (:func:`.sparse.indexed_block_tokens`), the KDA page padded to the latent's bytes
+    at that block, the packed groups (:func:`.packed.packed_groups`)."""
+    # vLLM counts the latent's elements at the cache dtype's width (fp8_ds_mla: 1 byte, its
+    # scales and rope slot left out).
+    latent_bpt = model.mla_layers[0].latent_dim * (2 if deployment.kv_dtype == "bf16" else 1)
+    block = indexed_block_tokens(
+        indexer,
+        sparse_backend_of(deployment),
+        deployment.block_tokens,
+        sizes.state_bytes,
+        latent_bpt,
+    )
+    check_bound("block_tokens", block, MAX_BLOCK_TOKENS, why="a block in tokens")
+    page = block * latent_bpt
+    groups = packed_groups(model, sizes, block, page)
+    stages = projected_stages(model, deployment, groups)
+    check_interleave(deployment, block)
+    return _made(model, deployment, groups, stages, block=block, page=page)
+
+
+def _made(
+    model: HybridModel,
+    deployment: Deployment,
+    groups: tuple[Group, ...],
+    stages: tuple[Stage, ...],
+    *,
+    block: int,
+    page: int,
+) -> VllmPlan:
+    """The plan of a block and page just derived (bytes checked within int64)."""
     # The pipeline's own validated inputs and the sizes just derived from them: the plan is
     # its own derivation (pack runs inside deriving()), so there is nothing to re-validate.
     return checked_bytes(
@@ -494,6 +625,19 @@ def pack_vllm(
         ),
         "block_bytes",
     )
+
+
+def check_interleave(deployment: Deployment, block: int) -> None:
+    """Refuse (``dcp_interleave``) a DCP interleave that does not divide the block."""
+    if block % deployment.dcp_interleave:
+        raise Refusal(
+            "dcp_interleave",
+            f"dcp_interleave={deployment.dcp_interleave} must divide the block "
+            f"(block_tokens={block})",
+            facts={"dcp_interleave": deployment.dcp_interleave, "block_tokens": block},
+            hint=f"use a dcp_interleave that divides {block}, e.g. "
+            f"dcp_interleave={math.gcd(block, deployment.dcp_interleave)}",
+        )
 
 
 def unified_page_bytes(sizes: RankSizes, block: int) -> int:

@@ -269,12 +269,14 @@ def resolved_kda_prefill_backend(
     gate_lower_bound: float | None,
     head_dim: int,
     gpu: GpuName = DEFAULT_GPU,
+    safe_gate: bool = False,
 ) -> str:
     """The KDA prefill kernel vLLM runs for a KDA layer on ``gpu``, as vLLM 0.33 resolves it
     (``models/kimi_k3/nvidia/kda.py``, ``amd/kda.py``). Refuses (``kernel_unsupported``) an
     explicit kernel the layer or the GPU cannot run, as vLLM does at start-up.
 
-    - Kimi-Linear's KDA (no full-rank gate) has one prefill path: Triton.
+    - Kimi-Linear's KDA (no full-rank gate) has one prefill path: Triton. GLM-5.3-Flash's
+      (a safe gate, ``models/glm5next/common/kda.py``) resolves as Kimi-K3's does.
     - CUDA: FlashKDA needs SM 9x, 10x or 12x, ``head_dim`` 128 and a bounded gate; FlashInfer
       SM 100 or 103 and a bf16 recurrent state (Kimi-K3 keeps fp32, so never). ``auto`` takes
       FlashKDA where it runs, else Triton.
@@ -293,10 +295,10 @@ def resolved_kda_prefill_backend(
         return requested
     if requested == "fused":
         _refuse_kernel(requested, f"it is ROCm's kernel; {gpu} runs CUDA")
-    if not full_rank_gate:
+    if not (full_rank_gate or safe_gate):
         # Kimi-Linear's layer class has one prefill path and no checkpoint export.
         if requested in ("flashkda", "flashinfer"):
-            _refuse_kernel(requested, "the layer has no full-rank gate (Kimi-Linear's KDA)")
+            _refuse_kernel(requested, "the layer has no full-rank or safe gate (Kimi-Linear's KDA)")
         return "triton"
     layer_ok = gate_lower_bound is not None and head_dim == 128
     flashkda = layer_ok and device.capability[0] in FLASHKDA_SM_MAJORS
@@ -406,8 +408,8 @@ def check_mtp_depth(num_modules: int, spec_tokens: int) -> None:
             "draft_unsupported",
             f"speculative method 'mtp' with spec_tokens={spec_tokens}, but the checkpoint has "
             "no MTP module (num_nextn_predict_layers is 0 or absent): vLLM "
-            f"{VLLM_VERSION}'s SpeculativeConfig divides the depth by the module count and "
-            "fails at start-up",
+            f"{VLLM_VERSION}'s SpeculativeConfig fails at start-up (it divides the depth by "
+            "the module count; GLM-5.3-Flash's config override reads the absent field)",
             facts={"spec_tokens": spec_tokens, "mtp_modules": 0, "drafter": "mtp"},
             hint="use a checkpoint with MTP modules, a DSpark draft (method 'dspark' with "
             "its draft model), or spec_tokens=0",

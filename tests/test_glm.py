@@ -1,0 +1,289 @@
+"""GLM-5.3-Flash (``glm5_next``): its config loader, its cache parts (pooled indexer keys, the
+tail ring) and vLLM 0.33's packed layout of it, against the figures vLLM's own code gave on
+CPU (``tests/fixtures/glm-5.3-flash/vllm-0.33-notes.md``; the conformance suite runs vLLM
+again: ``tests/conformance/test_conformance_glm.py``)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from k3layout import (
+    Deployment,
+    Refusal,
+    load_config,
+    load_plan,
+    model_from_config,
+    plan,
+    plan_ride,
+    plan_transfer,
+    preset,
+)
+from k3layout.cache import DSAIndexer, ring_spec, ring_tokens
+
+FIXTURE = Path(__file__).parent / "fixtures" / "glm-5.3-flash" / "config.json"
+SHARED = Path(__file__).parents[2] / "shared" / "fixtures" / "glm-5.3-flash.config.json"
+
+
+def config(**text: Any) -> dict[str, Any]:
+    """The fixture with ``text`` replacing fields of its ``text_config`` (``None`` drops)."""
+    data: dict[str, Any] = json.loads(FIXTURE.read_text())
+    inner = data["text_config"]
+    for key, value in text.items():
+        if value is None:
+            inner.pop(key, None)
+        else:
+            inner[key] = value
+    return data
+
+
+def glm(mtp_layers: int = 0) -> Any:
+    return model_from_config(config(num_nextn_predict_layers=mtp_layers or None), name="glm")
+
+
+def test_preset_is_the_fixture() -> None:
+    assert load_config(FIXTURE) == preset("glm-5.3-flash")
+    if SHARED.exists():
+        assert load_config(SHARED).layers == preset("glm-5.3-flash").layers
+
+
+def test_layers_follow_layer_types() -> None:
+    model = preset("glm-5.3-flash")
+    assert model.model_type == "glm5_next"
+    assert [i for i, layer in enumerate(model.layers) if layer.kind == "mla"] == list(
+        range(3, 45, 4)
+    )
+    mla, kda = model.mla_layers[0], model.kda_layers[0]
+    assert (mla.num_heads, mla.latent_dim, mla.qk_rope_head_dim) == (64, 512, 0)
+    assert mla.indexer == DSAIndexer(head_dim=128, num_heads=32, topk=2048, kpool=16)
+    assert (kda.num_heads, kda.head_dim, kda.conv_kernel, kda.safe_gate) == (64, 128, 4, True)
+    assert model.draft_layers == () and model.drafter is None
+
+
+def test_flat_form_and_full_attention() -> None:
+    nested = json.loads(FIXTURE.read_text())
+    flat = {**nested["text_config"], "model_type": "glm5_next"}
+    flat["layer_types"] = [
+        "full_attention" if kind == "indexed_attention" else kind for kind in flat["layer_types"]
+    ]
+    assert model_from_config(flat).layers == preset("glm-5.3-flash").layers
+
+
+def test_default_layer_types_are_transformers() -> None:
+    assert glm().layers == model_from_config(config(layer_types=None)).layers
+
+
+def test_mtp_layers_join_as_draft() -> None:
+    model = glm(mtp_layers=2)
+    assert len(model.draft_layers) == 2 and model.drafter == "mtp"
+    assert model.draft_layers[0] == model.mla_layers[0]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"layer_types": ["linear_attention"] * 44}, "text_config.layer_types"),
+        ({"indexer_types": ["full"] * 46}, "text_config.indexer_types"),
+        ({"layer_types": ["linear_attention"] * 45}, "text_config.layer_types"),
+        ({"layer_types": ["sliding_attention"] * 45}, "text_config.layer_types.0"),
+        ({"index_topk": 2047}, "text_config.index_topk"),
+        ({"qk_rope_head_dim": 64}, "text_config.qk_rope_head_dim"),
+        ({"num_key_value_heads": 8}, "text_config.num_key_value_heads"),
+        ({"q_lora_rank": None}, "text_config.q_lora_rank"),
+        ({"indexer_types": ["shared"] * 45}, "text_config.indexer_types.3"),
+        ({"index_kpool": 0}, "text_config.index_kpool"),
+    ],
+)
+def test_bad_config_is_refused_naming_the_field(fields: dict[str, Any], field: str) -> None:
+    with pytest.raises(Refusal) as caught:
+        model_from_config(config(**fields))
+    assert caught.value.code == "invalid_config"
+    assert caught.value.facts["field"] == field
+
+
+def test_indexer_and_ring_parts() -> None:
+    indexer = preset("glm-5.3-flash").mla_layers[0].indexer
+    assert indexer is not None and indexer.entry_bytes == 132
+    spec = preset("glm-5.3-flash").mla_layers[0].cache_spec(Deployment(attn_tp=8))
+    ranges = spec.ranges(8, 1536)
+    assert [(r.part, r.size_bytes) for r in ranges] == [("latent", 786432), ("index", 12672)]
+    assert spec.bytes_per_token(8) == 512  # the pooled keys are not a per-token row
+    assert spec.tokens_bytes(8, 17) == 17 * 512 + 2 * 132
+    with pytest.raises(Refusal):
+        spec.ranges(8, 8)
+    assert [ring_tokens(16, s) for s in (0, 1, 16, 17, 48, 49)] == [16, 32, 32, 64, 64, 128]
+    assert ring_spec(indexer, 0).payload_bytes(8) == 8192
+    assert ring_spec(indexer, 2).payload_bytes(1) == 16384
+
+
+# vLLM 0.33.0's own planning on CPU (the notes' table): gpu, kv, tp, spec tokens, MTP layers ->
+# block, KDA padded page, groups (layers each), block stride, num_blocks of 40 GiB.
+VLLM_GOLDEN = [
+    ("h200", "fp8", 1, 0, 0, 8704, 4456448, (9, 9, 8, 8, 11, 11), 49826304, 861),
+    ("h200", "fp8", 2, 2, 1, 4608, 2359296, (12, 11, 11, 12, 12), 28773888, 1492),
+    ("h200", "fp8", 4, 0, 0, 2560, 1310720, (9, 9, 8, 8, 11, 11), 14665728, 2928),
+    ("h200", "fp8", 8, 0, 0, 1536, 786432, (9, 9, 8, 8, 11, 11), 8802816, 4879),
+    ("h200", "fp8", 8, 2, 1, 1536, 786432, (12, 11, 11, 12, 12), 9596928, 4475),
+    ("h200", "bf16", 1, 0, 0, 4608, 4718592, (9, 9, 8, 8, 11, 11), 52343808, 820),
+    ("h200", "bf16", 8, 2, 1, 1024, 1048576, (12, 11, 11, 12, 12), 12684288, 3386),
+    ("h200", "fp8_ds_mla", 1, 0, 0, 8704, 4456448, (12, 11, 11, 11, 11), 63731712, 673),
+    ("h200", "fp8_ds_mla", 8, 0, 0, 1536, 786432, (12, 11, 11, 11, 11), 12469248, 3444),
+    ("h200", "fp8_ds_mla", 8, 2, 1, 1536, 786432, (12, 11, 11, 12, 12), 12469248, 3444),
+    ("b200", "fp8", 1, 2, 1, 8704, 4456448, (12, 11, 11, 12, 12), 54607872, 786),
+    ("b200", "fp8", 8, 0, 0, 1536, 786432, (9, 9, 8, 8, 11, 11), 9191424, 4672),
+    ("b200", "fp8", 8, 2, 1, 1536, 786432, (12, 11, 11, 12, 12), 9732096, 4413),
+    ("b200", "bf16", 2, 0, 0, 2560, 2621440, (9, 9, 8, 8, 11, 11), 29196288, 1471),
+    ("b200", "bf16", 8, 0, 0, 1024, 1048576, (9, 9, 8, 8, 11, 11), 11632640, 3692),
+]
+
+
+@pytest.mark.parametrize("case", VLLM_GOLDEN, ids=lambda case: "-".join(map(str, case[:5])))
+def test_vllm_packed_layout(case: tuple[Any, ...]) -> None:
+    gpu, kv, tp, spec, mtp, block, page, groups, stride, blocks = case
+    deployment = Deployment(attn_tp=tp, gpu=gpu, kv_dtype=kv, spec_tokens=spec)
+    result = plan(glm(mtp), deployment)
+    assert (result.block_tokens, result.page_bytes) == (block, page)
+    assert tuple(len(g.layers) for g in result.groups) == groups
+    assert (result.block_bytes, result.num_blocks(40 << 30)) == (stride, blocks)
+    assert result.kv_cache_layout == "BLHNC" and result.packed
+
+
+@pytest.mark.parametrize(
+    ("gpu", "length", "concurrency"),
+    [("h200", 8192, 256.79), ("h200", 131072, 49.28), ("b200", 131072, 47.19)],
+)
+def test_vllm_max_concurrency(gpu: str, length: int, concurrency: float) -> None:
+    result = plan(preset("glm-5.3-flash"), Deployment(attn_tp=8, gpu=gpu))
+    assert round(result.capacity(40 << 30, length).max_concurrency, 2) == concurrency
+
+
+def test_mtp_concurrency() -> None:
+    result = plan(glm(1), Deployment(attn_tp=8, spec_tokens=2))
+    assert round(result.capacity(40 << 30, 131072).max_concurrency, 2) == 43.87
+
+
+@pytest.mark.parametrize(
+    ("deployment", "code"),
+    [
+        (Deployment(attn_tp=8, gpu="b200", kv_dtype="fp8_ds_mla"), "kernel_unsupported"),
+        (Deployment(attn_tp=8, gpu="h200", kv_dtype="fp8", dcp=2), "kernel_unsupported"),
+        (Deployment(attn_tp=8, gpu="a100"), "kernel_unsupported"),
+        (Deployment(attn_tp=8, gpu="mi300x"), "kernel_unsupported"),
+        (Deployment(attn_tp=8, attention_backend="FLASHMLA"), "kernel_unsupported"),
+        (Deployment(attn_tp=8, kv_cache_layout="LBNHC"), "layout_unsupported"),
+        (Deployment(attn_tp=8, spec_tokens=2, speculative_method="mtp"), "draft_unsupported"),
+        (Deployment(attn_tp=3), "heads_not_divisible"),
+        (Deployment(attn_tp=8, engine="sglang", dcp=2), "dcp_unsupported"),
+        (Deployment(attn_tp=8, engine="sglang", mamba_track_interval=256), "engine_setting"),
+        (Deployment(attn_tp=8, engine="sglang", kv_dtype="fp8_ds_mla"), "dtype_unsupported"),
+        (Deployment(attn_tp=8, engine="tokenspeed"), "layout_unsupported"),
+    ],
+)
+def test_refusals(deployment: Deployment, code: str) -> None:
+    with pytest.raises(Refusal) as caught:
+        plan(preset("glm-5.3-flash"), deployment)
+    assert caught.value.code == code
+
+
+# SGLang 0.5.23's own configurator on CPU (the notes' table): gpu, dtype, attention TP, PP,
+# attention DP -> cell per stage, max_total_num_tokens, max_mamba_cache_size,
+# max_running_requests of 40 GiB per rank at the model's context.
+SGLANG_GOLDEN = [
+    ("h200", "fp8", 1, 1, 1, (5907,), 3828736, 136, 27),
+    ("h200", "bf16", 2, 1, 1, (11363,), 1990656, 273, 54),
+    ("h200", "bf16", 4, 1, 1, (11363,), 1986560, 548, 109),
+    ("h200", "fp8", 8, 1, 1, (5907,), 3819520, 1098, 219),
+    ("h200", "bf16", 8, 1, 1, (11363,), 1985536, 1098, 219),
+    ("b200", "fp8", 8, 1, 1, (5731,), 3937280, 1098, 219),
+    ("h200", "fp8", 4, 2, 1, (2685, 3222), 7003136, 1098, 274),
+]
+
+
+@pytest.mark.parametrize("case", SGLANG_GOLDEN, ids=lambda case: "-".join(map(str, case[:5])))
+def test_sglang_pools(case: tuple[Any, ...]) -> None:
+    gpu, kv, tp, pp, dp, cells, tokens, slots, requests = case
+    deployment = Deployment(engine="sglang", gpu=gpu, kv_dtype=kv, attn_tp=tp, pp=pp, attn_dp=dp)
+    result = plan(preset("glm-5.3-flash"), deployment)
+    assert result.page_tokens == 1024
+    assert tuple(result.cell_bytes(stage.index) for stage in result.stages) == cells
+    capacity = result.capacity(40 << 30)
+    assert capacity.max_total_num_tokens == tokens
+    assert (capacity.max_mamba_cache_size, capacity.max_running_requests) == (slots, requests)
+    flags = dict(result.launch_flags())
+    assert flags["--mamba-track-interval"] == "1024"
+    assert json.loads(flags["--json-model-override-args"])["text_config"] == {
+        "architectures": ["Glm5NextForConditionalGeneration"]
+    }
+
+
+def test_vllm_refuses_a_one_token_pool() -> None:
+    with pytest.raises(Refusal) as caught:
+        plan(model_from_config(config(index_kpool=1, index_topk=2048)), Deployment(attn_tp=8))
+    assert caught.value.facts["field"] == "index_kpool"
+
+
+@pytest.mark.parametrize("feature", ["ride", "transfer"])
+def test_plane_features_refuse_the_packed_layout(feature: str) -> None:
+    model = preset("glm-5.3-flash")
+    with pytest.raises(Refusal) as caught:
+        if feature == "ride":
+            plan_ride(plan(model, Deployment(attn_tp=8)))
+        else:
+            plan_transfer(model, Deployment(attn_tp=8), Deployment(attn_tp=8), prompt_tokens=64)
+    assert caught.value.code == "layout_unsupported"
+
+
+DEPLOYMENTS = st.builds(
+    Deployment,
+    attn_tp=st.sampled_from((1, 2, 4, 8, 16)),
+    gpu=st.sampled_from(("h100", "h200", "b200", "gb200")),
+    kv_dtype=st.sampled_from(("fp8", "bf16")),
+    spec_tokens=st.integers(0, 3),
+    pp=st.sampled_from((1, 2, 4)),
+    prefix_caching=st.booleans(),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(deployment=DEPLOYMENTS, mtp=st.integers(0, 3))
+def test_packed_ranges_tile_disjointly(deployment: Deployment, mtp: int) -> None:
+    """Every part of every layer of a group lies inside its block, none overlaps another of
+    the group (groups overlay the same bytes: a block belongs to one group at a time), block
+    1 is block 0 one stride on; the plan round-trips through JSON."""
+    model = glm(mtp)
+    if mtp and deployment.spec_tokens:
+        deployment = deployment.model_copy(update={"speculative_method": "mtp"})
+    try:
+        result = plan(model, deployment)
+    except Refusal as refusal:
+        assert refusal.code in ("spec_tokens", "pp_too_deep")
+        return
+    assert load_plan(result.model_dump_json()) == result
+    for stage in result.stages:
+        stride = result.stage_block_bytes(stage.index)
+        for group in stage.groups:
+            spans = []
+            spec = result.group_spec(group)
+            for layer in group.layers:
+                for part in spec.part_names:
+                    first = result.byte_range(layer, part, 0, 2, stage.index)
+                    second = result.byte_range(layer, part, 1, 2, stage.index)
+                    assert second.offset_bytes == first.offset_bytes + stride
+                    spans.append((first.offset_bytes, first.end_bytes))
+            spans.sort()
+            assert not spans or spans[-1][1] <= stride
+            assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+
+def test_deterministic() -> None:
+    model = preset("glm-5.3-flash")
+    first = plan(model, Deployment(attn_tp=4))
+    again = plan(copy.deepcopy(model), Deployment(attn_tp=4))
+    assert first.model_dump_json() == again.model_dump_json()
