@@ -25,16 +25,12 @@ FIXTURES = Path(__file__).parent / "fixtures"
 CONFIGS = ("kimi-k3.config.json", "kimi-linear-48b-a3b.config.json")
 
 # the cache's fields and the weights' (model.hf_weights: dimensions, dtype, the vision tower)
-TEXT_FIELDS = (
-    frozenset(_TextConfig.model_fields)
-    | frozenset(_Weights.model_fields)
-    | {
-        "architectures",
-        "dtype",
-        "quantization_config",
-        "vision_config",
-    }
-)
+TEXT_FIELDS = frozenset(_TextConfig.model_fields) | frozenset(_Weights.model_fields) | {
+    "architectures",
+    "dtype",
+    "quantization_config",
+    "vision_config",
+}
 LINEAR_FIELDS = frozenset(_LinearAttnConfig.model_fields)
 CODES = ("invalid_config", "size_limit")  # size_limit: a number past a bound the field sets
 

@@ -23,14 +23,15 @@ def _int_fields() -> list[str]:
     return [
         name
         for name, info in Deployment.model_fields.items()
-        if "int" in str(info.annotation)
-        and "float" not in str(info.annotation)
+        if "int" in str(info.annotation) and "float" not in str(info.annotation)
         and "tuple" not in str(info.annotation)
     ]
 
 
 def test_every_int_field_of_a_deployment_is_found() -> None:
-    assert {"attn_tp", "attn_dp", "pp", "dcp", "spec_tokens", "block_tokens"} <= set(_int_fields())
+    assert {"attn_tp", "attn_dp", "pp", "dcp", "spec_tokens", "block_tokens"} <= set(
+        _int_fields()
+    )
 
 
 @pytest.mark.parametrize("field", _int_fields())

@@ -37,22 +37,13 @@ def fixture(name: str, quantization: dict[str, Any] | None = None) -> HybridMode
 def with_draft(model: HybridModel) -> HybridModel:
     """K3 with SGLang's dense DSpark draft (5 layers of 64 heads x 128, MLP 18,432)."""
     assert model.architecture is not None
-    draft = DSparkDraft(
-        hidden_size=7168,
-        intermediate_size=18432,
-        vocab_size=163840,
-        target_hidden_size=7168,
-        num_target_layers=4,
-        markov_rank=64,
-        max_position_embeddings=1 << 20,
-    )
+    draft = DSparkDraft(hidden_size=7168, intermediate_size=18432, vocab_size=163840,
+                        target_hidden_size=7168, num_target_layers=4, markov_rank=64,
+                        max_position_embeddings=1 << 20)
     return HybridModel(
-        name=model.name,
-        model_type=model.model_type,
-        layers=model.layers,
+        name=model.name, model_type=model.model_type, layers=model.layers,
         draft_layers=(GQALayer(num_heads=64, num_kv_heads=64, head_dim=128),) * 5,
-        drafter="dspark",
-        context_tokens=model.context_tokens,
+        drafter="dspark", context_tokens=model.context_tokens,
         architecture=Architecture.model_validate({**dict(model.architecture), "draft": draft}),
     )
 
@@ -69,17 +60,14 @@ def test_k3_tp8_expert_parallel_per_kind_bytes() -> None:
         + 96 // tp * h * BF16  # b_proj: a row per head
         + 128 * h * BF16  # f_a_proj: replicated
         + proj // tp * 128 * BF16  # f_b_proj
-        + proj // tp * F32
-        + 96 // tp * F32  # dt_bias, A_log
+        + proj // tp * F32 + 96 // tp * F32  # dt_bias, A_log
         + 3 * proj // tp * 4 * F32  # qkv_conv1d: fp32, kernel 4
         + 128 * BF16  # o_norm
         + h * proj // tp * BF16  # o_proj: row-split
     )
     mla = (
-        (1536 + 512 + 64) * h * BF16
-        + 1536 * BF16  # fused_qkv_a_proj_with_mqa, q_a_layernorm
-        + 96 * 192 // tp * 1536 * BF16
-        + 512 * BF16  # q_b_proj, kv_a_layernorm
+        (1536 + 512 + 64) * h * BF16 + 1536 * BF16  # fused_qkv_a_proj_with_mqa, q_a_layernorm
+        + 96 * 192 // tp * 1536 * BF16 + 512 * BF16  # q_b_proj, kv_a_layernorm
         + 96 * 256 // tp * 512 * BF16  # kv_b_proj
         + h * 96 * 128 // tp * BF16 * 2  # o_proj and the output gate g_proj
     )
@@ -115,9 +103,7 @@ def test_fp8_block_scales_golden() -> None:
     found = rank(k3, attn_tp=8, expert_parallel=True)
     mla = {t.name: (t.shape, t.dtype) for t in {g.kind: g.tensors for g in found.groups}["mla"]}
     assert mla["self_attn.fused_qkv_a_proj_with_mqa.weight_scale_inv"] == (
-        (-(-2112 // 128), 7168 // 128),
-        "float32",
-    )  # 2,112 rows: 17 blocks, the last partial
+        (-(-2112 // 128), 7168 // 128), "float32")  # 2,112 rows: 17 blocks, the last partial
     assert mla["self_attn.kv_b_proj.weight"] == ((96 * 256 // 8, 512), "float8_e4m3fn")
     assert mla["self_attn.attn_mqa.k_scale"] == ((), "float32")
     assert found.total_bytes == 690_005_538_368  # SGLang's figure
@@ -127,11 +113,8 @@ def test_draft_holds_its_layers_fc_markov_head_and_rotary_cache() -> None:
     draft = rank(with_draft(preset("kimi-k3")), attn_tp=8, spec_tokens=3)
     h, tp = 7168, 8
     layer = (
-        (64 + 2 * 64) // tp * 128 * h
-        + h * 64 // tp * 128
-        + 2 * 128  # qkv, o_proj, q/k norms
-        + 3 * 18432 // tp * h
-        + 2 * h  # MLP, two norms
+        (64 + 2 * 64) // tp * 128 * h + h * 64 // tp * 128 + 2 * 128  # qkv, o_proj, q/k norms
+        + 3 * 18432 // tp * h + 2 * h  # MLP, two norms
     ) * BF16
     once = (2 * h + h * 4 * h + 2 * 163840 * 64) * BF16  # norms, fc, Markov head
     assert draft.draft_bytes == 5 * layer + once + (1 << 20) * 128 * F32
@@ -212,14 +195,9 @@ def test_refuses_plain_mxfp4_and_mxfp4_on_kimi_linear() -> None:
     plain = refusal(fixture("kimi-k3.config.json", {"quant_method": "mxfp4"}), attn_tp=8)
     assert (plain.code, plain.facts["quant_method"]) == ("quantization_unsupported", "mxfp4")
     ct = {
-        "quant_method": "compressed-tensors",
-        "format": "mxfp4-pack-quantized",
-        "config_groups": {
-            "g": {
-                "targets": ["Linear"],
-                "weights": {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32},
-            }
-        },
+        "quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
+        "config_groups": {"g": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "float", "strategy": "group", "group_size": 32}}},
         "ignore": ["lm_head"],
     }
     kl = refusal(fixture("kimi-linear-48b-a3b.config.json", ct), attn_tp=2)

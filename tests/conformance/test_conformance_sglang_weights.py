@@ -33,11 +33,8 @@ from k3layout.weights import RankWeights  # noqa: E402
 FP8 = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
 NVFP4 = QUANTIZATIONS["nvfp4"]
 INT4 = QUANTIZATIONS["int4-w4a16-g32"]
-K3_EXTRAS = {
-    "attn_res_block_size": 6,
-    "routed_expert_hidden_size": 3584,
-    "latent_moe_use_norm": True,
-}
+K3_EXTRAS = {"attn_res_block_size": 6, "routed_expert_hidden_size": 3584,
+             "latent_moe_use_norm": True}
 """Kimi-K3's attention residuals and latent MoE (not in the fixture; SGLang builds both)."""
 
 
@@ -103,75 +100,22 @@ BUILT = [
     Case("kimi-k3", tp=8, quant="fp8-block-tp8"),
     Case("kimi-k3", tp=8, ep=8, quant="fp8-block-tp8"),
     Case("kimi-k3", tp=16, ep=16, quant="fp8-block-tp8"),
-    Case(
-        "kimi-k3",
-        tp=8,
-        ep=8,
-        **_q(
-            FP8,
-            "fp8-shards",
-            modules_to_not_convert=[
-                "self_attn.b_proj",
-                "model.layers.0.mlp.gate_proj",
-                "model.layers.0.mlp.up_proj",
-                "model.layers.0.mlp.down_proj",
-            ],
-        ),
-    ),
-    Case(
-        "kimi-k3",
-        tp=8,
-        **_q(
-            FP8,
-            "fp8-experts-bf16",
-            ignored_layers=[
-                "experts",
-                "b_proj",
-                "layers.0.mlp",
-                "language_model.layers.3.self_attn",
-            ],
-        ),
-    ),
-    Case(
-        "kimi-k3",
-        tp=4,
-        **_q(
-            FP8,
-            "fp8-one-layer",
-            ignored_layers=[
-                "b_proj",
-                "layers.0.mlp",
-                "model.layers.4.self_attn.kv_b_proj",
-                "layers.1.self_attn.fused_qkvg_proj",
-            ],
-        ),
-    ),
+    Case("kimi-k3", tp=8, ep=8, **_q(FP8, "fp8-shards", modules_to_not_convert=[
+        "self_attn.b_proj", "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj",
+        "model.layers.0.mlp.down_proj"])),
+    Case("kimi-k3", tp=8, **_q(FP8, "fp8-experts-bf16", ignored_layers=[
+        "experts", "b_proj", "layers.0.mlp", "language_model.layers.3.self_attn"])),
+    Case("kimi-k3", tp=4, **_q(FP8, "fp8-one-layer", ignored_layers=[
+        "b_proj", "layers.0.mlp", "model.layers.4.self_attn.kv_b_proj",
+        "layers.1.self_attn.fused_qkvg_proj"])),
     Case("kimi-linear", tp=1, quant="fp8-block"),
-    Case(
-        "kimi-linear",
-        tp=1,
-        **_q(
-            FP8,
-            "fp8-kl-ignores",
-            ignored_layers=[
-                "shared_experts",
-                "block_sparse_moe.experts",
-                "model.layers.5.self_attn",
-            ],
-        ),
-    ),
+    Case("kimi-linear", tp=1, **_q(FP8, "fp8-kl-ignores", ignored_layers=[
+        "shared_experts", "block_sparse_moe.experts", "model.layers.5.self_attn"])),
     # compressed-tensors int4 W4A16 and MXFP4 (K3 only), ModelOpt NVFP4 (Blackwell)
     Case("kimi-k3", tp=8, quant="int4-w4a16-g32"),
     Case("kimi-k3", tp=16, ep=16, quant="int4-w4a16-g32"),
-    Case(
-        "kimi-k3",
-        tp=8,
-        **_q(
-            INT4,
-            "int4-attention",
-            ignore=["lm_head", "re:.*self_attn\\.(q|k|v|g)_proj", "mlp.gate_up_proj"],
-        ),
-    ),
+    Case("kimi-k3", tp=8, **_q(INT4, "int4-attention", ignore=[
+        "lm_head", "re:.*self_attn\\.(q|k|v|g)_proj", "mlp.gate_up_proj"])),
     Case("kimi-linear", tp=2, quant="int4-w4a16-g32"),
     Case("kimi-linear", tp=8, ep=8, quant="int4-w4a16-g32"),
     Case("kimi-linear", tp=8, dp=2, quant="int4-w4a16-g32"),
@@ -182,28 +126,12 @@ BUILT = [
     Case("kimi-k3", tp=8, ep=8, quant="nvfp4", gpu="b200"),
     Case("kimi-k3", tp=16, quant="nvfp4", gpu="b200"),
     Case("kimi-k3", tp=8, gpu="b200", **_q(NVFP4, "nvfp4-head", exclude_modules=[])),
-    Case(
-        "kimi-k3",
-        tp=8,
-        gpu="b200",
-        **_q(
-            NVFP4,
-            "nvfp4-globs",
-            exclude_modules=[
-                "lm_head",
-                "language_model.layers.*.self_attn.q_b_proj",
-                "*shared_experts*",
-                "model.layers.0.mlp*",
-            ],
-        ),
-    ),
+    Case("kimi-k3", tp=8, gpu="b200", **_q(NVFP4, "nvfp4-globs", exclude_modules=[
+        "lm_head", "language_model.layers.*.self_attn.q_b_proj", "*shared_experts*",
+        "model.layers.0.mlp*"])),
     Case("kimi-linear", tp=2, quant="nvfp4", gpu="b200"),
-    Case(
-        "kimi-linear",
-        tp=2,
-        gpu="b200",
-        **_q(NVFP4, "nvfp4-kl-attention", exclude_modules=["lm_head", "*self_attn*"]),
-    ),
+    Case("kimi-linear", tp=2, gpu="b200", **_q(NVFP4, "nvfp4-kl-attention", exclude_modules=[
+        "lm_head", "*self_attn*"])),
     # SGLang's dense DSpark draft, in the target's TP scope
     *(Case("kimi-k3", tp=tp, draft=True) for tp in (1, 8, 16)),
 ]
@@ -213,16 +141,8 @@ REFUSED = [
     (Case("kimi-k3", tp=8, quant="fp8-block"), "quantization_unsupported", "block_n"),
     (Case("kimi-k3", tp=16, quant="fp8-block-tp8"), "quantization_unsupported", "block_n"),
     (Case("kimi-linear", tp=2, quant="fp8-block"), "quantization_unsupported", "block_n"),
-    (
-        Case(
-            "kimi-k3",
-            tp=8,
-            ep=8,
-            **_q(FP8, "fp8-partial-shards", ignored_layers=["q_proj", "b_proj", "layers.0.mlp"]),
-        ),
-        "quantization_unsupported",
-        "shards",
-    ),
+    (Case("kimi-k3", tp=8, ep=8, **_q(FP8, "fp8-partial-shards", ignored_layers=[
+        "q_proj", "b_proj", "layers.0.mlp"])), "quantization_unsupported", "shards"),
     (Case("kimi-k3", tp=8, quant="nvfp4"), "quantization_unsupported", "NVFP4"),
     (Case("kimi-linear", tp=2, quant="nvfp4"), "quantization_unsupported", "NVFP4"),
     (Case("kimi-k3", tp=8, quant="mxfp4"), "quantization_unsupported", "AssertionError"),
@@ -261,20 +181,14 @@ def planner_model(case: Case) -> HybridModel:
     if not case.draft:
         return model
     draft = json.loads(DRAFT_FILES["sglang-dspark"].read_text())
-    layer = GQALayer(
-        num_heads=draft["num_attention_heads"],
-        num_kv_heads=draft["num_key_value_heads"],
-        head_dim=draft["head_dim"],
-    )
+    layer = GQALayer(num_heads=draft["num_attention_heads"],
+                     num_kv_heads=draft["num_key_value_heads"], head_dim=draft["head_dim"])
     # SGLang's draft config has no target_hidden_size: its fc reads hidden_size-wide features
     dims = dspark_draft_of({**draft, "target_hidden_size": draft["hidden_size"]}, "draft")
     assert model.architecture is not None and dims is not None
     return HybridModel(
-        name=model.name,
-        model_type=model.model_type,
-        layers=model.layers,
-        draft_layers=(layer,) * draft["num_hidden_layers"],
-        drafter="dspark",
+        name=model.name, model_type=model.model_type, layers=model.layers,
+        draft_layers=(layer,) * draft["num_hidden_layers"], drafter="dspark",
         context_tokens=model.context_tokens,
         architecture=Architecture.model_validate({**dict(model.architecture), "draft": dims}),
     )
@@ -282,27 +196,16 @@ def planner_model(case: Case) -> HybridModel:
 
 def planned(case: Case) -> RankWeights:
     deployment = Deployment(
-        engine="sglang",
-        attn_tp=case.tp // case.dp,
-        attn_dp=case.dp,
-        pp=case.pp,
-        expert_parallel=case.ep > 1,
-        gpu=case.gpu,
-        spec_tokens=3 if case.draft else 0,
+        engine="sglang", attn_tp=case.tp // case.dp, attn_dp=case.dp, pp=case.pp,
+        expert_parallel=case.ep > 1, gpu=case.gpu, spec_tokens=3 if case.draft else 0,
     )
     return weights_per_rank(planner_model(case), deployment).stages[case.stage]
 
 
 def built(case: Case, tmp: Any) -> dict[str, Any]:
     return sglang_weights(
-        _model_dir(case, tmp),
-        tp=case.tp,
-        dp=case.dp,
-        ep=case.ep,
-        pp=case.pp,
-        pp_rank=case.stage,
-        quantization=case.quantization(),
-        gpu=case.gpu,
+        _model_dir(case, tmp), tp=case.tp, dp=case.dp, ep=case.ep, pp=case.pp,
+        pp_rank=case.stage, quantization=case.quantization(), gpu=case.gpu,
         draft=DRAFT_FILES["sglang-dspark"] if case.draft else None,
     )
 
