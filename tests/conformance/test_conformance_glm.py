@@ -375,3 +375,54 @@ def _bound_caches(case: dict[str, Any]) -> tuple[dict[str, Any], Any, dict[str, 
         for name, layer in stage["layers"].items()
     }
     return engine, kv_cache_config, caches
+
+
+SETTINGS_CASES = [
+    # gpu, tp, dtype, spec, pp, dcp, KDA prefill backend, prefix caching, max_model_len
+    ("H200", 8, "fp8", 0, 1, 1, "triton", True, 4096),
+    ("B200", 4, "bfloat16", 2, 3, 1, "triton", True, 65536),
+    ("H200", 2, "fp8_ds_mla", 1, 3, 2, "auto", False, 65536),
+    ("B200", 16, "fp8", 2, 2, 2, "auto", False, 4096),
+    ("H200", 1, "bfloat16", 0, 3, 1, "triton", False, 65536),
+]
+
+
+@pytest.mark.parametrize("case", SETTINGS_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_kda_backend_odd_pipelines_and_lengths(case: tuple[Any, ...]) -> None:
+    """The settings the main grid holds fixed: the Triton KDA prefill (no checkpoint block),
+    an uneven 3-stage pipeline, other request lengths, with and without prefix caching."""
+    gpu, tp, dtype, spec, pp, dcp, kda, prefix, length = case
+    theirs = plan_glm(
+        gpu=gpu,
+        tp=tp,
+        kv_dtype=dtype,
+        spec_tokens=spec,
+        mtp_layers=1 if spec else None,
+        pp=pp,
+        dcp=dcp,
+        prefix_caching=prefix,
+        max_model_len=length,
+        kda_prefill_backend=kda,
+    )
+    assert "refused" not in theirs, theirs
+    deployment = Deployment(
+        attn_tp=tp,
+        gpu=cast("GpuName", gpu.lower()),
+        kv_dtype=next(name for name, label in DTYPES.items() if label == dtype),
+        spec_tokens=spec,
+        speculative_method="mtp" if spec else None,
+        pp=pp,
+        dcp=dcp,
+        prefix_caching=prefix,
+        kda_prefill_backend=kda,
+    )
+    ours = plan(glm(1 if spec else 0), deployment)
+    capacity = ours.capacity(BUDGET, length)
+    assert (theirs["block_size"], theirs["kda_prefill_backend"]) == (
+        ours.block_tokens,
+        capacity.kda_prefill_backend,
+    )
+    assert theirs["block_strides"] == [ours.stage_block_bytes(s.index) for s in ours.stages]
+    assert theirs["num_blocks"] == capacity.num_blocks
+    assert theirs["blocks_per_request"] == [g.blocks for g in capacity.blocks_per_request]
+    assert theirs["max_concurrency"] == pytest.approx(capacity.max_concurrency)

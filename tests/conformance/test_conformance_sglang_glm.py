@@ -237,3 +237,70 @@ def test_bridge_plans_sglangs_objects_and_checks_its_pools(
         assert unset == ours.deployment
         checked = check_pools(bridged, pools.req_to_token_pool, pools.token_to_kv_pool, stage)
         assert checked.page_tokens == 1024
+
+
+FLAG_CASES = [
+    # gpu, attention TP, dtype, NEXTN, MTP layers, PP, mamba ratio, max mamba slots,
+    # max total tokens, radix cache, budget GiB
+    ("h200", 8, "fp8", 0, None, 1, 0.5, None, None, True, 30),
+    ("b200", 4, "bf16", 2, 1, 2, 2.0, 300, None, True, 60),
+    ("h200", 2, "bf16", 1, None, 1, None, 64, 500_000, False, 60),
+    ("b200", 8, "fp8", 0, None, 2, None, None, 500_000, True, 30),
+]
+
+
+@pytest.mark.parametrize("case", FLAG_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_memory_flags_as_sglang_reads_them(case: tuple[Any, ...]) -> None:
+    """SGLang's memory flags (``--mamba-full-memory-ratio``, ``--max-mamba-cache-size``,
+    ``--max-total-tokens``) and other budgets, on both cache dtypes, with NEXTN and PP."""
+    gpu, tp, dtype, spec, mtp, pp, ratio, slots, total, radix, gib = case
+    deployment = Deployment(
+        engine="sglang",
+        gpu=gpu,
+        attn_tp=tp,
+        pp=pp,
+        kv_dtype=dtype,
+        spec_tokens=spec,
+        prefix_caching=radix,
+        mamba_full_memory_ratio=ratio,
+        max_mamba_cache_size=slots,
+        max_total_tokens=total,
+    )
+    ours: SglangPlan = plan(glm(mtp), deployment)
+    capacity = ours.capacity(gib << 30)
+    flags = launched(ours)
+    server: dict[str, Any] = {
+        "disable_radix_cache": not radix,
+        "json_model_override_args": json.dumps(flags["override"]),
+    }
+    for name, value in (
+        ("mamba_full_memory_ratio", ratio),
+        ("max_mamba_cache_size", slots),
+        ("max_total_tokens", total),
+    ):
+        if value is not None:
+            server[name] = value
+    interval = flags["mamba_track_interval"]
+    theirs = plan_glm(
+        gpu,
+        tp,
+        dtype,
+        spec,
+        mtp,
+        pp=pp,
+        budget_bytes=gib << 30,
+        mamba_track_interval=None if interval is None else int(interval),
+        server_args=server,
+        pools=False,
+        draft=False,
+    )
+    assert "refused" not in theirs, theirs
+    assert (
+        theirs["max_total_num_tokens"],
+        theirs["max_running_requests"],
+        theirs["max_mamba_cache_size"],
+    ) == (
+        capacity.max_total_num_tokens,
+        capacity.max_running_requests,
+        capacity.max_mamba_cache_size,
+    )
