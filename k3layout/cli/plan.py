@@ -158,7 +158,9 @@ def _size_rows(result: EngineLayout) -> list[tuple[str, str]]:
         ("attention page (128 tokens)", thousands(sizes.attention_page_bytes())),
     ]
     target = {sizes.layer_specs[i] for i in range(result.model.num_layers)}
-    sides = [(spec, "") for spec in (sizes.ring, sizes.replay) if spec is not None]
+    # the rings where the engine keeps them in a group of their own (vLLM's packed layout)
+    rings = sizes.ring if any(group.kind == "ring" for group in result.groups) else None
+    sides = [(spec, "") for spec in (rings, sizes.replay) if spec is not None]
     for spec, whose in [
         *((spec, "" if index in target else "draft ") for index, spec in enumerate(sizes.specs)),
         *sides,

@@ -304,6 +304,16 @@ class SglangPlan(SelfChecked, LayoutBase):
                 if (n := self.mamba_track_interval) is not None
                 else ()
             ),
+            *(
+                (
+                    (
+                        "--json-model-override-args (SGLang's nested config loses them)",
+                        override,
+                    ),
+                )
+                if (override := dict(self.launch_flags()).get("--json-model-override-args"))
+                else ()
+            ),
         ]
 
     def recommend(

@@ -74,28 +74,29 @@ class _Rank:
         self.moe_tp = self.tp // self.ep
         self.kda_tp = self.attn_tp if self.k3 else self.tp
         self.dtype: WeightDtype = arch.torch_dtype
-        self.scheme = (
-            None if arch.quantization is None else QuantScheme(arch.quantization, self.k3)
-        )
+        self.scheme = None if arch.quantization is None else QuantScheme(arch.quantization, self.k3)
 
     def column(
         self, name: str, prefix: str, outputs: tuple[int, ...], inp: int, ranks: int
     ) -> tuple[WeightTensor, ...]:
         """A column-parallel linear's tensors (outputs split over ``ranks``)."""
-        return linear_tensors(Linear(name, prefix, outputs, inp, "column", ranks), self.scheme,
-                              self.dtype)
+        return linear_tensors(
+            Linear(name, prefix, outputs, inp, "column", ranks), self.scheme, self.dtype
+        )
 
     def row(
         self, name: str, prefix: str, out: int, inp: int, ranks: int
     ) -> tuple[WeightTensor, ...]:
         """A row-parallel linear's tensors (input split over ``ranks``)."""
-        return linear_tensors(Linear(name, prefix, (out,), inp, "row", ranks), self.scheme,
-                              self.dtype)
+        return linear_tensors(
+            Linear(name, prefix, (out,), inp, "row", ranks), self.scheme, self.dtype
+        )
 
     def replicated(self, name: str, prefix: str, out: int, inp: int) -> tuple[WeightTensor, ...]:
         """A replicated linear's tensors."""
-        return linear_tensors(Linear(name, prefix, (out,), inp, "replicated", 1), self.scheme,
-                              self.dtype)
+        return linear_tensors(
+            Linear(name, prefix, (out,), inp, "replicated", 1), self.scheme, self.dtype
+        )
 
 
 def _uneven(what: str, size: int, ranks: int, group: str) -> Refusal:
@@ -151,20 +152,28 @@ def _check_parallel(r: _Rank) -> None:
 
 def _mla(r: _Rank, layer: MLALayer, at: str) -> tuple[WeightTensor, ...]:
     h, dtype, tp = r.arch.hidden_size, r.dtype, r.attn_tp
-    nh, nope, rope, v = (layer.num_heads, layer.qk_nope_head_dim, layer.qk_rope_head_dim,
-                         layer.v_head_dim)
+    nh, nope, rope, v = (
+        layer.num_heads,
+        layer.qk_nope_head_dim,
+        layer.qk_rope_head_dim,
+        layer.v_head_dim,
+    )
     kv, q_lora = layer.kv_lora_rank, layer.q_lora_rank
     found: list[WeightTensor] = []
     if q_lora is not None:
-        found += r.replicated("self_attn.fused_qkv_a_proj_with_mqa",
-                              f"{at}.fused_qkv_a_proj_with_mqa", q_lora + kv + rope, h)
+        found += r.replicated(
+            "self_attn.fused_qkv_a_proj_with_mqa",
+            f"{at}.fused_qkv_a_proj_with_mqa",
+            q_lora + kv + rope,
+            h,
+        )
         found.append(_t("self_attn.q_a_layernorm.weight", (q_lora,), dtype))
-        found += r.column("self_attn.q_b_proj", f"{at}.q_b_proj", (nh * (nope + rope),), q_lora,
-                          tp)
+        found += r.column("self_attn.q_b_proj", f"{at}.q_b_proj", (nh * (nope + rope),), q_lora, tp)
     else:
         found += r.column("self_attn.q_proj", f"{at}.q_proj", (nh * (nope + rope),), h, tp)
-        found += r.replicated("self_attn.kv_a_proj_with_mqa", f"{at}.kv_a_proj_with_mqa",
-                              kv + rope, h)
+        found += r.replicated(
+            "self_attn.kv_a_proj_with_mqa", f"{at}.kv_a_proj_with_mqa", kv + rope, h
+        )
     found.append(_t("self_attn.kv_a_layernorm.weight", (kv,), dtype))
     found += r.column("self_attn.kv_b_proj", f"{at}.kv_b_proj", (nh * (nope + v),), kv, tp)
     found += r.row("self_attn.o_proj", f"{at}.o_proj", h, nh * v, tp)
@@ -181,8 +190,7 @@ def _kda(r: _Rank, layer: KDALayer, at: str) -> tuple[WeightTensor, ...]:
     tp = r.kda_tp  # K3: attention TP; Kimi-Linear: the full TP group
     found: list[WeightTensor] = []
     if r.k3 and layer.full_rank_gate:
-        found += r.column("self_attn.fused_qkvg_proj", f"{at}.fused_qkvg_proj", (proj,) * 4, h,
-                          tp)
+        found += r.column("self_attn.fused_qkvg_proj", f"{at}.fused_qkvg_proj", (proj,) * 4, h, tp)
         found += r.column("self_attn.b_proj", f"{at}.b_proj", (hk,), h, tp)
         found += r.replicated("self_attn.f_a_proj", f"{at}.f_a_proj", dk, h)
         found += r.column("self_attn.f_b_proj", f"{at}.f_b_proj", (proj,), dk, tp)
@@ -212,33 +220,49 @@ def _mlp(r: _Rank, layer_id: int, at: str) -> Iterator[tuple[str, tuple[WeightTe
     arch, dtype, h = r.arch, r.dtype, r.arch.hidden_size
     if not arch.is_moe_layer(layer_id):
         i = arch.intermediate_size
-        yield "dense_mlp", (
-            *r.column("mlp.gate_up_proj", f"{at}.mlp.gate_up_proj", (i, i), h, r.tp),
-            *r.row("mlp.down_proj", f"{at}.mlp.down_proj", h, i, r.tp),
+        yield (
+            "dense_mlp",
+            (
+                *r.column("mlp.gate_up_proj", f"{at}.mlp.gate_up_proj", (i, i), h, r.tp),
+                *r.row("mlp.down_proj", f"{at}.mlp.down_proj", h, i, r.tp),
+            ),
         )
         return
     assert arch.num_experts is not None and arch.moe_intermediate_size is not None
     e, moe_i = arch.num_experts, arch.moe_intermediate_size
     module = "mlp" if r.k3 else "block_sparse_moe"
     bias: WeightDtype = "float32" if r.k3 else dtype
-    yield "moe_router", (
-        _t(f"{module}.gate.weight", (e, h), dtype),
-        _t(f"{module}.gate.e_score_correction_bias", (e,), bias),
+    yield (
+        "moe_router",
+        (
+            _t(f"{module}.gate.weight", (e, h), dtype),
+            _t(f"{module}.gate.e_score_correction_bias", (e,), bias),
+        ),
     )
     if arch.num_shared_experts:
         shared = moe_i * arch.num_shared_experts
         # Kimi-Linear's shared experts get no module prefix: their names are bare
         gate_up = f"{at}.mlp.shared_experts.gate_up_proj" if r.k3 else "gate_up_proj"
         down = f"{at}.mlp.shared_experts.down_proj" if r.k3 else "down_proj"
-        yield "shared_experts", (
-            *r.column(f"{module}.shared_experts.gate_up_proj", gate_up, (shared, shared), h,
-                      r.tp),
-            *r.row(f"{module}.shared_experts.down_proj", down, h, shared, r.tp),
+        yield (
+            "shared_experts",
+            (
+                *r.column(
+                    f"{module}.shared_experts.gate_up_proj", gate_up, (shared, shared), h, r.tp
+                ),
+                *r.row(f"{module}.shared_experts.down_proj", down, h, shared, r.tp),
+            ),
         )
     latent = arch.routed_expert_hidden_size if r.k3 else None
     experts = expert_tensors(
-        f"{at}.mlp.experts", r.scheme, dtype, num_local=e // r.ep, num_experts=e,
-        hidden=latent or h, intermediate=moe_i // r.moe_tp, moe_tp=r.moe_tp,
+        f"{at}.mlp.experts",
+        r.scheme,
+        dtype,
+        num_local=e // r.ep,
+        num_experts=e,
+        hidden=latent or h,
+        intermediate=moe_i // r.moe_tp,
+        moe_tp=r.moe_tp,
     )
     found = [_t(f"{module}.{t.name}", t.shape, t.dtype) for t in experts]
     if latent is not None:  # K3's latent MoE: replicated, never quantized here
@@ -258,16 +282,24 @@ def _layer_entries(r: _Rank, start: int, end: int) -> Iterator[Entry]:
             yield "mla", i, _mla(r, layer, at)
         elif isinstance(layer, KDALayer):
             yield "kda", i, _kda(r, layer, at)
-        yield "norm", i, (
-            _t("input_layernorm.weight", (h,), dtype),
-            _t("post_attention_layernorm.weight", (h,), dtype),
+        yield (
+            "norm",
+            i,
+            (
+                _t("input_layernorm.weight", (h,), dtype),
+                _t("post_attention_layernorm.weight", (h,), dtype),
+            ),
         )
         if r.k3 and r.arch.attn_res_block_size is not None:
-            yield "attention_residual", i, (
-                _t("self_attention_res_norm.weight", (h,), dtype),
-                _t("mlp_res_norm.weight", (h,), dtype),
-                _t("self_attention_res_proj.weight", (1, h), dtype),
-                _t("mlp_res_proj.weight", (1, h), dtype),
+            yield (
+                "attention_residual",
+                i,
+                (
+                    _t("self_attention_res_norm.weight", (h,), dtype),
+                    _t("mlp_res_norm.weight", (h,), dtype),
+                    _t("self_attention_res_proj.weight", (1, h), dtype),
+                    _t("mlp_res_proj.weight", (1, h), dtype),
+                ),
             )
         for kind, tensors in _mlp(r, i, f"model.layers.{i}"):
             yield kind, i, tensors
@@ -286,9 +318,13 @@ def _edges(r: _Rank, first: bool, last: bool) -> Iterator[Entry]:
         return
     yield "norm", None, (_t(f"{root}norm.weight", (h,), dtype),)
     if r.k3 and arch.attn_res_block_size is not None:
-        yield "attention_residual", None, (
-            _t(f"{root}output_attn_res_norm.weight", (h,), dtype),
-            _t(f"{root}output_attn_res_proj.weight", (1, h), dtype),
+        yield (
+            "attention_residual",
+            None,
+            (
+                _t(f"{root}output_attn_res_norm.weight", (h,), dtype),
+                _t(f"{root}output_attn_res_proj.weight", (1, h), dtype),
+            ),
         )
     vocab = padded_vocab(arch.vocab_size, r.tp)
     quantized = r.scheme is not None and r.scheme.quantization.quant_method == "modelopt"
@@ -332,6 +368,4 @@ def sglang_weights(model: HybridModel, deployment: Deployment, stage: int) -> Ra
                 hint="load the draft's config.json with the model, or plan spec_tokens=0",
             )
         found = draft_groups(model, arch.draft, deployment, r.dtype)
-    return RankWeights(
-        engine="sglang", stage=stage, groups=grouped(entries()), draft_groups=found
-    )
+    return RankWeights(engine="sglang", stage=stage, groups=grouped(entries()), draft_groups=found)

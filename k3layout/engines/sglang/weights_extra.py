@@ -64,8 +64,10 @@ def draft_groups(
             facts={"engine": "sglang", "attn_dp": deployment.attn_dp},
             hint="use attn_dp=1 with a DSpark draft",
         )
-    if layer.num_heads % tp or (layer.num_kv_heads >= tp and layer.num_kv_heads % tp) or (
-        layer.num_kv_heads < tp and tp % layer.num_kv_heads
+    if (
+        layer.num_heads % tp
+        or (layer.num_kv_heads >= tp and layer.num_kv_heads % tp)
+        or (layer.num_kv_heads < tp and tp % layer.num_kv_heads)
     ):
         raise Refusal(
             "heads_not_divisible",
@@ -93,8 +95,11 @@ def draft_groups(
         _t("markov_head.markov_w1.weight", (draft.vocab_size, draft.markov_rank), dtype),
         _t("markov_head.markov_w2.weight", (draft.vocab_size, draft.markov_rank), dtype),
         # one rotary cache, shared by every layer (get_rope caches it), kept fp32 on the GPU
-        _t("layers.0.self_attn.rotary_emb.cos_sin_cache",
-           (draft.max_position_embeddings, hd), "float32"),
+        _t(
+            "layers.0.self_attn.rotary_emb.cos_sin_cache",
+            (draft.max_position_embeddings, hd),
+            "float32",
+        ),
     )
     return (
         WeightGroup(kind="draft", layers=model.draft_layer_ids, tensors=per_layer),

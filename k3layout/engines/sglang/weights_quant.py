@@ -85,11 +85,7 @@ class Linear:
 
 def _path_match(ignored: str, prefix: str) -> bool:
     ignored, prefix = ignored.rstrip("."), prefix.rstrip(".")
-    return (
-        ignored == prefix
-        or prefix.startswith(ignored + ".")
-        or f".{ignored}." in f".{prefix}."
-    )
+    return ignored == prefix or prefix.startswith(ignored + ".") or f".{ignored}." in f".{prefix}."
 
 
 def _ct_match(name: str, targets: tuple[str, ...]) -> bool:
@@ -128,15 +124,17 @@ class QuantScheme:
     def _ignore(self) -> tuple[str, ...]:
         names = self.quantization.ignore
         if self.quantization.quant_method == "fp8":  # Fp8Config.from_config's two spellings
-            names = tuple(v for n in names for v in (n.removeprefix("model."),
-                                                     "model." + n.removeprefix("model.")))
+            names = tuple(
+                v
+                for n in names
+                for v in (n.removeprefix("model."), "model." + n.removeprefix("model."))
+            )
         if self.k3:
             names = tuple(dict.fromkeys(_k3_mapped(n) for n in names))
         if self.quantization.quant_method == "modelopt":
-            names = tuple(dict.fromkeys(
-                v for n in names
-                for v in (n, n.removeprefix("language_model.")) if v
-            ))
+            names = tuple(
+                dict.fromkeys(v for n in names for v in (n, n.removeprefix("language_model.")) if v)
+            )
         return names
 
     def _fused(self) -> Mapping[str, tuple[str, ...]]:
@@ -151,8 +149,7 @@ class QuantScheme:
         fused = self._fused()
         if method == "compressed-tensors":
             if proj in fused and prefix not in ignore:
-                return self._shards(prefix, proj, fused[proj],
-                                    lambda n: _ct_match(n, ignore))
+                return self._shards(prefix, proj, fused[proj], lambda n: _ct_match(n, ignore))
             return _ct_match(prefix, ignore)
         mapping = fused if proj in fused else FALLBACK_FUSED
         if method == "modelopt":
@@ -161,13 +158,17 @@ class QuantScheme:
         return self._fp8_skipped(prefix, ignore, mapping, moe)
 
     def _fp8_skipped(
-        self, prefix: str, ignore: tuple[str, ...], fused: Mapping[str, tuple[str, ...]],
+        self,
+        prefix: str,
+        ignore: tuple[str, ...],
+        fused: Mapping[str, tuple[str, ...]],
         moe: bool,
     ) -> bool:
         proj = prefix.rsplit(".", 1)[-1]
         if not moe and proj in fused:
-            return self._shards(prefix, proj, fused[proj],
-                                lambda n: any(_path_match(i, n) for i in ignore))
+            return self._shards(
+                prefix, proj, fused[proj], lambda n: any(_path_match(i, n) for i in ignore)
+            )
         skipped = any(_path_match(i, prefix) for i in ignore)
         if "experts" in prefix:
             skipped = skipped or any(prefix in i for i in ignore if "experts" in i)
@@ -233,8 +234,11 @@ def linear_tensors(
                     raise _refuse_block(linear.prefix, "output", part, bn, "n")
         return (
             WeightTensor(name=f"{name}.weight", shape=(out, inp), dtype="float8_e4m3fn"),
-            WeightTensor(name=f"{name}.weight_scale_inv",
-                         shape=(ceil(out / bn), ceil(inp / bk)), dtype="float32"),
+            WeightTensor(
+                name=f"{name}.weight_scale_inv",
+                shape=(ceil(out / bn), ceil(inp / bk)),
+                dtype="float32",
+            ),
         )
     if q.method == "int4_w4a16":
         group = q.group_size or 1
@@ -258,8 +262,9 @@ def linear_tensors(
             WeightTensor(name=f"{name}.weight", shape=(out, inp // 2), dtype="uint8"),
             WeightTensor(name=f"{name}.input_scale", shape=shards, dtype="float32"),
             WeightTensor(name=f"{name}.weight_scale_2", shape=shards, dtype="float32"),
-            WeightTensor(name=f"{name}.weight_scale", shape=(out, inp // group),
-                         dtype="float8_e4m3fn"),
+            WeightTensor(
+                name=f"{name}.weight_scale", shape=(out, inp // group), dtype="float8_e4m3fn"
+            ),
         )
     raise Refusal(
         "quantization_unsupported",
@@ -304,16 +309,21 @@ def expert_tensors(
         return (
             WeightTensor(name="experts.w13_weight", shape=(e, 2 * i, h), dtype="float8_e4m3fn"),
             WeightTensor(name="experts.w2_weight", shape=(e, h, i), dtype="float8_e4m3fn"),
-            WeightTensor(name="experts.w13_weight_scale_inv",
-                         shape=(e, 2 * ceil(i / bn), ceil(h / bk)), dtype="float32"),
-            WeightTensor(name="experts.w2_weight_scale_inv",
-                         shape=(e, ceil(h / bn), ceil(i / bk)), dtype="float32"),
+            WeightTensor(
+                name="experts.w13_weight_scale_inv",
+                shape=(e, 2 * ceil(i / bn), ceil(h / bk)),
+                dtype="float32",
+            ),
+            WeightTensor(
+                name="experts.w2_weight_scale_inv",
+                shape=(e, ceil(h / bn), ceil(i / bk)),
+                dtype="float32",
+            ),
         )
     if method == "int4_w4a16":
         g = q.group_size or 1
         return (
-            WeightTensor(name="experts.w13_weight_packed", shape=(e, h // 8, 2 * i),
-                         dtype="int32"),
+            WeightTensor(name="experts.w13_weight_packed", shape=(e, h // 8, 2 * i), dtype="int32"),
             WeightTensor(name="experts.w2_weight_packed", shape=(e, i // 8, h), dtype="int32"),
             WeightTensor(name="experts.w13_weight_scale", shape=(e, h // g, 2 * i), dtype=dtype),
             WeightTensor(name="experts.w2_weight_scale", shape=(e, i // g, h), dtype=dtype),
@@ -327,8 +337,7 @@ def expert_tensors(
     if method == "mxfp4":
         return (
             WeightTensor(name="experts.w13_weight", shape=(e, 2 * i, h // 2), dtype="uint8"),
-            WeightTensor(name="experts.w13_weight_scale", shape=(e, 2 * i, h // 32),
-                         dtype="uint8"),
+            WeightTensor(name="experts.w13_weight_scale", shape=(e, 2 * i, h // 32), dtype="uint8"),
             WeightTensor(name="experts.w13_weight_bias", shape=(e, 2 * i), dtype="bfloat16"),
             WeightTensor(name="experts.w2_weight", shape=(e, h, i // 2), dtype="uint8"),
             WeightTensor(name="experts.w2_weight_scale", shape=(e, h, i // 32), dtype="uint8"),
@@ -338,14 +347,16 @@ def expert_tensors(
     return (
         WeightTensor(name="experts.w13_weight", shape=(e, 2 * i, h // 2), dtype="uint8"),
         WeightTensor(name="experts.w2_weight", shape=(e, h, i // 2), dtype="uint8"),
-        WeightTensor(name="experts.w13_weight_scale", shape=(e, 2 * i, h // g),
-                     dtype="float8_e4m3fn"),
-        WeightTensor(name="experts.w13_blockscale_swizzled", shape=(e, 2 * i, h // g),
-                     dtype="float8_e4m3fn"),
-        WeightTensor(name="experts.w2_weight_scale", shape=(e, h, i // g),
-                     dtype="float8_e4m3fn"),
-        WeightTensor(name="experts.w2_blockscale_swizzled", shape=(e, h, i // g),
-                     dtype="float8_e4m3fn"),
+        WeightTensor(
+            name="experts.w13_weight_scale", shape=(e, 2 * i, h // g), dtype="float8_e4m3fn"
+        ),
+        WeightTensor(
+            name="experts.w13_blockscale_swizzled", shape=(e, 2 * i, h // g), dtype="float8_e4m3fn"
+        ),
+        WeightTensor(name="experts.w2_weight_scale", shape=(e, h, i // g), dtype="float8_e4m3fn"),
+        WeightTensor(
+            name="experts.w2_blockscale_swizzled", shape=(e, h, i // g), dtype="float8_e4m3fn"
+        ),
         WeightTensor(name="experts.w13_weight_scale_2", shape=(e, 2), dtype="float32"),
         WeightTensor(name="experts.w2_weight_scale_2", shape=(e,), dtype="float32"),
         WeightTensor(name="experts.w13_input_scale", shape=(num_experts, 2), dtype="float32"),

@@ -73,7 +73,6 @@ MXFP4_BLOCK: Final = 32
 """Elements per MXFP4 scale."""
 
 
-
 def _t(name: str, shape: tuple[int, ...], dtype: WeightDtype) -> WeightTensor:
     return WeightTensor(name=name, shape=shape, dtype=dtype)
 
