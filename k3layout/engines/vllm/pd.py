@@ -35,6 +35,7 @@ from ...model import HybridModel
 from ...transfer.connectors import PdRule
 from ...transfer.pairing import tp_multiple_refusal
 from .engine import plan_vllm
+from .layout import VllmPlan
 from .rules import VLLM_VERSION
 
 __all__ = ["PD_RULE", "check_nixl", "nixl_refusal", "nixl_tp_refusal"]
@@ -144,6 +145,10 @@ def nixl_refusal(model: HybridModel, prefill: Deployment, decode: Deployment) ->
             hint=f"plan the decode with dcp={prefill.dcp}",
         )
     (_, prefill_plan), (_, decode_plan) = sides
+    if (decode_plan.packed or prefill_plan.packed) and (
+        decode_plan.block_tokens != prefill_plan.block_tokens
+    ):
+        return _packed_block_refusal(prefill_plan, decode_plan)
     ours, theirs = _kernel_blocks(decode_plan), _kernel_blocks(prefill_plan)
     if decode.prefix_caching and ours != theirs:
         return Refusal(
@@ -170,6 +175,28 @@ def check_nixl(model: HybridModel, prefill: Deployment, decode: Deployment) -> N
     refusal = nixl_refusal(model, prefill, decode)
     if refusal is not None:
         raise refusal
+
+
+def _packed_block_refusal(prefill: VllmPlan, decode: VllmPlan) -> Refusal:
+    """A packed layout (an indexed hybrid) moves between equal blocks only: each side's block
+    follows its TP, so a pair of different TPs needs one ``block_tokens`` on both sides.
+    vLLM refuses blocks that do not divide one another (``kv_connector/utils.py``), and a
+    decode block a multiple of the prefill's for its tail ring, whose page does not scale
+    with the block (the hybrid MLA block-length check)."""
+    least = max(prefill.block_tokens, decode.block_tokens)
+    return Refusal(
+        "block_unsupported",
+        f"prefill blocks of {prefill.block_tokens:,} tokens (attn_tp="
+        f"{prefill.deployment.attn_tp}) and decode blocks of {decode.block_tokens:,} "
+        f"(attn_tp={decode.deployment.attn_tp}): {CONNECTOR} moves a packed cache (latent, "
+        "pooled keys, tail ring) only between blocks of one size",
+        facts={
+            "prefill_block_tokens": prefill.block_tokens,
+            "decode_block_tokens": decode.block_tokens,
+            "field": "block_tokens",
+        },
+        hint=f"start both sides with block_tokens={least} (--block-size {least})",
+    )
 
 
 def _kernel_blocks(planned: object) -> int:
