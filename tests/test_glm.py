@@ -27,6 +27,7 @@ from k3layout import (
     preset,
 )
 from k3layout.cache import DSAIndexer, ring_spec, ring_tokens
+from k3layout.transfer import transfer_violations
 
 FIXTURE = Path(__file__).parent / "fixtures" / "glm-5.3-flash" / "config.json"
 SHARED = Path(__file__).parents[2] / "shared" / "fixtures" / "glm-5.3-flash.config.json"
@@ -229,15 +230,47 @@ def test_vllm_refuses_a_one_token_pool() -> None:
     assert caught.value.facts["field"] == "index_kpool"
 
 
-@pytest.mark.parametrize("feature", ["ride", "transfer"])
-def test_plane_features_refuse_the_packed_layout(feature: str) -> None:
-    model = preset("glm-5.3-flash")
+def test_the_ride_refuses_the_packed_layout() -> None:
     with pytest.raises(Refusal) as caught:
-        if feature == "ride":
-            plan_ride(plan(model, Deployment(attn_tp=8)))
-        else:
-            plan_transfer(model, Deployment(attn_tp=8), Deployment(attn_tp=8), prompt_tokens=64)
+        plan_ride(plan(preset("glm-5.3-flash"), Deployment(attn_tp=8)))
     assert caught.value.code == "layout_unsupported"
+
+
+@pytest.mark.parametrize(
+    ("engine", "prefill_tp", "decode_tp", "ring_bytes"),
+    [("vllm", 8, 8, 8192), ("vllm", 8, 2, 8192), ("vllm", 2, 8, 8192), ("sglang", 8, 4, 0)],
+)
+def test_transfer_moves_pooled_keys_and_rings(
+    engine: str, prefill_tp: int, decode_tp: int, ring_bytes: int
+) -> None:
+    """A request of 5,000 tokens: each consumer gets every indexed layer's latent rows, its
+    ceil(5000 / 16) = 313 pooled key entries of 132 B and, where the engine keeps it (vLLM),
+    its tail ring whole from one producer; every KDA layer's heads; nothing twice."""
+    model = preset("glm-5.3-flash")
+    prefill = Deployment(engine=engine, attn_tp=prefill_tp)
+    decode = Deployment(engine=engine, attn_tp=decode_tp)
+    result = plan_transfer(model, prefill, decode, prompt_tokens=5000)
+    assert transfer_violations(result) == []
+    decoded = plan(model, decode)
+    row = decoded.sizes.spec_of(3).part("latent").local_bytes(decode_tp)
+    state = decoded.sizes.state_bytes
+    per_consumer = 34 * state + 11 * (5000 * row + 313 * 132 + ring_bytes)
+    assert result.total_bytes == decode_tp * per_consumer
+    # vLLM's prefill keeps rings SGLang's decode has nowhere to put
+    with pytest.raises(Refusal) as caught:
+        plan_transfer(
+            model, Deployment(attn_tp=8), Deployment(engine="sglang", attn_tp=8), prompt_tokens=8
+        )
+    assert caught.value.code in ("model_mismatch", "engine_mismatch")
+
+
+def test_transfer_refuses_pooled_keys_dealt_by_dcp() -> None:
+    model = preset("glm-5.3-flash")
+    prefill = Deployment(attn_tp=8, kv_dtype="bf16")
+    decode = Deployment(attn_tp=8, kv_dtype="bf16", dcp=2)
+    with pytest.raises(Refusal) as caught:
+        plan_transfer(model, prefill, decode, prompt_tokens=64)
+    assert caught.value.code == "dcp_unsupported"
 
 
 DEPLOYMENTS = st.builds(
@@ -287,3 +320,31 @@ def test_deterministic() -> None:
     first = plan(model, Deployment(attn_tp=4))
     again = plan(copy.deepcopy(model), Deployment(attn_tp=4))
     assert first.model_dump_json() == again.model_dump_json()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    case=st.tuples(
+        st.sampled_from((1, 2, 4, 8)),  # prefill TP
+        st.sampled_from((1, 2, 4, 8)),  # decode TP
+        st.sampled_from((1, 2)),  # prefill PP
+        st.integers(0, 2),  # speculative tokens
+        st.integers(1, 70_000),  # prompt tokens
+        st.sampled_from(("vllm", "sglang")),
+    )
+)
+def test_transfers_recompose(case: tuple[int, int, int, int, int, str]) -> None:
+    """Every consumer region of a GLM-5.3-Flash transfer is written exactly once from its
+    producers' regions, pooled keys and rings included, or the pair is refused by name."""
+    prefill_tp, decode_tp, prefill_pp, spec, tokens, engine = case
+    mtp = "mtp" if spec and engine == "vllm" else None
+    model = glm(1) if spec else preset("glm-5.3-flash")
+    fields: dict[str, Any] = {"engine": engine, "spec_tokens": spec, "speculative_method": mtp}
+    prefill = Deployment(attn_tp=prefill_tp, pp=prefill_pp, **fields)
+    decode = Deployment(attn_tp=decode_tp, **fields)
+    try:
+        result = plan_transfer(model, prefill, decode, prompt_tokens=tokens)
+    except Refusal as refusal:
+        assert refusal.code in {"tp_not_multiple", "pp_too_deep"}, refusal
+        return
+    assert transfer_violations(result) == []

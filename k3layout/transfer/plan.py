@@ -34,7 +34,6 @@ from ..constants import MAX_PROMPT_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..layouts import Stage, plan, project_stages
-from ..layouts.protocol import check_planes
 from ..limits import check_bound
 from ..model import HybridModel
 from ..placements import Interleave
@@ -170,6 +169,7 @@ class TransferPlan(SelfChecked):
             layers=self.producer_stages[stage].layers,
             tp_rank=tp_rank,
             prompt_tokens=self.prompt_tokens,
+            rings=keeps_rings(self.model, self.prefill),
         )
 
     def consumer_regions(self, rank: int) -> tuple[Region, ...]:
@@ -181,6 +181,7 @@ class TransferPlan(SelfChecked):
             layers=self.consumer_stages[stage].layers,
             tp_rank=tp_rank,
             prompt_tokens=self.prompt_tokens,
+            rings=keeps_rings(self.model, self.decode),
         )
 
     @cached_property
@@ -359,7 +360,7 @@ def plan_transfer(
     check_matching_deployments(prefill, decode)
     prefill_plan = plan(model, prefill)
     decode_plan = plan(model, decode)
-    check_planes(prefill_plan, "a prefill-to-decode transfer")
+    rings = _check_rings(prefill_plan, decode_plan)
     model = prefill_plan.model  # what the engine builds (no draft without spec tokens)
     # the decode pulls: its engine's rank mapping decides who feeds whom
     facts = facts_of(decode.engine)
@@ -426,6 +427,22 @@ def plan_transfer(
                     # Built above from validated fields for the run's first layer: nothing
                     # to re-validate in naming the run.
                     segments += name_run(first, layers)
+                    ring = sizes.ring
+                    if rings and ring is not None and sizes.specs[index].pooled:
+                        # The tail ring, replicated: whole, from the first producer only.
+                        segments += name_run(
+                            tuple(
+                                derive_part_segment(
+                                    part,
+                                    layers[0],
+                                    (tp_p, source),
+                                    (tp_d, tp_rank),
+                                    segment_fields,
+                                )
+                                for part in ring.parts
+                            ),
+                            layers,
+                        )
                 if cursor is not None and writes_rows and producer_stage_index == cursor_stage:
                     segments.append(
                         derive_part_segment(
@@ -452,6 +469,38 @@ def plan_transfer(
         prompt_tokens=prompt_tokens,
         pairs=tuple(pair for _, pair in pairs),
     )
+
+
+def keeps_rings(model: HybridModel, deployment: Deployment) -> bool:
+    """Whether ``deployment``'s engine keeps an indexed layer's tail ring (vLLM's packed
+    layout gives the rings a group of their own; SGLang keeps none by default)."""
+    return any(group.kind == "ring" for group in plan(model, deployment).groups)
+
+
+def _check_rings(prefill: Any, decode: Any) -> bool:
+    """Whether the request's tail rings move (both sides keep them); refuses
+    (``model_mismatch``) a pair where one side keeps them and the other does not, and
+    (``dcp_unsupported``) pooled keys dealt by DCP, whose entries span DCP ranks."""
+    sides = [any(group.kind == "ring" for group in p.groups) for p in (prefill, decode)]
+    if sides[0] != sides[1]:
+        keeps = "prefill" if sides[0] else "decode"
+        raise Refusal(
+            "model_mismatch",
+            f"the {keeps} engine keeps the indexed layers' tail rings and the other does not: "
+            "the request's rings have nowhere to go",
+            facts={"prefill_rings": sides[0], "decode_rings": sides[1]},
+            hint="run both sides on one engine",
+        )
+    pooled = any(spec.pooled for spec in decode.sizes.specs)
+    if pooled and (prefill.deployment.dcp > 1 or decode.deployment.dcp > 1):
+        raise Refusal(
+            "dcp_unsupported",
+            "a pooled key cache dealt by DCP: its entries span the DCP ranks' tokens, which "
+            "the transfer's row copies do not describe",
+            facts={"prefill_dcp": prefill.deployment.dcp, "decode_dcp": decode.deployment.dcp},
+            hint="plan the transfer with dcp=1 on both sides",
+        )
+    return sides[0]
 
 
 def _sort_key(keyed: tuple[int, RankPair]) -> int:
@@ -536,6 +585,20 @@ def _row_segments(
     segments: list[dict[str, Any]] = []
     tokens = spec.dcp or Interleave(num_ranks=1)
     for part, src_row, dst_row in rows:
+        if part.tokens_per_row > 1:  # pooled entries (DCP refused): every entry, whole
+            entries = -(-prompt_tokens // part.tokens_per_row)
+            segments.extend(
+                derive_token_segments(
+                    layer,
+                    part.name,
+                    dst_row,
+                    entries,
+                    Interleave(num_ranks=1),
+                    rank=0,
+                    make=segment_fields,
+                )
+            )
+            continue
         if src_row == dst_row:
             segments.extend(
                 derive_token_segments(

@@ -88,9 +88,13 @@ def rank_regions(
     layers: tuple[int, ...],
     tp_rank: int,
     prompt_tokens: int,
+    rings: bool = False,
 ) -> tuple[Region, ...]:
     """The regions of TP rank ``tp_rank`` of a stage holding module ``layers``, in module
-    order, then the slot's cursor (ReplaySSM, when the stage holds a state layer). Refuses
+    order, then the slot's cursor (ReplaySSM, when the stage holds a state layer). A pooled
+    part holds a row per ``tokens_per_row`` tokens (the last one partly filled); with
+    ``rings`` (an engine that keeps an indexed layer's tail ring, :mod:`k3layout.cache.ring`)
+    an indexed layer also holds its ring, a slot region per part. Refuses
     (``invalid_argument``) arguments of the wrong type, a ``tp_rank`` outside ``attn_tp``, a
     layer ``sizes`` does not have and a negative ``prompt_tokens``; (``size_limit``) more than
     ``MAX_PROMPT_TOKENS``."""
@@ -119,9 +123,19 @@ def rank_regions(
         spec = sizes.spec_of(layer)
         if spec.paging == "token":
             regions.extend(
-                Region(field=p.name, layer=layer, kind="page", size_bytes=rows * p.local_bytes(tp))
+                Region(
+                    field=p.name,
+                    layer=layer,
+                    kind="page",
+                    size_bytes=-(-rows // p.tokens_per_row) * p.local_bytes(tp),
+                )
                 for p in spec.parts
             )
+            if rings and spec.pooled and sizes.ring is not None:
+                regions.extend(
+                    Region(field=p.name, layer=layer, kind="slot", size_bytes=p.local_bytes(tp))
+                    for p in sizes.ring.parts
+                )
             continue
         holds_state = True
         regions.extend(

@@ -5,8 +5,10 @@ core's scheduler, the handshake and the decode's reads): which pairs vLLM serves
 refuses; a served pair reads the latent, pooled keys and tail ring from one prefill rank and
 the KDA heads from the ranks the TP rule names.
 
-k3layout does not plan the transfer's byte copies of a packed layout yet (``plan_transfer``
-refuses it, ``layout_unsupported``); the notes beside the fixture (section 7) hold the rules.
+k3layout's ``plan_transfer`` plans the request's bytes (the latent rows, the pooled key
+entries, the tail rings, the KDA heads) and pairs each consumer with the producers vLLM's
+decode reads; vLLM copies whole pages of those, which the notes beside the fixture (section
+7) describe.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ require_vllm()
 from vllm_glm import FIXTURE  # noqa: E402
 from vllm_glm_nixl import GlmSide, glm_nixl_transfer  # noqa: E402
 
-from k3layout import Deployment, Refusal, model_from_config, plan, plan_transfer  # noqa: E402
+from k3layout import Deployment, model_from_config, plan, plan_transfer  # noqa: E402
 from k3layout.engines.vllm.pd import nixl_refusal  # noqa: E402
+from k3layout.transfer import transfer_violations  # noqa: E402
 from k3layout.transfer.pairing import producers_of  # noqa: E402
 
 PAIRS = [
@@ -84,8 +87,24 @@ def test_served_pairs_are_vllms(pair: tuple[int, int, int | None, int]) -> None:
         assert facts["source_ranks_per_group"] == wanted, decode_rank
 
 
-def test_the_planner_does_not_plan_the_copies_yet() -> None:
+@pytest.mark.parametrize("pair", PAIRS[:6], ids=lambda p: "-".join(map(str, p)))
+def test_the_transfer_plan_reads_from_the_ranks_vllm_reads(
+    pair: tuple[int, int, int | None, int],
+) -> None:
+    """k3layout's transfer plan of a pair vLLM serves pairs each consumer with the producers
+    vLLM's decode reads (its KDA heads from each, its latent, keys and ring from the first);
+    every consumer region is written once."""
+    prefill_tp, decode_tp, block, _ = pair
     model = model_from_config(json.loads(FIXTURE.read_text()))
-    with pytest.raises(Refusal) as caught:
-        plan_transfer(model, _deployment(8, None, 0), _deployment(8, None, 0), prompt_tokens=64)
-    assert caught.value.code == "layout_unsupported"
+    prefill, decode = _deployment(prefill_tp, block, 0), _deployment(decode_tp, block, 0)
+    if nixl_refusal(model, prefill, decode) is not None:
+        return
+    result = plan_transfer(model, prefill, decode, prompt_tokens=5000)
+    assert transfer_violations(result) == []
+    outcome = glm_nixl_transfer(
+        GlmSide(tp=prefill_tp, block_size=block), GlmSide(tp=decode_tp, block_size=block)
+    )
+    for decode_rank, facts in outcome["ranks"].items():
+        reads = {pair.producer for pair in result.pairs if pair.consumer == decode_rank}
+        vllms = {s for group in facts["source_ranks_per_group"] for s in group}
+        assert reads == vllms, decode_rank

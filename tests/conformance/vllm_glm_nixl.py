@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import itertools
 import os
 import time
 import traceback
@@ -102,6 +101,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
     NixlPushConnectorWorker,
 )
 from vllm.model_executor.layers.mamba import mamba_utils
+from vllm_nixl import FakeNixlWrapper
 
 MODEL_NAME = "zai-org/GLM-5.3-Flash"
 """The model both engines serve (``ModelConfig.model``, hashed into the handshake)."""
@@ -232,23 +232,18 @@ def _conv_layout(layout: str | None) -> Iterator[None]:
 # The NIXL agent and the handshake's socket.
 
 
-class _RecordingAgent:
-    """The NIXL agent (``nixl._api.nixl_agent``): records what vLLM registers, the
-    descriptor lists it prepares and the transfers it makes; returns handles."""
+class _RecordingAgent(FakeNixlWrapper):
+    """The NIXL agent (``nixl._api.nixl_agent``): the K3 harness's fake, also recording
+    what vLLM registers, the descriptor lists it prepares and the transfers it makes."""
 
     label = "agent"
 
     def __init__(self, name: str, config: Any = None) -> None:
-        del config
-        self.name = name
-        self.handles = itertools.count(1)
+        super().__init__(name, config)
         self.registered: list[Any] = []
         self.dlists: dict[int, tuple[str, np.ndarray]] = {}
         self.transfers: list[dict[str, Any]] = []
         self.notifications: list[tuple[str, bytes]] = []
-
-    def get_reg_descs(self, ranges: Any, mem_type: str) -> Any:
-        return (mem_type, list(ranges))
 
     def register_memory(self, descs: Any, backends: Any = None) -> None:
         self.registered.append(descs)
@@ -294,22 +289,6 @@ class _RecordingAgent:
 
     def get_new_notifs(self) -> dict[str, list[bytes]]:
         return {}
-
-    def create_backend(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    # the worker's shutdown (its finaliser) hands everything back
-    def release_dlist_handle(self, handle: Any) -> None:
-        return None
-
-    def release_xfer_handle(self, handle: Any) -> None:
-        return None
-
-    def deregister_memory(self, descs: Any) -> None:
-        return None
-
-    def remove_remote_agent(self, agent: str) -> None:
-        return None
 
 
 class _SideChannel:
