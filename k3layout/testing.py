@@ -229,14 +229,11 @@ def plannable_inputs(
     engine = engine or draw(st.sampled_from(engine_names()))
     blocked = "BLHNC" not in layouts
     model = draw(
-        models().filter(lambda drawn: _serves(engine, drawn) and not (blocked and _indexed(drawn)))
+        models().filter(
+            lambda drawn: _serves(engine, drawn) and not (blocked and drawn.indexer is not None)
+        )
     )
     return model, draw(deployments(model, engine=engine, layouts=layouts))
-
-
-def _indexed(model: HybridModel) -> bool:
-    """Whether ``model``'s MLA layers keep a pooled indexer (laid out block-outermost)."""
-    return any(layer.indexer is not None for layer in model.mla_layers)
 
 
 def _serves(engine: EngineFlavour, model: HybridModel) -> bool:

@@ -159,7 +159,7 @@ def _size_rows(result: EngineLayout) -> list[tuple[str, str]]:
     ]
     target = {sizes.layer_specs[i] for i in range(result.model.num_layers)}
     # the rings where the engine keeps them in a group of their own (vLLM's packed layout)
-    rings = sizes.ring if any(group.kind == "ring" for group in result.groups) else None
+    rings = sizes.ring if result.groups_of("ring") else None
     sides = [(spec, "") for spec in (rings, sizes.replay) if spec is not None]
     for spec, whose in [
         *((spec, "" if index in target else "draft ") for index, spec in enumerate(sizes.specs)),

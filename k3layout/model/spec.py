@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from .._frozen import Frozen
+from ..cache import DSAIndexer
 from ..constants import MAX_MODULE_LAYERS, MAX_PROMPT_TOKENS
 from ..errors import Refusal
 from ..limits import check_bound
@@ -145,6 +146,13 @@ class HybridModel(Frozen):
     def mla_layers(self) -> tuple[MLALayer, ...]:
         """Every MLA layer, target then draft."""
         return tuple(layer for layer in self.module_layers if isinstance(layer, MLALayer))
+
+    @cached_property
+    def indexer(self) -> DSAIndexer | None:
+        """The pooled DSA indexer the MLA layers keep (the first one's; ``None`` without one):
+        an indexed hybrid (GLM-5.3-Flash), whose engines lay out its key cache and tail ring
+        (:mod:`k3layout.cache.pooled`, :mod:`k3layout.cache.ring`)."""
+        return next((layer.indexer for layer in self.mla_layers if layer.indexer), None)
 
     @cached_property
     def kda_layers(self) -> tuple[KDALayer, ...]:

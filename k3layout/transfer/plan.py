@@ -474,14 +474,14 @@ def plan_transfer(
 def keeps_rings(model: HybridModel, deployment: Deployment) -> bool:
     """Whether ``deployment``'s engine keeps an indexed layer's tail ring (vLLM's packed
     layout gives the rings a group of their own; SGLang keeps none by default)."""
-    return any(group.kind == "ring" for group in plan(model, deployment).groups)
+    return bool(plan(model, deployment).groups_of("ring"))
 
 
 def _check_rings(prefill: Any, decode: Any) -> bool:
     """Whether the request's tail rings move (both sides keep them); refuses
     (``model_mismatch``) a pair where one side keeps them and the other does not, and
     (``dcp_unsupported``) pooled keys dealt by DCP, whose entries span DCP ranks."""
-    sides = [any(group.kind == "ring" for group in p.groups) for p in (prefill, decode)]
+    sides = [bool(side.groups_of("ring")) for side in (prefill, decode)]
     if sides[0] != sides[1]:
         keeps = "prefill" if sides[0] else "decode"
         raise Refusal(

@@ -34,7 +34,7 @@ def sglang_flags(
         flags.append(("--ep-size", str(world)))
     if d.dcp > 1:
         flags.append(("--dcp-size", str(d.dcp)))
-    indexed = any(layer.indexer is not None for layer in model.mla_layers)
+    indexed = model.indexer is not None
     # DSA's auto is fp8 on Blackwell: an indexed model's bf16 is named.
     flags.append(
         (

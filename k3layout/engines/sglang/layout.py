@@ -25,6 +25,7 @@ from pydantic import PositiveInt, model_validator
 from ..._args import expect_int
 from ..._derivation import SelfChecked, is_deriving
 from ..._frozen import trusted
+from ...cache import DSAIndexer
 from ...deployment import Deployment
 from ...errors import Refusal
 from ...layouts.answer import check_context
@@ -400,7 +401,7 @@ def built_model(model: HybridModel, deployment: Deployment) -> HybridModel:
     architecture = model.architecture
     if (
         model.draft_layers
-        or index_kpool(model) is None
+        or model.indexer is None
         or architecture is None
         or "num_nextn_predict_layers" not in architecture.defaulted
     ):
@@ -421,8 +422,8 @@ def check_sglang(model: HybridModel, deployment: Deployment) -> HybridModel:
     backend does not run (Hopper), and a draft that is not SGLang's dense K/V draft.
     Returns the model SGLang builds (:func:`built_model`)."""
     model = built_model(model, deployment)
-    if index_kpool(model) is not None:
-        check_indexed(model, deployment)
+    if model.indexer is not None:
+        check_indexed(model.indexer, deployment)
     refuse_settings(deployment, VLLM_SETTINGS + _KDA_STATE_SETTINGS, "vLLM")
     refuse_settings(deployment, TOKENSPEED_SETTINGS, "tokenspeed")
     refuse_settings(deployment, UTILIZATION_SETTINGS, "vLLM's and tokenspeed")
@@ -463,13 +464,6 @@ def check_sglang(model: HybridModel, deployment: Deployment) -> HybridModel:
     return model
 
 
-def index_kpool(model: HybridModel) -> int | None:
-    """The pooled indexer's ``index_kpool`` of an indexed hybrid (``None`` otherwise)."""
-    return next(
-        (layer.indexer.kpool for layer in model.mla_layers if layer.indexer is not None), None
-    )
-
-
 def resolved_backends(model: HybridModel, deployment: Deployment) -> tuple[str, str, int]:
     """The prefill and decode backends and the page SGLang resolves for ``deployment``
     (:func:`.rules.attention_backends`)."""
@@ -478,7 +472,7 @@ def resolved_backends(model: HybridModel, deployment: Deployment) -> tuple[str, 
         model.model_type,
         deployment.dcp,
         deployment.kv_dtype,
-        index_kpool(model),
+        None if model.indexer is None else model.indexer.kpool,
     )
 
 
@@ -487,14 +481,14 @@ def _draft_tokens(deployment: Deployment) -> int:
     return deployment.spec_tokens + 1 if deployment.spec_tokens else 0
 
 
-def check_indexed(model: HybridModel, deployment: Deployment) -> None:
+def check_indexed(indexer: DSAIndexer, deployment: Deployment) -> None:
     """What SGLang refuses of an indexed hybrid (DSA) beyond K3's rules: DCP (a pooled key
     spans positions of several DCP ranks)."""
     if deployment.dcp > 1:
         raise Refusal(
             "dcp_unsupported",
             f"dcp={deployment.dcp}: SGLang {SGLANG_VERSION} does not run DCP for DSA with "
-            f"index_kpool={index_kpool(model)} (a pooled index key spans positions owned by "
+            f"index_kpool={indexer.kpool} (a pooled index key spans positions owned by "
             "different DCP ranks)",
             facts={"engine": "sglang", "dcp": deployment.dcp, "field": "dcp"},
             hint="use dcp=1",

@@ -37,7 +37,7 @@ def settings(
         "mamba_full_memory_ratio": draw(st.one_of(st.none(), st.sampled_from((0.5, 0.9, 2.0)))),
         "max_running_requests": draw(st.one_of(st.none(), st.integers(1, 512))),
     }
-    if plannable and any(layer.indexer is not None for layer in model.mla_layers):
+    if plannable and model.indexer is not None:
         drawn["dcp"] = 1  # DSA: a pooled key would span DCP ranks
     if plannable and model.draft_layers and fields["spec_tokens"]:
         if model.drafter != "mtp" and any(layer.kind == "mla" for layer in model.draft_layers):

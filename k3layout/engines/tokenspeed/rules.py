@@ -71,7 +71,7 @@ def check_settings(deployment: Deployment) -> None:
 
 def check_model(model: HybridModel, attn_tp: int) -> None:
     """Refuse what tokenspeed's K3 recipe does not group or shard (see the module)."""
-    if any(layer.indexer is not None for layer in model.mla_layers):
+    if model.indexer is not None:
         raise _refuse(
             "layout_unsupported",
             f"model {model.name} ({model.model_type}): its MLA layers keep a pooled DSA "

@@ -8,7 +8,7 @@ import math
 from ...constants import MLA_KERNEL_BLOCK_TOKENS
 from .layout import VllmPlan, block_tokens_for
 from .rules import backend_of, smallest_kernel_block
-from .sparse import SPARSE_KERNEL_BLOCK, indexed_layers, indexer_alignment_tokens
+from .sparse import SPARSE_KERNEL_BLOCK, indexer_alignment_tokens
 
 
 def vllm_violations(result: VllmPlan) -> list[str]:
@@ -48,7 +48,7 @@ def packed_violations(result: VllmPlan) -> list[str]:
     the KDA state, the KDA page the latent's bytes at the block, a block that holds its
     widest group, aligned, and DCP's interleave dividing the block."""
     problems: list[str] = []
-    indexer = indexed_layers(result.model)
+    indexer = result.model.indexer
     backend = result.sparse_backend
     assert indexer is not None and backend is not None
     unit = math.lcm(indexer_alignment_tokens(indexer), SPARSE_KERNEL_BLOCK[backend])

@@ -84,7 +84,6 @@ from .sparse import (
     SparseBackend,
     check_indexed,
     indexed_block_tokens,
-    indexed_layers,
     resolved_kv_cache_layout,
     sparse_backend_of,
 )
@@ -122,7 +121,7 @@ class VllmPlan(SelfChecked, LayoutBase):
     def packed(self) -> bool:
         """Whether vLLM packs pages of several sizes block-outermost (an indexed hybrid:
         :mod:`.packed`) rather than sharing planes of one page size."""
-        return indexed_layers(self.model) is not None
+        return self.model.indexer is not None
 
     @property
     def kv_cache_layout(self) -> KvCacheLayout:
@@ -153,16 +152,33 @@ class VllmPlan(SelfChecked, LayoutBase):
         """Bytes one block costs per rank: one page on every plane (the packed layout: the
         widest group, aligned)."""
         if self.packed:
-            return (
-                self.stage_block_bytes(0)
-                if len(self.stages) == 1
-                else max(self.stage_block_bytes(i) for i in range(len(self.stages)))
-            )
+            return max(self.packed_strides)
         return self.num_planes * self.page_bytes
+
+    @cached_property
+    def packed_strides(self) -> tuple[int, ...]:
+        """Each stage's block stride in the packed layout: its widest group, aligned
+        (derived once per plan; empty for shared planes)."""
+        if not self.packed:
+            return ()
+        return tuple(
+            block_stride_bytes(held.groups, self.runs, self.packed_alignment_bytes)
+            for held in self.stages
+        )
+
+    @cached_property
+    def packed_runs(self) -> dict[tuple[str, tuple[int, ...]], tuple[Run, ...]]:
+        """Memo of :meth:`runs`, by the group's name and layers (filled on first use)."""
+        return {}
 
     def runs(self, group: Group) -> tuple[Run, ...]:
         """The packed layout's cache tensors of ``group`` inside a block (:mod:`.packed`)."""
-        return group_runs(self.sizes, group, self.block_tokens, self.page_bytes)
+        key = (group.name, group.layers)
+        found = self.packed_runs.get(key)
+        if found is None:
+            found = group_runs(self.sizes, group, self.block_tokens, self.page_bytes)
+            self.packed_runs[key] = found
+        return found
 
     @property
     def kda_page_padding_bytes(self) -> int:
@@ -206,7 +222,7 @@ class VllmPlan(SelfChecked, LayoutBase):
         """Bytes one block costs on a rank of pipeline stage ``stage``."""
         held = self.stage(stage)
         if self.packed:
-            return block_stride_bytes(held.groups, self.runs, self.packed_alignment_bytes)
+            return self.packed_strides[held.index]
         return held.num_planes * self.page_bytes
 
     def num_blocks(self, budget_bytes: int, stage: int | None = None) -> int:
@@ -488,7 +504,7 @@ def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
     refuse_settings(deployment, SGLANG_SETTINGS, "SGLang")
     refuse_settings(deployment, TOKENSPEED_SETTINGS, "tokenspeed")
     model = speculative_model(model, deployment)
-    indexer = indexed_layers(model)
+    indexer = model.indexer
     if indexer is not None:
         check_indexed(model, deployment, indexer)
         return built_model(model, deployment)
@@ -560,7 +576,7 @@ def pack_vllm(
     """Raise the block, size the shared page and check DCP's interleave against it; regroup
     when a stage without attention keeps its KDA layers at another block (vLLM buckets them
     apart). An indexed hybrid is packed instead (:func:`pack_indexed`)."""
-    indexer = indexed_layers(model)
+    indexer = model.indexer
     if indexer is not None:
         return pack_indexed(model, deployment, sizes, indexer)
     page = unified_page_bytes(

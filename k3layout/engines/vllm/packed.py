@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
-from ...cache import RING_PARTS
+from ...cache import RING_PARTS, LayerCacheSpec
 from ...deployment import Deployment
 from ...errors import Refusal
 from ...gpus import GPUS
@@ -30,7 +30,6 @@ from ...model import HybridModel
 from ...sizes import RankSizes
 from .sparse import (
     SparseBackend,
-    indexed_layers,
     indexer_alignment_bytes,
     latent_alignment_bytes,
 )
@@ -141,7 +140,7 @@ def alignment_bytes(
 ) -> int:
     """The lcm of every cache's block stride alignment (the latent's and the key cache's;
     KDA states and rings need none)."""
-    indexer = indexed_layers(model)
+    indexer = model.indexer
     assert indexer is not None
     latent = sizes.attention.part("latent").local_bytes(sizes.attn_tp)
     device = GPUS[deployment.gpu]
@@ -189,6 +188,7 @@ class PackedPlan(Protocol):
     def stages(self) -> tuple[Stage, ...]: ...
 
     def stage(self, index: int) -> Stage: ...
+    def group_spec(self, group: Group) -> LayerCacheSpec: ...
     def stage_block_bytes(self, stage: int) -> int: ...
     def runs(self, group: Group) -> tuple[Run, ...]: ...
 
@@ -209,9 +209,8 @@ def packed_byte_range(
                 continue
             within, size = 0, run.page  # a run of one part: the page is the part
             if len(run.parts) > 1:  # a slot's parts back to back from its start
-                spec = plan.sizes.ring if group.kind == "ring" else plan.sizes.spec_of(layer)
-                assert spec is not None
-                inner = next(r for r in spec.ranges(plan.sizes.attn_tp) if r.part == part)
+                ranges = plan.group_spec(group).ranges(plan.sizes.attn_tp)
+                inner = next(r for r in ranges if r.part == part)
                 within, size = inner.offset_bytes, inner.size_bytes
             offset = (
                 block * plan.stage_block_bytes(stage)

@@ -46,11 +46,6 @@ INDEXER_KERNEL_ENTRIES: Final = (32, 64)
 """Pooled entries one paged-MQA kernel page holds (DeepGEMM's page sizes on SM 9x / 10x)."""
 
 
-def indexed_layers(model: HybridModel) -> DSAIndexer | None:
-    """The pooled indexer the model's MLA layers keep (the first; ``None`` without one)."""
-    return next((layer.indexer for layer in model.mla_layers if layer.indexer is not None), None)
-
-
 def sparse_backend_of(deployment: Deployment) -> SparseBackend:
     """The sparse MLA backend vLLM 0.33 selects for an indexed layer of head 512; refuses
     (``kernel_unsupported``) a deployment it finds none for, with vLLM's reasons, and
@@ -73,7 +68,7 @@ def sparse_backend_of(deployment: Deployment) -> SparseBackend:
             return "FLASHMLA_SPARSE"
         if dcp == 1:
             return "FLASHINFER_MLA_SPARSE_SM90"
-        _refuse(
+        raise _refused(
             deployment,
             "FLASHINFER_MLA_SPARSE_SM90: DCP not supported; FLASHMLA_SPARSE: head_size 512 "
             "only with a bf16 or fp8_ds_mla cache on SM90",
@@ -82,23 +77,22 @@ def sparse_backend_of(deployment: Deployment) -> SparseBackend:
     if major == 10:
         if dtype != "fp8_ds_mla":
             return "FLASHINFER_MLA_SPARSE"
-        _refuse(
+        raise _refused(
             deployment,
             "FLASHINFER_MLA_SPARSE: SM10 does not support the fp8_ds_mla cache; "
             "FLASHMLA_SPARSE: head_size 512 only on SM90",
             "use kv_dtype='fp8' or 'bf16' on SM 10x",
         )
-    _refuse(
+    raise _refused(
         deployment,
         "its sparse MLA backends for a NoPE head of 512 run on SM 9x and 10x (k3layout has "
         "not followed ROCm's)",
         "plan an H100/H200 (SM90) or B200/GB200 (SM100)",
     )
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _refuse(deployment: Deployment, why: str, hint: str) -> None:
-    raise Refusal(
+def _refused(deployment: Deployment, why: str, hint: str) -> Refusal:
+    return Refusal(
         "kernel_unsupported",
         f"no sparse MLA backend of vLLM {VLLM_VERSION} takes kv_dtype={deployment.kv_dtype!r} "
         f"with dcp={deployment.dcp} on {deployment.gpu} for an indexed MLA layer: {why}",
@@ -161,7 +155,7 @@ def resolved_kv_cache_layout(deployment: Deployment, model: HybridModel) -> KvCa
     ``BLHNC``) is planned, ``LBNHC`` otherwise."""
     if deployment.kv_cache_layout is not None:
         return deployment.kv_cache_layout
-    return "BLHNC" if indexed_layers(model) is not None else "LBNHC"
+    return "BLHNC" if model.indexer is not None else "LBNHC"
 
 
 def check_indexed(model: HybridModel, deployment: Deployment, indexer: DSAIndexer) -> None:

@@ -16,7 +16,6 @@ from .rules import (
     smallest_kernel_block,
     supports_block,
 )
-from .sparse import indexed_layers
 
 SPARSE_GPUS = tuple(
     g for g in GPU_NAMES if GPUS[g].vendor == "nvidia" and GPUS[g].capability[0] in (9, 10)
@@ -34,7 +33,7 @@ def settings(
     """A GPU, an attention backend that runs on it (or vLLM's own pick), a KV-cache layout it
     serves (``BLHNC`` only on the one backend whose kernel takes a whole block) and the drawn
     block raised onto its kernel blocks; FlashAttention MLA with a bf16 cache."""
-    if indexed_layers(model) is not None:
+    if model.indexer is not None:
         return _indexed_settings(draw, fields, layouts, plannable)
     gpu = draw(st.sampled_from(GPU_NAMES))
     kv_dtype = fields["kv_dtype"]
