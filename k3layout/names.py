@@ -17,7 +17,8 @@ engine really names the layers (:data:`NAMING_RULES`):
   ``language_model.`` for Kimi-K3 (a multimodal wrapper, ``KimiK3ForConditionalGeneration``)
   and empty for Kimi-Linear; a DSpark or MTP draft continues the target's numbering without
   the prefix (``model.layers.93.self_attn``).
-- The DSA index region of an attention layer: ``<attention name>.indexer.k_cache``.
+- The DSA index region of an attention layer: ``<attention name>.indexer.k_cache``; its
+  indexer's tail ring (GLM-5.3-Flash): ``<attention name>.indexer.tail_cache``.
 
 *Name order* is plain string order (``sorted``), as an engine gets when it publishes planes by
 name: ``model.layers.11...`` sorts before ``model.layers.3...``.
@@ -113,6 +114,10 @@ DRAFT_ATTENTION_NAME: Final = ATOM_NAMING.draft
 
 INDEX_REGION_SUFFIX: Final = ".indexer.k_cache"
 """Appended to an attention layer's name for its DSA ``index_cache`` region."""
+
+RING_REGION_SUFFIX: Final = ".indexer.tail_cache"
+"""Appended to an attention layer's name for its indexer's tail ring (vLLM's
+``Glm5NextTailCache``, registered beside the key cache)."""
 
 
 class LayerNames(Frozen):
@@ -239,6 +244,14 @@ def index_region_name(attention_name: str) -> str:
                 hint="pass the name the engine registered the attention layer under",
             )
     return attention_name + INDEX_REGION_SUFFIX
+
+
+def ring_region_name(attention_name: str) -> str:
+    """The name of an attention layer's tail ring region (:data:`RING_REGION_SUFFIX`);
+    refuses what :func:`index_region_name` refuses."""
+    return index_region_name(attention_name).removesuffix(INDEX_REGION_SUFFIX) + (
+        RING_REGION_SUFFIX
+    )
 
 
 def name_order(names: Sequence[str]) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from ._args import expect_args
+from .cache import DSAIndexer
 from .deployment import CONV_LAYOUTS, Deployment, EngineFlavour
 from .dtypes import KV_CACHE_DTYPES, KvCacheDtype
 from .errors import RefusalCode
@@ -37,7 +38,9 @@ from .settings import KvCacheLayout
 
 __all__ = [
     "deployments",
+    "dsa_indexers",
     "hybrid_models",
+    "indexed_mla_layers",
     "kda_layers",
     "mla_layers",
     "models",
@@ -74,15 +77,47 @@ def kda_layers(num_heads: int | None = None) -> st.SearchStrategy[KDALayer]:
     )
 
 
+def dsa_indexers() -> st.SearchStrategy[DSAIndexer]:
+    """Pooled DSA indexers (GLM-5.3-Flash's kind): keys pooled over 2 to 32 tokens, key
+    widths around GLM's 128, a top-k a whole number of pools."""
+    return st.builds(
+        DSAIndexer,
+        head_dim=st.sampled_from((64, 128, 256)),
+        num_heads=st.sampled_from((16, 32, 64)),
+        kpool=st.sampled_from((2, 4, 8, 16, 32)),
+        topk=st.just(2048),
+    )
+
+
+def indexed_mla_layers(num_heads: int | None = None) -> st.SearchStrategy[MLALayer]:
+    """NoPE MLA layers with a pooled DSA indexer (GLM-5.3-Flash's family: a 512 latent, the
+    one head the engines' sparse backends take)."""
+    return st.builds(
+        MLALayer,
+        num_heads=st.just(num_heads) if num_heads else st.sampled_from(HEAD_COUNTS),
+        kv_lora_rank=st.just(512),
+        qk_rope_head_dim=st.just(0),
+        q_lora_rank=st.sampled_from((768, 1536)),
+        indexer=dsa_indexers(),
+    )
+
+
 @st.composite
 def hybrid_models(
-    draw: st.DrawFn, max_layers: int = 48, draft: bool | None = None, kda: bool = True
+    draw: st.DrawFn,
+    max_layers: int = 48,
+    draft: bool | None = None,
+    kda: bool = True,
+    indexed: bool | None = False,
 ) -> HybridModel:
     """Hybrid models: one MLA and one KDA geometry, any layer pattern with at least one MLA
-    layer, optionally draft layers (``draft=None``: either; MLA or GQA) and DSA index rows."""
+    layer, optionally draft layers (``draft=None``: either; MLA or GQA) and DSA index rows.
+    ``indexed`` (``None``: either) gives the MLA layers a pooled indexer instead (the
+    GLM-5.3-Flash family, whose drafts are MTP layers of the same kind)."""
     num_layers = draw(st.integers(1, max_layers))
     heads = draw(st.sampled_from(HEAD_COUNTS))
-    mla = draw(mla_layers(heads))
+    pooled = draw(st.booleans()) if indexed is None else indexed
+    mla = draw(indexed_mla_layers(heads) if pooled else mla_layers(heads))
     kda_layer = draw(kda_layers(draw(st.sampled_from((heads, heads * 2, heads // 2 or 1)))))
     kinds = draw(st.lists(st.booleans(), min_size=num_layers, max_size=num_layers))
     if not kda:
@@ -95,6 +130,7 @@ def hybrid_models(
     drafted: Layer = mla
     if (
         num_draft
+        and not pooled
         and not mla.index_bytes_per_token
         and mla.latent_dim % 2 == 0
         and draw(st.booleans())
@@ -104,7 +140,7 @@ def hybrid_models(
         drafted = GQALayer(num_heads=heads, num_kv_heads=1, head_dim=mla.latent_dim // 2)
     return HybridModel(
         name=f"synthetic-{num_layers}",
-        model_type="kimi_k3",
+        model_type="glm5_next" if pooled else "kimi_k3",
         layers=layers,
         draft_layers=(drafted,) * num_draft,
     )
@@ -116,8 +152,8 @@ def preset_models() -> st.SearchStrategy[HybridModel]:
 
 
 def models() -> st.SearchStrategy[HybridModel]:
-    """Presets and synthetic hybrid models."""
-    return st.one_of(preset_models(), hybrid_models())
+    """Presets and synthetic hybrid models of both families (K3's, GLM-5.3-Flash's)."""
+    return st.one_of(preset_models(), hybrid_models(), hybrid_models(indexed=True))
 
 
 def _heads(model: HybridModel) -> int:

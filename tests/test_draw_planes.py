@@ -3,6 +3,8 @@ its position in its group, padding shaded to the byte."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 
@@ -16,6 +18,7 @@ from k3layout import (
     plan,
     plan_parent,
     plan_vllm,
+    preset,
 )
 from k3layout.testing import plannable_inputs
 
@@ -24,7 +27,7 @@ pytest.importorskip("matplotlib")
 from figures import by_gid, column, rectangles, texts
 from matplotlib.collections import LineCollection
 
-from k3layout.draw import draw_planes, plane_cells
+from k3layout.draw import block_cells, draw_planes, plane_cells
 from k3layout.draw.figure import CELL_SIZE
 
 K3_TP8_SPEC2 = Deployment(attn_tp=8, spec_tokens=2)
@@ -168,3 +171,36 @@ def test_something_other_than_a_plan_is_refused() -> None:
         draw_planes(Deployment())  # type: ignore[arg-type]
     assert caught.value.code == "invalid_argument"
     assert caught.value.facts == {"type": "Deployment"}
+
+
+def test_a_packed_plan_draws_its_block_with_every_cache_at_its_byte_range() -> None:
+    """GLM-5.3-Flash on vLLM has no planes: draw_planes draws its block, a row per group, each
+    cache a segment at its byte range (block 0), no two caches of a group overlapping."""
+    result = plan(preset("glm-5.3-flash"), Deployment(attn_tp=8))
+    figure = draw_planes(result)
+    assert not by_gid(figure, "plane")
+    cells = block_cells(result)
+    drawn = rectangles(figure, "cache")
+    assert set(drawn) == {f"{c.group}.{c.layer}.{c.part}" for c in cells}
+    block = result.block_bytes
+    for cell in cells:
+        rect = drawn[f"{cell.group}.{cell.layer}.{cell.part}"]
+        assert rect.get_x() * block == pytest.approx(cell.offset_bytes)
+        assert rect.get_width() * block == pytest.approx(cell.size_bytes)
+    for group in result.groups:
+        spans = sorted((c.offset_bytes, c.end_bytes) for c in cells if c.group == group.name)
+        assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+        assert spans[-1][1] <= block
+    latents = [c for c in cells if c.part == "latent"]
+    assert [(c.layer, c.size_bytes) for c in latents[:2]] == [(3, 1536 * 512), (7, 1536 * 512)]
+    labels = texts(figure, "label")
+    assert (labels["full_attention.3"], labels["linear_attention_0.0"]) == ("3", "0")
+
+
+def test_a_block_of_a_layer_outermost_plan_is_refused() -> None:
+    with pytest.raises(Refusal) as caught:
+        block_cells(plan(preset("kimi-k3"), Deployment(attn_tp=8)))
+    assert caught.value.code == "layout_unsupported"
+    with pytest.raises(Refusal) as caught:
+        block_cells("a plan")  # type: ignore[arg-type]
+    assert caught.value.code == "invalid_argument"

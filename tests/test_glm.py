@@ -230,10 +230,20 @@ def test_vllm_refuses_a_one_token_pool() -> None:
     assert caught.value.facts["field"] == "index_kpool"
 
 
-def test_the_ride_refuses_the_packed_layout() -> None:
+def test_vllm_refuses_a_head_its_sparse_backends_do_not_take() -> None:
+    with pytest.raises(Refusal) as caught:
+        plan(model_from_config(config(kv_lora_rank=256)), Deployment(attn_tp=8))
+    assert caught.value.code == "kernel_unsupported"
+    assert caught.value.facts["field"] == "kv_lora_rank"
+    assert caught.value.facts["head_size"] == 256
+
+
+def test_the_ride_refuses_the_model_as_atoms_gate_does() -> None:
+    # ATOM's plugin rides Kimi-K3's state only (it gates on the model type), whatever the layout
     with pytest.raises(Refusal) as caught:
         plan_ride(plan(preset("glm-5.3-flash"), Deployment(attn_tp=8)))
-    assert caught.value.code == "layout_unsupported"
+    assert caught.value.code == "model_not_ridable"
+    assert caught.value.facts["model_type"] == "glm5_next"
 
 
 @pytest.mark.parametrize(

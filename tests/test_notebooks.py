@@ -22,7 +22,7 @@ ROOT = Path(__file__).parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 
 # The pictures each notebook shows: a planes / image / order / map picture or a plot per cell.
-PICTURES = {"layouts.ipynb": 10, "offload.ipynb": 5, "transfer.ipynb": 3}
+PICTURES = {"layouts.ipynb": 11, "offload.ipynb": 5, "transfer.ipynb": 4}
 
 
 def execute(path: Path) -> Any:

@@ -178,6 +178,16 @@ def test_every_part_sits_at_its_offset_on_its_plane_back_to_back_inside_one_page
     p, stage = case
     cache = allocate(p, num_blocks=2, stage=stage)
     validate(p, cache.registered, stage=stage)  # what allocation builds, validation accepts
+    if p.block_outermost:  # one backing of whole blocks: every part at its byte range
+        validate(p, cache.bound, stage=stage)  # and vLLM's own binding of it
+        backing = cache.planes[0].data_ptr()
+        for layer in cache.spec.layers:
+            for part, tensor in zip(layer.parts, cache.layers[layer.name], strict=True):
+                for block in (0, 1):
+                    at = p.byte_range(layer.module_layer, part.part, block, 2, stage)
+                    assert tensor[block].data_ptr() - backing == at.offset_bytes
+                    assert tensor[block].numel() * tensor.element_size() == at.size_bytes
+        return
     for layer in cache.spec.layers:
         plane = cache.planes[layer.plane]
         # page 0 starts at the plane (vllm) or the null parent's last slot (tokenspeed)

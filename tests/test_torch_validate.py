@@ -18,7 +18,9 @@ from k3layout.torch import (
     Allocation,
     LiveLayout,
     allocate,
+    cache_spec,
     cut,
+    layer_parts,
     validate,
 )
 
@@ -383,3 +385,53 @@ def test_a_first_layer_of_another_block_count_is_the_one_named(k3_plan: VllmPlan
     shape, expected = refused.facts["shape"], refused.facts["expected_shape"]
     assert isinstance(shape, tuple) and isinstance(expected, tuple)
     assert (shape[0], expected[0]) == (2, 1)
+
+
+BLOCK_OUTERMOST = {
+    "glm-5.3-flash TP8 packed": ("glm-5.3-flash", Deployment(attn_tp=8)),
+    "glm-5.3-flash TP2 B200 bf16 packed": (
+        "glm-5.3-flash",
+        Deployment(attn_tp=2, gpu="b200", kv_dtype="bf16"),
+    ),
+    "kimi-linear-48b TP4 BLHNC": (
+        "kimi-linear-48b",
+        Deployment(attn_tp=4, attention_backend="TRITON_MLA", kv_cache_layout="BLHNC"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BLOCK_OUTERMOST))
+def test_a_moved_part_of_a_block_outermost_backing_is_the_one_named(case: str) -> None:
+    """A block-outermost backing (vLLM's packed layout of GLM-5.3-Flash, or BLHNC): what
+    allocation builds validates, from the adapter's parts and from vLLM's own binding; each
+    layer in turn moved 64 bytes inside the backing is refused by its name."""
+    model, deployment = BLOCK_OUTERMOST[case]
+    p = plan_vllm(preset(model), deployment)
+    cache = allocate(p, num_blocks=2)
+    assert validate(p, cache.registered).published == ()  # nothing rides a packed block
+    bound = validate(p, cache.bound)
+    backing = cache.planes[0].data_ptr()
+    for layer in bound.spec.layers:  # vLLM's caches cut into the adapter's parts
+        cut_parts = layer_parts(bound, cache.bound, layer.name)
+        assert [t.data_ptr() - backing for t in cut_parts] == [
+            part.offset_bytes for part in layer.parts
+        ]
+        assert [tuple(t.shape) for t in cut_parts] == [part.shape for part in layer.parts]
+    # two blocks' views over a backing of three: room to move any of them 64 bytes on
+    spare = allocate(p, num_blocks=3).planes[0]
+    spec = cache_spec(p, 2)
+
+    def cut_at(name: str, shift: int) -> tuple[torch.Tensor, ...]:
+        moved = spare.as_strided((2, spec.page_bytes), spare.stride(), shift)
+        return tuple(cut(moved, part) for part in spec.layer(name).parts)
+
+    def registration(parts: tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        return parts if len(parts) > 1 else parts[0]
+
+    registered = {name: registration(cut_at(name, 0)) for name in spec.names}
+    validate(p, registered)
+    for layer in spec.layers:
+        corrupted = {**registered, layer.name: registration(cut_at(layer.name, 64))}
+        refused = refusal(partial(validate, p, corrupted))
+        assert refused.code == "aliasing", layer.name
+        assert refused.facts["layer_name"] == layer.name, refused.facts

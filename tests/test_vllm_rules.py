@@ -158,18 +158,22 @@ def test_the_parent_engine_refuses_vllms_settings(k3: HybridModel, field: str, v
     assert refused.value.facts["field"] == field
 
 
-def test_the_adapter_and_the_ride_refuse_a_block_outermost_plan(k3: HybridModel) -> None:
+def test_the_ride_refuses_a_block_outermost_plan_the_adapter_lays_it_out(k3: HybridModel) -> None:
     from k3layout import plan_ride  # noqa: PLC0415
     from k3layout.offload.tensors import cache_spec  # noqa: PLC0415
 
     p = plan_vllm(
         k3, Deployment(attn_tp=8, attention_backend="TRITON_MLA", kv_cache_layout="BLHNC")
     )
-    for call in (lambda: cache_spec(p, 4), lambda: plan_ride(p)):
-        with pytest.raises(Refusal) as refused:
-            call()
-        assert refused.value.code == "layout_unsupported"
-        assert refused.value.facts["kv_cache_layout"] == "BLHNC"
+    with pytest.raises(Refusal) as refused:
+        plan_ride(p)
+    assert refused.value.code == "layout_unsupported"
+    assert refused.value.facts["kv_cache_layout"] == "BLHNC"
+    # the adapter: one plane of whole blocks, KDA layer j of a group at page j of the block
+    spec = cache_spec(p, 4)
+    assert (spec.num_planes, spec.page_bytes) == (1, p.stage_block_bytes(0))
+    conv = spec.layer("model.layers.4.self_attn").parts[0]
+    assert (conv.offset_bytes, conv.strides[0] * 2) == (p.page_bytes, p.stage_block_bytes(0))
 
 
 def test_without_speculative_tokens_vllm_builds_no_drafter(k3_dspark: HybridModel) -> None:

@@ -19,7 +19,11 @@ from k3layout import (
     VllmPlan,
     plan,
 )
+from k3layout.cache import DSAIndexer
 from k3layout.model import kimi_layer_pattern
+
+GPUS = ("h200", "b200")
+"""The GPUs of the indexed family's sparse backends (SM90, SM100)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -51,22 +55,56 @@ def small_models(draw: st.DrawFn, max_drafts: int = 3) -> HybridModel:
 
 
 @st.composite
+def small_indexed_models(draw: st.DrawFn) -> HybridModel:
+    """GLM-5.3-Flash's family, small: 4..10 layers of Kimi's pattern, small KDA heads, NoPE
+    MLA of the 512 latent the sparse backends take with a pooled indexer, MTP layers."""
+    heads = draw(st.sampled_from((1, 2, 4)))
+    mla = MLALayer(
+        num_heads=heads,
+        kv_lora_rank=512,
+        qk_rope_head_dim=0,
+        indexer=DSAIndexer(
+            head_dim=draw(st.sampled_from((64, 128))),
+            num_heads=4,
+            topk=64,
+            kpool=draw(st.sampled_from((2, 4, 8))),
+        ),
+    )
+    kda = KDALayer(num_heads=heads, head_dim=draw(st.sampled_from((2, 4))), conv_kernel=4)
+    return HybridModel(
+        name="small-indexed",
+        model_type="glm5_next",
+        layers=kimi_layer_pattern(draw(st.integers(4, 10)), mla, kda),
+        draft_layers=(mla,) * draw(st.integers(0, 1)),
+    )
+
+
+@st.composite
 def small_plans(
     draw: st.DrawFn, engine: EngineFlavour | None = None
 ) -> tuple[VllmPlan | ParentPlan, int]:
-    """A plannable small model and deployment, and one of its pipeline stages."""
-    model = draw(small_models())
+    """A plannable small model and deployment, and one of its pipeline stages: either family
+    on vLLM (the indexed one packed block-outermost, on the GPUs its sparse backends run on),
+    K3's on tokenspeed."""
+    flavour = engine or draw(st.sampled_from(("vllm", "tokenspeed")))
+    indexed = flavour == "vllm" and draw(st.booleans())
+    model = draw(small_indexed_models() if indexed else small_models())
     heads = math.gcd(*(layer.num_heads for layer in model.module_layers))
     tp = draw(st.sampled_from(divisors(heads)))
-    flavour = engine or draw(st.sampled_from(("vllm", "tokenspeed")))
     pp = draw(st.integers(1, 2))
+    spec = draw(st.integers(0, 2))
     deployment = Deployment(
         engine=flavour,
         attn_tp=tp,
         pp=pp,
-        dcp=draw(st.sampled_from(divisors(tp))) if flavour == "vllm" else 1,
+        dcp=draw(st.sampled_from(divisors(tp))) if flavour == "vllm" and not indexed else 1,
         kv_dtype=draw(st.sampled_from(("fp8", "bf16"))),
-        spec_tokens=draw(st.integers(0, 2)),
+        spec_tokens=spec,
+        **(
+            {"speculative_method": "mtp" if spec else None, "gpu": draw(st.sampled_from(GPUS))}
+            if indexed
+            else {}
+        ),
     )
     try:
         result = plan(model, deployment)

@@ -131,10 +131,14 @@ class LayerCacheSpec(Frozen):
         return _ranges(self, tp, tokens if self.paging == "token" else 1)
 
     def page_shape(self, name: str, tp: int, tokens: int) -> tuple[int, ...]:
-        """The engine's shape of part ``name`` in one page: ``(tokens, *engine_shape)`` for
-        token paging, the engine shape for a slot."""
-        shape = self.part(name).engine_shape(tp)
-        return (tokens, *shape) if self.paging == "token" else shape
+        """The engine's shape of part ``name`` in one page: ``(rows, *engine_shape)`` for
+        token paging (``tokens`` rows, a pooled part's ``tokens / tokens_per_row``), the
+        engine shape for a slot."""
+        part = self.part(name)
+        shape = part.engine_shape(tp)
+        if self.paging == "slot":
+            return shape
+        return (expect_int("tokens", tokens) // part.tokens_per_row, *shape)
 
     def _need(self, paging: Paging, what: str) -> None:
         if self.paging != paging:

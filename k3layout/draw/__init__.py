@@ -6,6 +6,8 @@ shown and no window opens. :func:`save` writes it as PNG or SVG by the path's su
 
 - :func:`draw_planes`: the planes of one block (``vllm``) or parent (``tokenspeed``), each layer's
   page, which KDA group and layer rides on which plane, padding shaded.
+- :func:`draw_block`: one block of a packed layout (an indexed hybrid's, GLM-5.3-Flash), each
+  group's caches at their byte ranges (``draw_planes`` draws it for such a plan).
 - :func:`draw_image`: the checkpoint image of one boundary, units over planes.
 - :func:`draw_plane_order`: the PAGE publish order, aliased attention layers first.
 - :func:`draw_transfer`: a transfer as a producer x consumer matrix of bytes.
@@ -26,6 +28,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
         "k3layout.draw needs matplotlib, which is not installed: pip install 'k3layout[draw]'"
     ) from error
 
+from .blocks import BlockCell, block_cells, draw_block
 from .figure import human_bytes, picture_path, save, topology
 from .image import draw_image
 from .order import draw_plane_order
@@ -40,9 +43,12 @@ del _matplotlib
 __all__ = [
     "NO_PRODUCER",
     "SEVERAL_PRODUCERS",
+    "BlockCell",
     "BytesKind",
     "PlaneCell",
     "SweepQuantity",
+    "block_cells",
+    "draw_block",
     "draw_image",
     "draw_plane_order",
     "draw_planes",

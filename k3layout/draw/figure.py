@@ -25,7 +25,8 @@ from .._validation import describe
 from ..constants import INT64_MAX
 from ..deployment import Deployment
 from ..errors import Fact, Refusal
-from ..layouts import Group
+from ..layouts import EngineLayout, Group
+from ..layouts.groups import stage_at
 
 PNG_DPI: Final = 150
 """Resolution of a saved PNG."""
@@ -70,6 +71,14 @@ def group_colours(groups: Sequence[Group]) -> dict[str, str]:
             colours[group.name] = KDA_COLOURS[kda % len(KDA_COLOURS)]
             kda += 1
     return colours
+
+
+def drawn_groups(plan: EngineLayout, stage: int | None = None) -> tuple[Group, ...]:
+    """The groups a picture of ``plan`` shows: the whole model's, or one stage's that hold
+    layers (refuses a ``stage`` that is not a pipeline stage)."""
+    if stage is None:
+        return tuple(group for group in plan.groups if group.layers)
+    return tuple(group for group in stage_at(plan.stages, stage).groups if group.layers)
 
 
 def human_bytes(num_bytes: float) -> str:

@@ -25,15 +25,16 @@ from pydantic import NonNegativeInt, PositiveInt
 
 from .._frozen import Frozen
 from ..errors import Refusal
-from ..layouts import EngineLayout, Group, GroupKind, LayoutBase
+from ..layouts import EngineLayout, GroupKind, LayoutBase
 from ..layouts.groups import num_planes as num_planes_of
-from ..layouts.groups import stage_at
-from ..layouts.protocol import check_planes
+from ..layouts.protocol import check_planes, on_planes
+from .blocks import draw_block
 from .figure import (
     CELL_SIZE,
     FRAME_EDGE,
     LABEL_COLOUR,
     deployment_title,
+    drawn_groups,
     group_colours,
     new_figure,
     padding_legend_patch,
@@ -65,14 +66,6 @@ class PlaneCell(Frozen):
     def padding_bytes(self) -> int:
         """Bytes of the plane the layer leaves unused."""
         return self.plane_bytes - self.used_bytes
-
-
-def drawn_groups(plan: EngineLayout, stage: int | None = None) -> tuple[Group, ...]:
-    """The groups a picture of ``plan`` shows: the whole model's, or one stage's that hold
-    layers (refuses a ``stage`` that is not a pipeline stage)."""
-    if stage is None:
-        return tuple(group for group in plan.groups if group.layers)
-    return tuple(group for group in stage_at(plan.stages, stage).groups if group.layers)
 
 
 def plane_cells(plan: EngineLayout, stage: int | None = None) -> tuple[PlaneCell, ...]:
@@ -120,8 +113,12 @@ def draw_planes(plan: EngineLayout, *, stage: int | None = None) -> Figure:
     """The planes of one block (``vllm``) or one parent (``tokenspeed``) of ``plan``: a column per
     plane, a row per group, each layer's page labelled with its module layer, padding shaded.
 
-    ``stage=None`` draws the whole model's groups; an index draws that pipeline stage's.
+    ``stage=None`` draws the whole model's groups; an index draws that pipeline stage's. A
+    plan packed in blocks of several page sizes (an indexed hybrid) has no planes: its block
+    is drawn instead (:func:`~k3layout.draw.blocks.draw_block`, stage 0 unless ``stage``).
     """
+    if isinstance(plan, LayoutBase) and not on_planes(plan):
+        return draw_block(plan, stage=stage or 0)
     cells = plane_cells(plan, stage)
     groups = drawn_groups(plan, stage)
     num_planes = num_planes_of(groups)

@@ -249,12 +249,18 @@ class LayoutBase(GroupedLayout):
         return span
 
 
+def on_planes(plan: EngineLayout) -> bool:
+    """Whether ``plan``'s layers share planes of one page size: not when they keep pooled
+    caches and tail rings (an indexed hybrid), packed in blocks of several page sizes."""
+    sizes = plan.sizes
+    return sizes.ring is None and not any(spec.pooled for spec in sizes.specs)
+
+
 def check_planes(plan: EngineLayout, what: str) -> None:
     """Refuse (``layout_unsupported``) ``what`` of a plan whose layers keep pooled caches and
     tail rings (an indexed hybrid): they are packed in blocks of several page sizes, not on
-    planes, and ``what`` is not planned for them yet."""
-    sizes = plan.sizes
-    if sizes.ring is None and not any(spec.pooled for spec in sizes.specs):
+    planes (:func:`on_planes`), and ``what`` is not planned for them yet."""
+    if on_planes(plan):
         return
     raise Refusal(
         "layout_unsupported",

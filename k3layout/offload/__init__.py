@@ -16,6 +16,7 @@ from ..names import (
     index_region_name,
     name_order,
     naming_rule,
+    ring_region_name,
 )
 from ..settings import MambaCacheMode
 from .aliasing import Misplaced, MisplacedBy, aliasing_problems, check_aliasing
@@ -78,5 +79,6 @@ __all__ = [
     "plan_ride",
     "plane_order",
     "ride_report",
+    "ring_region_name",
     "vllm_views",
 ]

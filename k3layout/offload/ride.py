@@ -294,9 +294,10 @@ def plan_ride(
     """Plan the ride for a rank of pipeline stage ``stage``, or refuse at startup.
 
     ``published`` is the engine's publish order of attention layer names (name order when
-    ``None``). Refuses, in order: ``engine_mismatch``, ``model_not_ridable``,
-    ``mamba_cache_mode``, ``prefix_caching_off``, ``load_failure_policy``, the plane-order
-    refusals (``layer_names``, ``aliasing``) and ``chunk_off_grid``.
+    ``None``). Refuses, in order: ``engine_mismatch``, ``model_not_ridable`` (before a
+    vLLM layout the ride does not take, ``layout_unsupported``), ``mamba_cache_mode``,
+    ``prefix_caching_off``, ``load_failure_policy``, the plane-order refusals
+    (``layer_names``, ``aliasing``) and ``chunk_off_grid``.
 
     >>> from k3layout import Deployment, plan, preset
     >>> ride = plan_ride(plan(preset("kimi-k3-dspark"), Deployment(attn_tp=8, spec_tokens=2)))
@@ -310,7 +311,12 @@ def plan_ride(
     )
     expect_bounded_int("stage", stage, MAX_RANKS)
     expect_items("published", published, str, optional=True)
-    plan = ridable(plan)
+    try:
+        plan = ridable(plan)
+    except Refusal as refusal:
+        if refusal.code == "layout_unsupported":  # a vLLM layout off planes: ATOM's gate on
+            check_ridable(plan.model)  # the model (Kimi-K3 only) refuses such models first
+        raise
     check_ridable(plan.model)
     options = options or RideOptions()
     check_options(options)

@@ -31,7 +31,7 @@ slot): ``latent [1 + n*p_m, 128, 576]`` at the exact page stride, a state's part
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from pydantic import NonNegativeInt, PositiveInt
 
@@ -42,15 +42,15 @@ from ..cache import ElementDtype, element_bytes
 from ..constants import INT64_MAX
 from ..deployment import ConvLayout, EngineFlavour
 from ..errors import Refusal
-from ..layouts.protocol import EngineLayout, LayoutBase, check_planes
-from ..names import LayerNames, engine_layer_names
+from ..layouts.protocol import EngineLayout, LayoutBase
+from ..names import LayerNames, engine_layer_names, ring_region_name
 from .image import part_region_name
 
 PartName: TypeAlias = str
 """One tensor a layer registers: a part of its cache spec (``latent``, ``index``, ``conv``,
 ``recurrent``, ``k``, ``v``)."""
 
-LayerKind: TypeAlias = Literal["attention", "index", "kda"]
+LayerKind: TypeAlias = Literal["attention", "index", "kda", "ring"]
 """What a registered name holds: an attention layer's first part, another part of an
 attention layer registered under its own name (a DSA index region), or a state layer's
 parts."""
@@ -86,7 +86,12 @@ class LayerSpec(Frozen):
     @property
     def where(self) -> str:
         """``KDA layer model.layers.4.self_attn (group linear_attention_0, layer 1, plane 1)``."""
-        kind = {"attention": "attention layer", "index": "index region", "kda": "KDA layer"}
+        kind = {
+            "attention": "attention layer",
+            "index": "index region",
+            "kda": "KDA layer",
+            "ring": "tail ring",
+        }
         return (
             f"{kind[self.kind]} {self.name} (group {self.group}, layer {self.position}, "
             f"plane {self.plane})"
@@ -208,6 +213,31 @@ def _spec_parts(
     )
 
 
+def _registered(
+    name: str,
+    group_kind: str,
+    paging: str,
+    parts: tuple[PartSpec, ...],
+    where: dict[str, Any],
+) -> list[LayerSpec]:
+    """What a layer registers under its engine ``name``: a tail ring's ``(k, score)`` under
+    its ring region's name, a state's parts under its own, an attention layer's first part
+    under its own and each other part as a region of its own (a DSA index)."""
+    if group_kind == "ring":
+        return [LayerSpec(name=ring_region_name(name), kind="ring", parts=parts, **where)]
+    if paging == "slot":
+        return [LayerSpec(name=name, kind="kda", parts=parts, **where)]
+    return [
+        LayerSpec(
+            name=part_region_name(name, part.part, i == 0),
+            kind="attention" if i == 0 else "index",
+            parts=(part,),
+            **where,
+        )
+        for i, part in enumerate(parts)
+    ]
+
+
 def _check_count(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise Refusal(
@@ -266,18 +296,10 @@ def cache_spec(
             facts={"engine": plan.engine},
             hint="describe SGLang's pools with k3layout.engines.sglang.pools.pool_tensors",
         )
-    check_planes(plan, "the adapter's tensors")
-    if plan.block_outermost:
-        # One tensor per plane is layer-outermost by construction.
-        raise Refusal(
-            "layout_unsupported",
-            "the adapter lays out planes layer-outermost (LBNHC); this plan is "
-            "block-outermost (BLHNC)",
-            facts={"kv_cache_layout": "BLHNC"},
-            hint="plan with kv_cache_layout='LBNHC' to allocate or validate with the adapter",
-        )
     names = names or engine_layer_names(plan.model)
     names.check_covers(plan.model)
+    if plan.block_outermost:
+        return _blocks_spec(plan, num_blocks, stage, names)
     held = plan.stage(stage)
     _check_allocation_bytes(plan, num_blocks, held.num_planes)
     layers: list[LayerSpec] = []
@@ -294,18 +316,7 @@ def cache_spec(
                 "position": position,
                 "plane": group.plane_of(position),
             }
-            if spec.paging == "slot":
-                layers.append(LayerSpec(name=name, kind="kda", parts=parts, **where))
-                continue
-            layers.extend(
-                LayerSpec(
-                    name=part_region_name(name, part.part, i == 0),
-                    kind="attention" if i == 0 else "index",
-                    parts=(part,),
-                    **where,
-                )
-                for i, part in enumerate(parts)
-            )
+            layers.extend(_registered(name, group.kind, spec.paging, parts, where))
     planes = range(held.num_planes)
     return CacheSpec(
         plane_starts=tuple(plan.plane_start(j, num_blocks) for j in planes),
@@ -317,5 +328,64 @@ def cache_spec(
         page_bytes=plan.page_stride_bytes(plan.groups_of("attention")[0]),
         num_planes=held.num_planes,
         plane_span_bytes=plan.plane_span_bytes(num_blocks),
+        layers=tuple(sorted(layers, key=lambda s: (s.module_layer, s.kind))),
+    )
+
+
+def _blocks_spec(plan: EngineLayout, num_blocks: int, stage: int, names: LayerNames) -> CacheSpec:
+    """The spec of a block-outermost backing (``BLHNC``; vLLM's packed layout of an indexed
+    hybrid): ``num_blocks`` blocks of the stage's block stride, every cache of a block at its
+    byte range inside it. The backing is one plane whose page is the whole block, so every
+    part is cut at its byte range of block 0 with the block stride as page stride; layers of
+    different groups overlap where the engine gives a block to one group at a time."""
+    stride = plan.stage_block_bytes(stage)
+    if num_blocks > INT64_MAX // stride:
+        bound = INT64_MAX // stride
+        raise Refusal(
+            "size_limit",
+            f"num_blocks={describe(num_blocks)}: that many blocks of {stride:,} B are more "
+            f"bytes than an int64 counts (at most {bound:,} blocks)",
+            facts={"field": "num_blocks", "bound": bound, "block_bytes": stride},
+            hint=f"use num_blocks <= {bound:,}",
+        )
+    tp = plan.deployment.attn_tp
+    axes = ((num_blocks, stride),)
+    layers: list[LayerSpec] = []
+    for group in plan.stage(stage).groups:
+        spec = plan.group_spec(group)
+        tokens = plan.tokens_per_page(group)
+        for position, module_layer in enumerate(group.layers):
+            name = names.name(module_layer)
+            parts = tuple(
+                _part(
+                    part.name,
+                    part.dtype,
+                    axes,
+                    spec.page_shape(part.name, tp, tokens),
+                    offset_bytes=plan.byte_range(
+                        module_layer, part.name, 0, num_blocks, stage
+                    ).offset_bytes,
+                    where=f"layer {name}",
+                )
+                for part in spec.parts
+            )
+            where = {
+                "module_layer": module_layer,
+                "group": group.name,
+                "position": position,
+                "plane": 0,
+            }
+            layers.extend(_registered(name, group.kind, spec.paging, parts, where))
+    span = num_blocks * stride
+    return CacheSpec(
+        plane_starts=(0,),
+        plane_spans=(span,),
+        engine=plan.engine,
+        stage=stage,
+        conv_layout=plan.deployment.conv_layout_run,
+        num_blocks=num_blocks,
+        page_bytes=stride,
+        num_planes=1,
+        plane_span_bytes=span,
         layers=tuple(sorted(layers, key=lambda s: (s.module_layer, s.kind))),
     )

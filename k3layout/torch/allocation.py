@@ -159,11 +159,14 @@ def plane_view(tensor: torch.Tensor, num_blocks: int, page_bytes: int) -> torch.
     return _plane_view(tensor, num_blocks, page_bytes)
 
 
-def _plane_view(tensor: torch.Tensor, num_blocks: int, page_bytes: int) -> torch.Tensor:
-    """:func:`plane_view` with counts of at least 1 (a spec's)."""
+def _plane_view(
+    tensor: torch.Tensor, num_blocks: int, page_bytes: int, back: int = 0
+) -> torch.Tensor:
+    """:func:`plane_view` with counts of at least 1 (a spec's), of the plane starting
+    ``back`` bytes before ``tensor`` (a view of a part ``back`` bytes into the plane)."""
     _strided("tensor", tensor)
     storage = tensor.untyped_storage()
-    offset = tensor.data_ptr() - storage.data_ptr()
+    offset = tensor.data_ptr() - back - storage.data_ptr()
     if offset < 0 or offset + num_blocks * page_bytes > storage.nbytes():
         raise Refusal(
             "tensor_mismatch",
@@ -198,10 +201,11 @@ class Allocation:
     @property
     def registered(self) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
         """The layers as an engine registers them: a tensor per attention layer and index
-        region, the tuple ``(conv, recurrent)`` per KDA layer."""
+        region, the tuple ``(conv, recurrent)`` per KDA layer (``(k, score)`` per tail
+        ring)."""
         return {
             layer.name: self.layers[layer.name]
-            if layer.kind == "kda"
+            if layer.kind in ("kda", "ring")
             else self.layers[layer.name][0]
             for layer in self.spec.layers
         }

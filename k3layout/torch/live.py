@@ -31,8 +31,9 @@ from pydantic import NonNegativeInt
 
 from .._args import expect_args, expect_sequence
 from .._frozen import Frozen
-from ..engines.vllm import VllmPlan, vllm_bound_views
+from ..engines.vllm import BoundView, VllmPlan, vllm_bound_views
 from ..engines.vllm.caches import check_bound_views
+from ..engines.vllm.packed import packed_cache_part
 from ..errors import Fact, Refusal
 from ..layouts import EngineLayout, LayoutBase, Plan
 from ..offload import LayerNames, TensorView, check_aliasing, engine_layer_names, plane_order
@@ -121,9 +122,8 @@ def _binds_as_vllm(plan: VllmPlan, registered: Registered, stage: int) -> bool:
     """Whether ``registered`` is vLLM's own binding (its names, one view per layer) rather
     than the adapter's parts under the default names: whichever names it shares more of."""
     held = plan.stage(stage).layers
-    vllm = engine_layer_names(plan.model, "vllm")
     default = engine_layer_names(plan.model)
-    shared_vllm = sum(vllm.name(layer) in registered for layer in held)
+    shared_vllm = sum(view.name in registered for view in vllm_bound_views(plan, 1, stage))
     shared_default = sum(default.name(layer) in registered for layer in held)
     return shared_vllm > shared_default
 
@@ -143,11 +143,12 @@ def _from_vllm_binding(
         if name in probe and isinstance(value, torch.Tensor) and value.dim() > 0
     )
     num_blocks = max(counts.most_common(1)[0][0], 1) if counts else 1
-    check_bound_views(plan, registered, num_blocks, stage)
+    bound = check_bound_views(plan, registered, num_blocks, stage)
     spec = cache_spec(plan, num_blocks, stage=stage, names=names)
+    bound_names = _bound_names(plan, spec, bound)
     parts: dict[str, tuple[torch.Tensor, ...]] = {}
     for layer in spec.layers:
-        view = registered[layer.name]
+        view = registered[bound_names[layer.name]]
         if not isinstance(view, torch.Tensor):  # a stand-in that passed for a tensor
             raise Refusal(
                 "tensor_mismatch",
@@ -159,10 +160,24 @@ def _from_vllm_binding(
     return names, parts
 
 
+def _bound_names(plan: VllmPlan, spec: CacheSpec, bound: Sequence[BoundView]) -> dict[str, str]:
+    """The name vLLM binds each of ``spec``'s registered names under: the same, except in
+    the packed layout, where an indexed layer's latent, pooled keys and tail ring are caches
+    of their own (``.attn``, ``.indexer.k_cache``, ``.indexer.tail_cache``), matched by the
+    layer and the part each view starts with."""
+    if not plan.packed:
+        return {name: name for name in spec.names}
+    starts = {
+        (view.module_layer, packed_cache_part(plan.sizes, view.name, view.module_layer)): view.name
+        for view in bound
+    }
+    return {layer.name: starts[layer.module_layer, layer.parts[0].part] for layer in spec.layers}
+
+
 def _cut_parts(spec: CacheSpec, layer: LayerSpec, view: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The plan's parts of ``layer`` cut from the one view an engine bound (starting at the
-    layer's page of block 0), as the layer itself slices it."""
-    plane = _plane_view(view, spec.num_blocks, spec.page_bytes)
+    layer's first part in block 0), as the layer itself slices it."""
+    plane = _plane_view(view, spec.num_blocks, spec.page_bytes, layer.parts[0].offset_bytes)
     return tuple(_cut(plane, part) for part in layer.parts)
 
 
@@ -173,6 +188,10 @@ def layer_parts(layout: LiveLayout, registered: Registered, name: str) -> tuple[
     expect_args(("layout", layout, LiveLayout), ("name", name, str))
     held = expect_registered("registered", registered)
     layer = layout.spec.layer(name)
+    if isinstance(layout.plan, VllmPlan) and layout.plan.packed:
+        views = vllm_bound_views(layout.plan, 1, layout.spec.stage, layout.names)
+        bound = _bound_names(layout.plan, layout.spec, views)[name]
+        name = bound if bound in held and name not in held else name
     if name not in held:
         raise Refusal(
             "layer_names",
@@ -490,7 +509,8 @@ def validate(
         if layer.kind != "index"
     }
     order: tuple[str, ...] = ()
-    if published is not None or (plan.state_rides_pages and _publishes(plan, stage)):
+    rides = plan.state_rides_pages and not plan.block_outermost and _publishes(plan, stage)
+    if published is not None or rides:
         vllm = ridable(plan)
         order = (
             plane_order(vllm, stage=stage, names=names, views=views).order

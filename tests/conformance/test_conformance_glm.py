@@ -23,6 +23,8 @@ from vllm_required import require_vllm
 require_vllm()
 
 import torch  # noqa: E402
+from glm_variants import VARIANTS, variant_id  # noqa: E402
+from huggingface_hub.errors import StrictDataclassClassValidationError  # noqa: E402
 from vllm_glm import FIXTURE, bound_views, plan_glm  # noqa: E402
 
 from k3layout import Deployment, HybridModel, Refusal, model_from_config, plan  # noqa: E402
@@ -34,6 +36,7 @@ from k3layout.engines.vllm import (  # noqa: E402
 from k3layout.engines.vllm.bound import vllm_bound_views  # noqa: E402
 from k3layout.engines.vllm.plugin import check_after_kv_cache_init  # noqa: E402
 from k3layout.gpus import GpuName  # noqa: E402
+from k3layout.torch import allocate, layer_parts, validate  # noqa: E402
 
 BUDGET = 40 << 30
 LENGTH = 8192
@@ -103,7 +106,6 @@ def test_glm_plan_matches_vllm(case: Case) -> None:
         max_model_len=LENGTH,
         budget_bytes=BUDGET,
     )
-    assert "unsupported" not in theirs, theirs
     deployment = Deployment(
         attn_tp=tp,
         gpu=gpu,
@@ -115,8 +117,42 @@ def test_glm_plan_matches_vllm(case: Case) -> None:
         prefix_caching=prefix,
         block_tokens=block,
     )
+    compare(theirs, glm(mtp), deployment)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [(v, tp, d) for v in VARIANTS for tp, d in ((8, "fp8"), (2, "bf16"), (4, "fp8_ds_mla"))],
+    ids=lambda c: f"{variant_id(c[0])}-tp{c[1]}-{c[2]}",
+)
+def test_config_variants_plan_as_vllm(variant: tuple[dict[str, Any], int, str]) -> None:
+    fields, tp, dtype = variant
+    config = json.loads(FIXTURE.read_text())
+    config["text_config"].update(fields)
     try:
-        ours = plan(glm(mtp), deployment)
+        theirs = plan_glm(
+            tp=tp,
+            kv_dtype=DTYPES[dtype],
+            max_model_len=LENGTH,
+            budget_bytes=BUDGET,
+            config_override={"text_config": config["text_config"]},
+        )
+    except (ValueError, StrictDataclassClassValidationError) as error:  # transformers' config
+        theirs = {"refused": f"{type(error).__name__}: {error}"}
+    try:
+        model = model_from_config(config, name="glm-variant")
+    except Refusal as refusal:
+        assert "refused" in theirs, f"k3layout refused the config, vLLM planned: {refusal}"
+        return
+    compare(theirs, model, Deployment(attn_tp=tp, gpu="h200", kv_dtype=dtype))
+
+
+def compare(theirs: dict[str, Any], model: HybridModel, deployment: Deployment) -> None:
+    """k3layout's plan of ``model`` for ``deployment`` against vLLM's (``plan_glm``): both
+    refuse, or every group, stride, cache offset and page, blocks and concurrency agree."""
+    assert "unsupported" not in theirs, theirs
+    try:
+        ours = plan(model, deployment)
         capacity = ours.capacity(BUDGET, LENGTH)
     except Refusal as refusal:
         assert "refused" in theirs, f"k3layout refused, vLLM planned: {refusal}"
@@ -355,6 +391,37 @@ def test_check_kv_caches_accepts_vllms_bound_caches(case: dict[str, Any]) -> Non
     )
     with pytest.raises(Refusal):
         check_kv_caches(engine["config"], kv_cache_config, caches, 0, gpu=gpu)
+
+
+ADAPTER_CASES = [VIEW_CASES[i] for i in (0, 2, 5, 6, 8)]
+
+
+@pytest.mark.parametrize("case", ADAPTER_CASES, ids=lambda c: "-".join(map(str, c.values())))
+def test_adapter_validates_and_cuts_vllms_bound_caches(case: dict[str, Any]) -> None:
+    """The torch adapter on the caches vLLM binds: ``validate`` accepts them, the parts it cuts
+    are the KDA states vLLM's layers cut (dtype, shape, strides, offset) and the halves of
+    vLLM's tail ring, and ``allocate`` lays every part where vLLM's views put it."""
+    their = bound_views(**case)["stages"][0]["layers"]
+    _, _, caches = _bound_caches(case)
+    ours = _ours(case)
+    live = validate(ours, caches)
+    mine = allocate(ours, live.spec.num_blocks, names=live.names, device="meta")
+    origin = mine.planes[0].data_ptr()
+    backing = next(iter(caches.values())).untyped_storage().data_ptr()
+    for layer in live.spec.layers:
+        parts = layer_parts(live, caches, layer.name)
+        at = [t.data_ptr() - backing for t in parts]
+        assert at == [t.data_ptr() - origin for t in mine.layers[layer.name]], layer.name
+        if layer.kind == "kda":
+            states = their[layer.name]["states"]
+            assert [
+                (str(t.dtype).removeprefix("torch."), list(t.shape), list(t.stride()), a)
+                for t, a in zip(parts, at, strict=True)
+            ] == [(s["dtype"], s["shape"], s["strides"], s["offset_bytes"]) for s in states]
+        if layer.kind == "ring":
+            bound = their[layer.name]["bound"]
+            half = parts[1].data_ptr() - parts[0].data_ptr()
+            assert (at[0], half) == (bound["offset_bytes"], bound["strides"][1] * 2)
 
 
 def _bound_caches(case: dict[str, Any]) -> tuple[dict[str, Any], Any, dict[str, Any]]:

@@ -22,7 +22,8 @@ from sglang_engine import require_sglang
 
 require_sglang()
 
-from sglang_glm import GLM_CONFIG, plan_glm  # noqa: E402
+from glm_variants import VARIANTS, variant_id  # noqa: E402
+from sglang_glm import GLM_CONFIG, glm_config, plan_glm  # noqa: E402
 
 from k3layout import Deployment, HybridModel, Refusal, model_from_config, plan  # noqa: E402
 from k3layout.engines.sglang import SglangPlan, check_pools, plan_from_sglang  # noqa: E402
@@ -108,8 +109,23 @@ def test_glm_plan_matches_sglang(case: Case) -> None:
         max_running_requests=running,
         spec_tokens=spec,
     )
+    compare(glm(mtp), deployment, mtp)
+
+
+def compare(
+    model: HybridModel,
+    deployment: Deployment,
+    mtp: int | None = None,
+    config_override: dict[str, Any] | None = None,
+) -> tuple[Refusal, dict[str, Any]] | None:
+    """k3layout's plan of ``model`` for ``deployment`` against SGLang's (``plan_glm`` on the
+    fixture with ``mtp`` MTP layers and ``config_override``, at k3layout's launch flags): both
+    refuse (returned, for their reasons), or the backends, page, cells, token pool, state
+    slots, running requests and every stage's latent and index-key tensors agree."""
+    gpu, tp, dp, pp = deployment.gpu, deployment.attn_tp, deployment.attn_dp, deployment.pp
+    dtype, spec = deployment.kv_dtype, deployment.spec_tokens
     try:
-        ours: SglangPlan = plan(glm(mtp), deployment)
+        ours: SglangPlan = plan(model, deployment)
     except Refusal as refusal:
         theirs = plan_glm(
             gpu,
@@ -119,16 +135,17 @@ def test_glm_plan_matches_sglang(case: Case) -> None:
             mtp,
             dp=dp,
             pp=pp,
-            mamba_track_interval=1024,
+            mamba_track_interval=starting_interval(mtp, config_override),
+            config_override=config_override,
             draft=False,
         )
         assert "refused" in theirs, f"k3layout refused, SGLang planned: {refusal}"
-        return
+        return refusal, theirs
     flags = launched(ours)
     interval = flags["mamba_track_interval"]
-    server: dict[str, Any] = {"disable_radix_cache": not radix}
-    if running is not None:
-        server["max_running_requests"] = running
+    server: dict[str, Any] = {"disable_radix_cache": not deployment.prefix_caching}
+    if deployment.max_running_requests is not None:
+        server["max_running_requests"] = deployment.max_running_requests
     theirs = plan_glm(
         gpu,
         tp * dp,
@@ -140,6 +157,7 @@ def test_glm_plan_matches_sglang(case: Case) -> None:
         pp=pp,
         budget_bytes=BUDGET,
         mamba_track_interval=None if interval is None else int(interval),
+        config_override=config_override,
         server_args={
             **server,
             "json_model_override_args": json.dumps(flags["override"]),
@@ -172,6 +190,66 @@ def test_glm_plan_matches_sglang(case: Case) -> None:
             * ours.byte_range(layer, "index", 0, 1, stage["pp_rank"]).size_bytes
             for layer in mla
         ]
+    return None
+
+
+def starting_interval(mtp: int | None, config_override: dict[str, Any] | None) -> int:
+    """A ``--mamba-track-interval`` SGLang starts the case's config with (for asking SGLang
+    about a case k3layout refused): its DSA page, ``64 * index_kpool`` tokens (1024 for the
+    fixture), as ``sglang_glm.WORKING_TRACK_INTERVAL`` records."""
+    return 64 * int(glm_config(mtp, config_override)["text_config"]["index_kpool"])
+
+
+VARIANT_DEPLOYMENTS = [
+    # gpu, attention TP, cache dtype, NEXTN steps
+    ("h200", 8, "fp8", 0),
+    ("h200", 2, "bf16", 0),
+    ("b200", 4, "fp8", 0),
+    ("h200", 8, "bf16", 2),
+]
+
+REFUSED_WHERE = {
+    "index_head_dim": "sglang/srt/mem_cache/memory_pool.py",
+    "qk_rope_head_dim": "sglang/srt/utils/hf_transformers/config.py",
+}
+"""Where SGLang refuses a variant k3layout refuses, by the field k3layout names."""
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [(v, *d) for v in VARIANTS for d in VARIANT_DEPLOYMENTS],
+    ids=lambda c: f"{variant_id(c[0])}-{c[1]}-tp{c[2]}-{c[3]}" + (f"-nextn{c[4]}" if c[4] else ""),
+)
+def test_config_variants_plan_as_sglang(variant: tuple[dict[str, Any], str, int, str, int]) -> None:
+    """Each variant as SGLang plans it (or both refuse, for the same field)."""
+    fields, gpu, tp, dtype, spec = variant
+    override = {"text_config": fields}
+    config = glm_config(None, override)
+    refused: tuple[Refusal, dict[str, Any]] | None
+    try:
+        model = model_from_config(config, name="glm-variant")
+    except Refusal as config_refusal:
+        theirs = plan_glm(
+            gpu,
+            tp,
+            DTYPES[dtype],
+            spec,
+            mamba_track_interval=starting_interval(None, override),
+            config_override=override,
+            pools=False,
+            draft=False,
+        )
+        assert "refused" in theirs, f"k3layout refused the config, SGLang planned: {config_refusal}"
+        refused = (config_refusal, theirs)
+    else:
+        deployment = Deployment(
+            engine="sglang", gpu=gpu, attn_tp=tp, kv_dtype=dtype, spec_tokens=spec
+        )
+        refused = compare(model, deployment, config_override=override)
+    if refused is not None:  # both refuse: for the same field
+        ours, why = refused
+        field = str(ours.facts.get("field", "")).rpartition(".")[2]
+        assert why["where"].startswith(REFUSED_WHERE[field]), (ours, why)
 
 
 def test_sglang_does_not_start_without_the_flags() -> None:

@@ -25,7 +25,6 @@ from pydantic import PositiveInt, model_validator
 from ..._args import expect_int
 from ..._derivation import SelfChecked, is_deriving
 from ..._frozen import trusted
-from ...cache import DSAIndexer
 from ...deployment import Deployment
 from ...errors import Refusal
 from ...layouts.answer import check_context
@@ -44,7 +43,13 @@ from ...sizes import RankSizes
 from .capacity import SglangCapacity, sglang_capacity
 from .launch import sglang_flags
 from .report import SglangReport
-from .rules import SGLANG_VERSION, attention_backends, state_slots_per_request, track_interval
+from .rules import (
+    DSA_INDEX_HEAD_DIMS,
+    SGLANG_VERSION,
+    attention_backends,
+    state_slots_per_request,
+    track_interval,
+)
 
 _KDA_STATE_SETTINGS: tuple[tuple[str, object], ...] = (
     ("conv_layout", "SD"),
@@ -419,11 +424,12 @@ def built_model(model: HybridModel, deployment: Deployment) -> HybridModel:
 def check_sglang(model: HybridModel, deployment: Deployment) -> HybridModel:
     """What SGLang 0.5.23 refuses, or what the planner would otherwise ignore: vLLM's own
     settings, a cache dtype it has no name for, a GPU not read off it, DCP where K3's DCP
-    backend does not run (Hopper), and a draft that is not SGLang's dense K/V draft.
+    backend does not run (Hopper), an indexed hybrid its DSA pool does not take
+    (:func:`check_indexed`), and a draft that is not SGLang's dense K/V draft.
     Returns the model SGLang builds (:func:`built_model`)."""
     model = built_model(model, deployment)
     if model.indexer is not None:
-        check_indexed(model.indexer, deployment)
+        check_indexed(model, deployment)
     refuse_settings(deployment, VLLM_SETTINGS + _KDA_STATE_SETTINGS, "vLLM")
     refuse_settings(deployment, TOKENSPEED_SETTINGS, "tokenspeed")
     refuse_settings(deployment, UTILIZATION_SETTINGS, "vLLM's and tokenspeed")
@@ -481,9 +487,29 @@ def _draft_tokens(deployment: Deployment) -> int:
     return deployment.spec_tokens + 1 if deployment.spec_tokens else 0
 
 
-def check_indexed(indexer: DSAIndexer, deployment: Deployment) -> None:
-    """What SGLang refuses of an indexed hybrid (DSA) beyond K3's rules: DCP (a pooled key
-    spans positions of several DCP ranks)."""
+def check_indexed(model: HybridModel, deployment: Deployment) -> None:
+    """What SGLang refuses of an indexed hybrid (DSA) beyond K3's rules: an index key width
+    its DSA pool does not take (:data:`.rules.DSA_INDEX_HEAD_DIMS`; SGLang fails on a bare
+    assertion while building the pools), and DCP (a pooled key spans positions of several
+    DCP ranks)."""
+    indexers = [layer.indexer for layer in model.mla_layers if layer.indexer is not None]
+    odd = next((i for i in indexers if i.head_dim not in DSA_INDEX_HEAD_DIMS), None)
+    if odd is not None:
+        widths = " or ".join(map(str, DSA_INDEX_HEAD_DIMS))
+        raise Refusal(
+            "kernel_unsupported",
+            f"index_head_dim={odd.head_dim}: SGLang {SGLANG_VERSION}'s DSA pool keeps one index "
+            f"head of {widths} values a key (DSATokenToKVPool fails on a bare AssertionError "
+            "when it builds the pools)",
+            facts={
+                "engine": "sglang",
+                "field": "index_head_dim",
+                "index_head_dim": odd.head_dim,
+                "allowed": DSA_INDEX_HEAD_DIMS,
+            },
+            hint=f"plan a checkpoint whose indexer has index_head_dim {widths}",
+        )
+    indexer = indexers[0]
     if deployment.dcp > 1:
         raise Refusal(
             "dcp_unsupported",

@@ -21,8 +21,9 @@ every change): its configuration resolution, its ``KVCacheConfigurator`` and its
   ``flashmla_kv`` on SM90 (the scaled 528-byte row) and ``trtllm`` on SM100, bf16
   ``flashmla_sparse`` prefill with ``fa3`` (SM90) or ``trtllm`` (SM100) decode; the cell
   budgets the pooled keys at ``ceil(132 / index_kpool)`` bytes per token per layer; DCP is
-  refused; the radix cache's track interval must be a multiple of the page (SGLang's default
-  256 is not, and it fails on a bare assertion).
+  refused, and so is an ``index_head_dim`` other than 128 (its pool asserts it); the radix
+  cache's track interval must be a multiple of the page (SGLang's default 256 is not, and it
+  fails on a bare assertion).
 """
 
 from __future__ import annotations
@@ -129,6 +130,11 @@ DSA_BACKENDS: Final[dict[tuple[str, bool], tuple[str, str]]] = {
 
 DSA_PAGE_POOLS: Final = 64
 """Pooled index entries in one DSA page: the page is ``64 * index_kpool`` tokens."""
+
+DSA_INDEX_HEAD_DIMS: Final = (128,)
+"""The ``index_head_dim`` SGLang's DSA pool takes on CUDA: one index head of 128 fp8 values
+(its ``DSATokenToKVPool`` asserts it when the pools are built, after the configurator has
+sized them)."""
 
 DEFAULT_TRACK_INTERVAL: Final = 256
 """``--mamba-track-interval``'s default: tokens between the KDA states the radix cache

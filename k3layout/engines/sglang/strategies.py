@@ -9,7 +9,16 @@ from hypothesis import strategies as st
 
 from ...gpus import GPUS
 from ...model import HybridModel
-from .rules import MULTIMODAL_MODEL_TYPES, SERVED_GPUS
+from .rules import DSA_INDEX_HEAD_DIMS, MULTIMODAL_MODEL_TYPES, SERVED_GPUS
+
+
+def serves(model: HybridModel) -> bool:
+    """Whether SGLang's DSA pool takes ``model``'s indexers (their key width, a fixed
+    ``index_head_dim``); a model without one always."""
+    return all(
+        layer.indexer is None or layer.indexer.head_dim in DSA_INDEX_HEAD_DIMS
+        for layer in model.mla_layers
+    )
 
 
 def settings(

@@ -42,6 +42,11 @@ SPARSE_KERNEL_BLOCK: Final[dict[SparseBackend, int]] = {
 }
 """Each sparse backend's kernel block (``MultipleOf``): a block is a whole number of them."""
 
+SPARSE_HEAD_SIZES: Final = (512,)
+"""The MLA head (``kv_lora_rank + qk_rope_head_dim``) k3layout plans vLLM's sparse backends
+for: a NoPE latent of 512 (each backend's ``get_supported_head_sizes`` also lists 576,
+DeepSeek-V3.2's RoPE head, which no indexed hybrid here has)."""
+
 INDEXER_KERNEL_ENTRIES: Final = (32, 64)
 """Pooled entries one paged-MQA kernel page holds (DeepGEMM's page sizes on SM 9x / 10x)."""
 
@@ -165,6 +170,18 @@ def check_indexed(model: HybridModel, deployment: Deployment, indexer: DSAIndexe
     indexer that does not always attend its tail pool (``NotImplementedError``), a requested
     block the sparse backend's kernels do not take (its selector finds no backend)."""
     backend = sparse_backend_of(deployment)
+    heads = sorted({layer.latent_dim for layer in model.mla_layers if layer.indexer is not None})
+    odd = next((head for head in heads if head not in SPARSE_HEAD_SIZES), None)
+    if odd is not None:
+        raise Refusal(
+            "kernel_unsupported",
+            f"an indexed MLA layer's head of {odd} (kv_lora_rank + qk_rope_head_dim): vLLM "
+            f"{VLLM_VERSION}'s sparse MLA backends take a head of 512 or 576 ({backend}'s "
+            "selector finds no valid attention backend for another), and k3layout plans the "
+            "NoPE 512",
+            facts={"field": "kv_lora_rank", "head_size": odd, "attention_backend": backend},
+            hint="plan a checkpoint whose indexed layers have kv_lora_rank 512",
+        )
     requested = deployment.block_tokens
     kernel = SPARSE_KERNEL_BLOCK[backend]
     if requested is not None and requested % kernel:
