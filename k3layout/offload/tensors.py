@@ -257,11 +257,18 @@ def _check_allocation_bytes(plan: EngineLayout, num_blocks: int, num_planes: int
     per_block = plan.plane_span_bytes(2) - plan.plane_span_bytes(1)
     fixed = plan.plane_span_bytes(1) - per_block
     bound = max((INT64_MAX // num_planes - fixed) // per_block, 0)
-    raise Refusal(
+    what = f"{num_planes} planes of that many blocks"
+    raise _too_many_blocks(num_blocks, bound, what, num_planes=num_planes)
+
+
+def _too_many_blocks(num_blocks: int, bound: int, what: str, **facts: int) -> Refusal:
+    """The refusal (``size_limit``) of ``num_blocks`` past ``bound``, the most whose bytes
+    (``what``) an int64 counts, as torch and the engines size a tensor."""
+    return Refusal(
         "size_limit",
-        f"num_blocks={describe(num_blocks)}: {num_planes} planes of that many blocks are more "
-        f"bytes than an int64 counts (at most {bound:,} blocks)",
-        facts={"field": "num_blocks", "bound": bound, "num_planes": num_planes},
+        f"num_blocks={describe(num_blocks)}: {what} are more bytes than an int64 counts "
+        f"(at most {bound:,} blocks)",
+        facts={"field": "num_blocks", "bound": bound, **facts},
         hint=f"use num_blocks <= {bound:,}",
     )
 
@@ -340,14 +347,8 @@ def _blocks_spec(plan: EngineLayout, num_blocks: int, stage: int, names: LayerNa
     different groups overlap where the engine gives a block to one group at a time."""
     stride = plan.stage_block_bytes(stage)
     if num_blocks > INT64_MAX // stride:
-        bound = INT64_MAX // stride
-        raise Refusal(
-            "size_limit",
-            f"num_blocks={describe(num_blocks)}: that many blocks of {stride:,} B are more "
-            f"bytes than an int64 counts (at most {bound:,} blocks)",
-            facts={"field": "num_blocks", "bound": bound, "block_bytes": stride},
-            hint=f"use num_blocks <= {bound:,}",
-        )
+        what = f"that many blocks of {stride:,} B"
+        raise _too_many_blocks(num_blocks, INT64_MAX // stride, what, block_bytes=stride)
     tp = plan.deployment.attn_tp
     axes = ((num_blocks, stride),)
     layers: list[LayerSpec] = []
