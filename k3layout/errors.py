@@ -21,6 +21,7 @@ RefusalCode: TypeAlias = Literal[
     "dcp_unsupported",
     "pp_too_deep",
     "pp_partition",
+    "pp_unsupported",
     # engine layouts
     "padding_limit",
     "packing_search_exhausted",

@@ -230,6 +230,16 @@ def test_vllm_refuses_a_one_token_pool() -> None:
     assert caught.value.facts["field"] == "index_kpool"
 
 
+def test_vllm_refuses_pipeline_stages_it_cannot_load() -> None:
+    for pp in (2, 4):
+        with pytest.raises(Refusal) as caught:
+            plan(preset("glm-5.3-flash"), Deployment(attn_tp=4, pp=pp))
+        assert caught.value.code == "pp_unsupported"
+        assert caught.value.facts == {"field": "pp", "pp": pp, "model_type": "glm5_next"}
+    # SGLang runs its stages
+    assert plan(preset("glm-5.3-flash"), Deployment(engine="sglang", attn_tp=4, pp=2)).stages
+
+
 def test_vllm_refuses_a_head_its_sparse_backends_do_not_take() -> None:
     with pytest.raises(Refusal) as caught:
         plan(model_from_config(config(kv_lora_rank=256)), Deployment(attn_tp=8))
@@ -289,7 +299,6 @@ DEPLOYMENTS = st.builds(
     gpu=st.sampled_from(("h100", "h200", "b200", "gb200")),
     kv_dtype=st.sampled_from(("fp8", "bf16")),
     spec_tokens=st.integers(0, 3),
-    pp=st.sampled_from((1, 2, 4)),
     prefix_caching=st.booleans(),
 )
 
@@ -347,6 +356,7 @@ def test_transfers_recompose(case: tuple[int, int, int, int, int, str]) -> None:
     """Every consumer region of a GLM-5.3-Flash transfer is written exactly once from its
     producers' regions, pooled keys and rings included, or the pair is refused by name."""
     prefill_tp, decode_tp, prefill_pp, spec, tokens, engine = case
+    prefill_pp = prefill_pp if engine == "sglang" else 1  # vLLM loads no later stage of GLM
     mtp = "mtp" if spec and engine == "vllm" else None
     model = glm(1) if spec else preset("glm-5.3-flash")
     fields: dict[str, Any] = {"engine": engine, "spec_tokens": spec, "speculative_method": mtp}

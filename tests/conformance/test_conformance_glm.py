@@ -156,6 +156,9 @@ def compare(theirs: dict[str, Any], model: HybridModel, deployment: Deployment) 
         capacity = ours.capacity(BUDGET, LENGTH)
     except Refusal as refusal:
         assert "refused" in theirs, f"k3layout refused, vLLM planned: {refusal}"
+        if refusal.code == "pp_unsupported":  # a later stage fails to load the model
+            assert theirs["refused_at"] == "load", theirs
+            assert "make_empty_intermediate_tensors" in theirs["refused"]
         return
     assert "refused" not in theirs, f"vLLM refused: {theirs['refused']}; k3layout planned"
     assert theirs["backend"] == ours.attention_backend
@@ -252,9 +255,9 @@ def test_kpool_tail_required() -> None:
 
 BRIDGE_CASES = [
     ("h200", 8, "fp8", 0, 0, 1, 1),
-    ("h200", 2, "bf16", 2, 1, 2, 1),
+    ("h200", 2, "bf16", 2, 1, 1, 1),
     ("h200", 8, "fp8_ds_mla", 0, 0, 1, 2),
-    ("b200", 4, "fp8", 3, 3, 4, 1),
+    ("b200", 4, "fp8", 3, 3, 1, 1),
     ("b200", 8, "bf16", 1, 1, 1, 2),
 ]
 
@@ -329,8 +332,8 @@ VIEW_CASES = [
     {"gpu": "H200", "tp": 1, "kv_dtype": "fp8"},
     {"gpu": "H200", "tp": 1, "kv_dtype": "fp8", "block_size": 1024},
     {"gpu": "H200", "tp": 8, "kv_dtype": "fp8", "spec_tokens": 2, "mtp_layers": 1},
-    {"gpu": "H200", "tp": 8, "kv_dtype": "fp8", "pp": 2},
-    {"gpu": "B200", "tp": 4, "kv_dtype": "bfloat16", "pp": 2, "spec_tokens": 1, "mtp_layers": 1},
+    {"gpu": "B200", "tp": 2, "kv_dtype": "fp8", "spec_tokens": 3, "mtp_layers": 3},
+    {"gpu": "B200", "tp": 4, "kv_dtype": "bfloat16", "spec_tokens": 1, "mtp_layers": 1},
 ]
 
 
@@ -447,17 +450,17 @@ def _bound_caches(case: dict[str, Any]) -> tuple[dict[str, Any], Any, dict[str, 
 SETTINGS_CASES = [
     # gpu, tp, dtype, spec, pp, dcp, KDA prefill backend, prefix caching, max_model_len
     ("H200", 8, "fp8", 0, 1, 1, "triton", True, 4096),
-    ("B200", 4, "bfloat16", 2, 3, 1, "triton", True, 65536),
-    ("H200", 2, "fp8_ds_mla", 1, 3, 2, "auto", False, 65536),
-    ("B200", 16, "fp8", 2, 2, 2, "auto", False, 4096),
-    ("H200", 1, "bfloat16", 0, 3, 1, "triton", False, 65536),
+    ("B200", 4, "bfloat16", 2, 1, 1, "triton", True, 65536),
+    ("H200", 2, "fp8_ds_mla", 1, 1, 2, "auto", False, 65536),
+    ("B200", 16, "fp8", 2, 1, 2, "auto", False, 4096),
+    ("H200", 1, "bfloat16", 0, 1, 1, "triton", False, 131072),
 ]
 
 
 @pytest.mark.parametrize("case", SETTINGS_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_kda_backend_odd_pipelines_and_lengths(case: tuple[Any, ...]) -> None:
+def test_kda_backend_and_lengths(case: tuple[Any, ...]) -> None:
     """The settings the main grid holds fixed: the Triton KDA prefill (no checkpoint block),
-    an uneven 3-stage pipeline, other request lengths, with and without prefix caching."""
+    other request lengths, with and without prefix caching."""
     gpu, tp, dtype, spec, pp, dcp, kda, prefix, length = case
     theirs = plan_glm(
         gpu=gpu,

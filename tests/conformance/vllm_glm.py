@@ -162,6 +162,7 @@ from vllm.config import (
 from vllm.config.vllm import set_current_vllm_config
 from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
 from vllm.distributed.utils import get_pp_indices
+from vllm.model_executor.model_loader.utils import get_model_architecture
 from vllm.platforms.interface import DeviceCapability, Platform
 from vllm.v1.attention.backends.utils import (
     get_supported_kv_cache_layouts,
@@ -960,6 +961,19 @@ def plan_glm(  # noqa: PLR0917 - the flags in the order the conformance tests pa
     }
 
 
+def _check_later_stages_load(config: VllmConfig) -> None:
+    """What a worker of stage 1 or later does when it loads the model, before any KV-cache
+    planning: its V2 model runner asks the model for its empty intermediate tensors
+    (``v1/worker/gpu/model_runner.py:547``). The GLM class vLLM resolves for the config has
+    none (``models/glm5next/common/model.py``: "PP is gated off"), though its registry entry
+    says it supports PP, so the config is accepted and the start-up fails there."""
+    model_cls, _ = get_model_architecture(config.model_config)
+    try:
+        model_cls.make_empty_intermediate_tensors  # noqa: B018 - the lookup the runner does
+    except AttributeError as error:
+        raise _Refused("load", error) from None
+
+
 def _plan(
     directory: Path,
     capability: tuple[int, int],
@@ -998,6 +1012,8 @@ def _plan(
     ranges: list[tuple[int, int]] = []
     backends: set[tuple[str, str]] = set()
     import_failures: dict[str, Any] = {}
+    if pp > 1:
+        _check_later_stages_load(config)
     for stage in range(pp):
         # Each stage's worker process holds its own copy of the config, builds its own
         # layers and aligns its own block size over them (multiproc_executor.py:802).

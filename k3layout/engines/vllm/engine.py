@@ -11,7 +11,7 @@ from .budget import VLLM_BUDGET
 from .invariants import vllm_violations
 from .launch import LAUNCH
 from .layout import VllmPlan, built_model, check_vllm, group_vllm, pack_vllm
-from .rules import DENSE_MLA_KV_DTYPES
+from .rules import DENSE_MLA_KV_DTYPES, PIPELINE_UNSERVED
 from .weights import rank_weights
 
 SOURCE = "vLLM 0.33.0's KVCacheConfig and bound caches (tests/conformance)"
@@ -53,6 +53,7 @@ VLLM = register_engine(
         pack=pack_vllm,
         built_model=built_model,
         violations=vllm_violations,
+        pipeline_ok=lambda model, pp: pp == 1 or model.model_type not in PIPELINE_UNSERVED,
         weights=rank_weights,
         budget=VLLM_BUDGET,
     )

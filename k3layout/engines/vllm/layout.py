@@ -70,6 +70,7 @@ from .rules import (
     check_block_supported,
     check_kv_dtype,
     check_layout_serves,
+    check_pipeline,
     kernel_block_tokens,
     mamba_block_tokens,
     speculative_model,
@@ -497,12 +498,14 @@ def block_tokens_for(
 
 
 def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
-    """What vLLM refuses before it plans: a cache dtype its dense MLA backends do not take,
+    """What vLLM refuses before it plans: pipeline stages of a model it cannot load on a later
+    stage (:func:`.rules.check_pipeline`), a cache dtype its dense MLA backends do not take,
     a requested block the attention backend's kernels do not take (its selector refuses it
     before the block is raised), an MTP depth its modules cannot be reused for. Returns the
     model vLLM builds: without speculative tokens there is no drafter, so no draft layers."""
     refuse_settings(deployment, SGLANG_SETTINGS, "SGLang")
     refuse_settings(deployment, TOKENSPEED_SETTINGS, "tokenspeed")
+    check_pipeline(model, deployment)
     model = speculative_model(model, deployment)
     indexer = model.indexer
     if indexer is not None:

@@ -42,6 +42,32 @@ from ...settings import (
 VLLM_VERSION: Final = "0.33.0"
 """The vLLM release whose rules the ``vllm`` layout follows."""
 
+PIPELINE_UNSERVED: Final[dict[str, str]] = {
+    "glm5_next": "its Glm5NextForCausalLM has no make_empty_intermediate_tensors, which the "
+    "model runner of every stage after the first calls when it loads the model "
+    "(v1/worker/gpu/model_runner.py: AttributeError); its model code says PP is gated off, "
+    "though its registry entry accepts the config",
+}
+"""The model types vLLM 0.33 accepts at ``--pipeline-parallel-size`` > 1 but cannot load on
+a later stage, and why (read off vLLM's model classes; the GLM conformance harness runs the
+lookup the runner does)."""
+
+
+def check_pipeline(model: HybridModel, deployment: Deployment) -> None:
+    """Refuse (``pp_unsupported``) pipeline stages for a model vLLM cannot load on a later
+    stage (:data:`PIPELINE_UNSERVED`)."""
+    why = PIPELINE_UNSERVED.get(model.model_type)
+    # deeper than the layers: refused for its depth (pp_too_deep), whatever the model
+    if 1 < deployment.pp <= model.num_layers and why is not None:
+        raise Refusal(
+            "pp_unsupported",
+            f"pp={deployment.pp}: vLLM {VLLM_VERSION} does not start {model.name} "
+            f"(model_type {model.model_type}) on more than one pipeline stage: {why}",
+            facts={"field": "pp", "pp": deployment.pp, "model_type": model.model_type},
+            hint="use pp=1 (spread the model over attention TP, DP or expert parallelism)",
+        )
+
+
 KERNEL_BLOCK_TOKENS: Final[dict[AttentionBackend, tuple[int, ...]]] = {
     "FLASHMLA": (64,),
     "CUTLASS_MLA": (128,),
