@@ -84,6 +84,25 @@ class VisionTower(Frozen):
     )
 
 
+class MergerVisionTower(Frozen):
+    """A vision transformer with a 3D patch embedding, rotary positions, and a conv downsample
+    plus MLP merger as its projector (GLM-5.3-Flash's ``vision_config``)."""
+
+    depth: Dim = Field(description="depth: transformer blocks")
+    hidden_size: Dim = Field(description="hidden_size")
+    num_heads: Dim = Field(description="num_heads (TP splits the tower by them)")
+    intermediate_size: Dim = Field(description="intermediate_size: a block's MLP")
+    patch_size: Dim = Field(description="patch_size")
+    temporal_patch_size: Dim = Field(description="temporal_patch_size")
+    in_channels: Dim = Field(description="in_channels")
+    out_hidden_size: Dim = Field(description="out_hidden_size: the merger's width")
+    spatial_merge_size: Dim = Field(description="spatial_merge_size: the downsample's kernel")
+    projection_intermediate_size: Dim = Field(description="projection_intermediate_size")
+    rotary_positions: Dim = Field(
+        description="positions of its rotary table: the text model's max_position_embeddings"
+    )
+
+
 class DSparkDraft(Frozen):
     """A DSpark draft model's dimensions beyond its MLA layers (its own ``config.json``)."""
 
@@ -146,6 +165,26 @@ class Architecture(Frozen):
         None, description="the vision tower of a multimodal checkpoint (None: text only)"
     )
     draft: DSparkDraft | None = Field(None, description="a DSpark draft's own dimensions")
+    merger_vision: MergerVisionTower | None = Field(
+        None, description="a merger vision tower (GLM-5.3-Flash's), instead of MoonViT"
+    )
+    mlp_layer_types: tuple[Literal["dense", "sparse"], ...] | None = Field(
+        None,
+        description="mlp_layer_types: a dense MLP or a MoE per layer, an MTP layer taking the "
+        "last (None: first_k_dense_replace and moe_layer_freq decide)",
+    )
+    hyper_connections: Count = Field(
+        0, description="hc_mult: the residual streams of a hyper-connected layer (0: none)"
+    )
+    router_bias: bool = Field(
+        False, description="topk_method noaux_tc: the router's fp32 score-correction bias"
+    )
+    undeclared: tuple[str, ...] = Field(
+        (),
+        description="fields an engine's model constructor reads that the config leaves out "
+        "(GLM-5.3-Flash's mhc, mla_use_nope, ...): that engine's weights are refused naming "
+        "them",
+    )
     defaulted: tuple[str, ...] = Field(
         (),
         description="the fields above the config leaves out (or gives as null), filled with "
@@ -160,7 +199,18 @@ class Architecture(Frozen):
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether target layer ``layer`` (0-based) has a routed MoE rather than a dense MLP,
-        as both engines decide it."""
+        by ``mlp_layer_types`` where the config gives it (a layer past it, an MTP layer, takes
+        the last: vLLM's reading), else as both engines decide it for Kimi."""
+        if self.num_experts is None:
+            return False
+        if self.mlp_layer_types:
+            kinds = self.mlp_layer_types
+            return kinds[min(layer, len(kinds) - 1)] == "sparse"
+        return self.is_moe_by_replace(layer)
+
+    def is_moe_by_replace(self, layer: int) -> bool:
+        """Whether layer ``layer`` is MoE by ``first_k_dense_replace`` and ``moe_layer_freq``
+        alone (SGLang's reading of GLM-5.3-Flash, which ignores ``mlp_layer_types``)."""
         return (
             self.num_experts is not None
             and layer >= self.first_k_dense_replace

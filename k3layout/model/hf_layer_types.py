@@ -38,7 +38,7 @@ from ..cache import DSAIndexer, KDALayer, MLALayer
 from ..constants import MAX_CONV_KERNEL, MAX_MODEL_DIM, MAX_MODULE_LAYERS, MAX_PROMPT_TOKENS
 from ..errors import Refusal
 from ..limits import check_bound
-from .architecture import Architecture
+from .architecture import Architecture, MergerVisionTower
 from .layers import Layer
 from .spec import HybridModel
 
@@ -90,8 +90,21 @@ class _LayerTypesText(BaseModel):
     num_experts_per_tok: _Dim | None = None
     n_shared_experts: Annotated[int, Strict(), Field(ge=0, le=MAX_MODEL_DIM)] = 0
     moe_intermediate_size: _Dim | None = None
-    mlp_layer_types: tuple[Literal["dense", "sparse"], ...] | None = None
+    mlp_layer_types: tuple[Literal["dense", "sparse"], ...] | None = Field(
+        None, max_length=MAX_MODULE_LAYERS
+    )
     tie_word_embeddings: StrictBool = False
+    hc_mult: Annotated[int, Strict(), Field(ge=1, le=MAX_MODEL_DIM)] = 4
+    # SGLang decides its MoE layers by these, not by mlp_layer_types (its config's defaults)
+    first_k_dense_replace: Annotated[int, Strict(), Field(ge=0, le=MAX_MODULE_LAYERS)] = 3
+    moe_layer_freq: Annotated[int, Strict(), Field(gt=0, le=MAX_MODULE_LAYERS)] = 1
+    index_kpool_compress: StrictBool | None = None
+    # Read by vLLM's model constructor, not by transformers' config class (absent there).
+    mhc: StrictBool | None = None
+    mla_use_nope: StrictBool | None = None
+    topk_method: StrictStr | None = None
+    scoring_func: StrictStr | None = None
+    indexer_rope_interleave: StrictBool | None = None
 
 
 class _NestedText(BaseModel):
@@ -192,6 +205,14 @@ def _check_fields(text: _LayerTypesText, source: str, prefix: str) -> None:
             f"{heads} differs from num_attention_heads={text.num_attention_heads}",
             "give as many key-value heads as query heads",
         )
+    kinds = text.mlp_layer_types
+    if kinds is not None and len(kinds) != text.num_hidden_layers:
+        raise _bad(
+            source,
+            f"{prefix}mlp_layer_types",
+            f"{len(kinds)} entries for num_hidden_layers={text.num_hidden_layers}",
+            "give one dense or sparse per layer",
+        )
     if text.index_topk % text.index_kpool:
         raise _bad(
             source,
@@ -283,26 +304,51 @@ def model_from_layer_types(
         draft_layers=(mla("full"),) * drafts,
         drafter="mtp" if drafts else None,
         context_tokens=text.max_position_embeddings,
-        architecture=_architecture(config, text),
+        architecture=_architecture(config, text, source),
     )
 
 
-UNLAID_WEIGHTS: Final = (
-    "k3layout lays out the weights of Kimi-K3 and Kimi-Linear checkpoints; this family's "
-    "(GLM-5.3-Flash's MoE and hyper-connections) are not laid out yet"
+QUANTIZED_WEIGHTS: Final = (
+    "k3layout lays out this family's bf16 weights; a quantized checkpoint's are not laid out"
 )
 
+TEXT_MAX_POSITIONS: Final = 1_048_576
+"""transformers' ``Glm5NextTextConfig.max_position_embeddings`` default."""
 
-def _architecture(config: Mapping[str, object], text: _LayerTypesText) -> Architecture:
-    """What the weights are, as far as the config says; the weights themselves are refused
-    (:data:`UNLAID_WEIGHTS`), the cache is planned."""
+ENGINE_FIELDS: Final = (
+    "mhc",
+    "mla_use_nope",
+    "topk_method",
+    "scoring_func",
+    "index_kpool_compress",
+)
+"""Fields the engines' GLM-5.3-Flash model constructors read that transformers' config class
+does not define: vLLM's (the first four; ``indexer_rope_interleave`` too, read only for a RoPE
+indexer, which this family does not have) and SGLang's (``index_kpool_compress``; its own
+config class defaults the others). Each engine refuses the weights without the ones it reads."""
+
+
+def _architecture(config: Mapping[str, object], text: _LayerTypesText, source: str) -> Architecture:
+    """What the weights are, as far as the config says (a quantized checkpoint's are said
+    :data:`QUANTIZED_WEIGHTS` and refused; the cache is planned)."""
     names = config.get("architectures")
     architecture = (
         names[0]
         if isinstance(names, list) and names and isinstance(names[0], str)
         else "Glm5NextForConditionalGeneration"
     )
-    dense = text.mlp_layer_types or ()
+    # transformers' default: three dense layers, the rest sparse
+    dense = min(3, text.num_hidden_layers)
+    kinds = text.mlp_layer_types or ("dense",) * dense + ("sparse",) * (
+        text.num_hidden_layers - dense
+    )
+    undeclared = tuple(name for name in ENGINE_FIELDS if getattr(text, name) is None)
+    if text.mla_use_nope is False:  # vLLM then asserts on the RoPE parameters it lacks
+        undeclared += ("mla_use_nope",)
+    inner = config.get("text_config")
+    quantized = "quantization_config" in config or (
+        isinstance(inner, Mapping) and "quantization_config" in inner
+    )
     return Architecture(
         architecture=architecture,
         hidden_size=text.hidden_size,
@@ -312,13 +358,56 @@ def _architecture(config: Mapping[str, object], text: _LayerTypesText) -> Archit
         num_experts_per_token=text.num_experts_per_tok,
         num_shared_experts=text.n_shared_experts,
         moe_intermediate_size=text.moe_intermediate_size,
-        first_k_dense_replace=next(
-            (i for i, kind in enumerate(dense) if kind == "sparse"), len(dense)
-        ),
+        mlp_layer_types=kinds,
+        first_k_dense_replace=text.first_k_dense_replace,
+        moe_layer_freq=text.moe_layer_freq,
         num_nextn_predict_layers=text.num_nextn_predict_layers or 0,
         # Absent, the engines read it apart: vLLM's MTP fails on it, SGLang's config class
         # takes 1 (its NEXTN draft then prices one layer).
         defaulted=("num_nextn_predict_layers",) if text.num_nextn_predict_layers is None else (),
         tie_word_embeddings=text.tie_word_embeddings,
-        unsupported=(("architectures", UNLAID_WEIGHTS),),
+        hyper_connections=text.hc_mult if text.mhc is not False else 0,
+        router_bias=text.topk_method == "noaux_tc",
+        undeclared=undeclared,
+        merger_vision=_merger_vision(config, text, source),
+        unsupported=(("quantization_config", QUANTIZED_WEIGHTS),) if quantized else (),
+    )
+
+
+class _MergerVision(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
+
+    depth: _Dim = 24
+    hidden_size: _Dim = 1024
+    num_heads: _Dim = 16
+    intermediate_size: _Dim = 4096
+    patch_size: _Dim = 14
+    temporal_patch_size: _Dim = 2
+    in_channels: _Dim = 3
+    out_hidden_size: _Dim = 1536
+    spatial_merge_size: _Dim = 2
+    projection_intermediate_size: _Dim = 10240
+
+
+def _merger_vision(
+    config: Mapping[str, object], text: _LayerTypesText, source: str
+) -> MergerVisionTower | None:
+    """The vision tower of a multimodal checkpoint (one with ``vision_config``), with the
+    defaults of transformers' ``Glm5NextVisionConfig`` for what it leaves out."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, Mapping):
+        return None
+    try:
+        fields = _MergerVision.model_validate(vision)
+    except ValidationError as error:
+        raise refusal_from_validation(
+            error,
+            f"config {source}",
+            code="invalid_config",
+            facts={"source": source},
+            hint="fix the named field of vision_config",
+        ) from None
+    return MergerVisionTower(
+        **fields.model_dump(),
+        rotary_positions=text.max_position_embeddings or TEXT_MAX_POSITIONS,
     )

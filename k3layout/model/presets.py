@@ -15,8 +15,8 @@ from ..cache import DSAIndexer
 from ..constants import MAX_MODULE_LAYERS
 from ..errors import Refusal
 from ..limits import check_bound
-from .architecture import Architecture, DSparkDraft, VisionTower
-from .hf_layer_types import UNLAID_WEIGHTS
+from .architecture import Architecture, DSparkDraft, MergerVisionTower, VisionTower
+from .hf_layer_types import ENGINE_FIELDS
 from .layers import KDALayer, Layer, MLALayer
 from .spec import HybridModel
 
@@ -185,8 +185,23 @@ def glm_5_3_flash() -> HybridModel:
             num_shared_experts=1,
             moe_intermediate_size=2048,
             first_k_dense_replace=3,
+            mlp_layer_types=("dense",) * 3 + ("sparse",) * 42,
+            hyper_connections=4,
+            undeclared=ENGINE_FIELDS,
+            merger_vision=MergerVisionTower(
+                depth=24,
+                hidden_size=1024,
+                num_heads=16,
+                intermediate_size=4096,
+                patch_size=14,
+                temporal_patch_size=2,
+                in_channels=3,
+                out_hidden_size=1536,
+                spatial_merge_size=2,
+                projection_intermediate_size=10240,
+                rotary_positions=GLM_CONTEXT_TOKENS,
+            ),
             defaulted=("num_nextn_predict_layers",),
-            unsupported=(("architectures", UNLAID_WEIGHTS),),
         ),
     )
 

@@ -39,6 +39,7 @@ from ...model.architecture import Architecture
 from ...weights import RankWeights, WeightDtype, WeightGroup, WeightTensor
 from ...weights.records import Entry, grouped
 from .weights_extra import draft_groups, refuse_quantization, vision_tensors
+from .weights_glm import GLM_CLASS, glm_sglang_weights
 from .weights_quant import Linear, QuantScheme, attention_scales, expert_tensors, linear_tensors
 
 K3_CLASS: Final = "KimiK3ForConditionalGeneration"
@@ -337,13 +338,15 @@ def sglang_weights(model: HybridModel, deployment: Deployment, stage: int) -> Ra
     of a stage holds the same: SGLang asserts even splits and pads the vocabulary)."""
     arch = model.architecture
     assert arch is not None  # weights_per_rank refuses a model without one
+    if arch.architecture == GLM_CLASS:
+        return glm_sglang_weights(model, deployment, stage)
     if arch.architecture not in (K3_CLASS, KL_CLASS):
         raise Refusal(
             "weights_unknown",
             f"model {model.name}: architecture {arch.architecture} is not a class whose SGLang "
-            f"layout k3layout models ({K3_CLASS}, {KL_CLASS})",
+            f"layout k3layout models ({K3_CLASS}, {KL_CLASS}, {GLM_CLASS})",
             facts={"model": model.name, "architecture": arch.architecture},
-            hint="plan a Kimi-K3 or Kimi-Linear checkpoint",
+            hint="plan a Kimi-K3, Kimi-Linear or GLM-5.3-Flash checkpoint",
         )
     r = _Rank(model, arch, deployment)
     _check_parallel(r)

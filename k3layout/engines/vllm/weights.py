@@ -45,13 +45,14 @@ from ...placements import pp_stage_bounds
 from ...weights import RankWeights, WeightDtype, WeightGroup, WeightTensor
 from ...weights.records import WeightKind
 from .weights_draft import draft_groups
+from .weights_glm import GLM_BUILT, glm_rank_weights
 from .weights_layers import split
 from .weights_quant import Linear, QuantContext, Split, linear_tensors, vllm_ignore
 from .weights_stack import grouped, layer_groups, padded_vocab
 
 ENGINE = "vllm"
 MULTIMODAL = "KimiK3ForConditionalGeneration"
-BUILT = (MULTIMODAL, "KimiLinearForCausalLM")
+BUILT = (MULTIMODAL, "KimiLinearForCausalLM", *GLM_BUILT)
 """The model classes whose weights are laid out."""
 
 
@@ -73,7 +74,7 @@ def _check_builds(model: HybridModel, deployment: Deployment) -> Architecture:
                 "field": "architectures",
                 "architecture": arch.architecture,
             },
-            hint="plan a Kimi-K3 or Kimi-Linear checkpoint",
+            hint="plan a Kimi-K3, Kimi-Linear or GLM-5.3-Flash checkpoint",
         )
     if GPUS[deployment.gpu].vendor != "nvidia":
         raise Refusal(
@@ -158,6 +159,8 @@ def rank_weights(model: HybridModel, deployment: Deployment, stage: int) -> Rank
     where experts do not split evenly). ``model`` is the model vLLM builds (a draft only with
     speculative tokens: ``weights_per_rank`` passes the engine check's answer)."""
     arch = _check_builds(model, deployment)
+    if arch.architecture in GLM_BUILT:
+        return glm_rank_weights(model, deployment, stage, model_dtype(arch))
     multimodal = arch.architecture == MULTIMODAL
     lm = "language_model." if multimodal else ""
     dtype = model_dtype(arch)
