@@ -39,6 +39,7 @@ from ...layouts.groups import stage_bounds
 from ...model import HybridModel
 from ...model.architecture import Architecture, MergerVisionTower
 from ...weights import RankWeights, WeightDtype, WeightGroup, WeightTensor
+from ...weights.modules import hyper_connection_tensors, vision_block_tensors
 from ...weights.records import Entry, grouped
 
 GLM_CLASS: Final = "Glm5NextForConditionalGeneration"
@@ -172,19 +173,6 @@ def _moe(r: _Rank, fused: bool) -> list[tuple[str, tuple[WeightTensor, ...]]]:
     return found
 
 
-def _hyper_connections(hidden: int, streams: int) -> tuple[WeightTensor, ...]:
-    mixes = (2 + streams) * streams
-    return tuple(
-        tensor
-        for site in ("attn", "ffn")
-        for tensor in (
-            _t(f"hc_{site}_fn", (mixes, streams * hidden), "float32"),
-            _t(f"hc_{site}_base", (mixes,), "float32"),
-            _t(f"hc_{site}_scale", (3,), "float32"),
-        )
-    )
-
-
 def _layer(r: _Rank, i: int, draft: bool) -> list[tuple[str, tuple[WeightTensor, ...]]]:
     """A decoder layer's modules (the NEXTN's DeepSeek layer: no hyper-connections, its
     shared expert never fused)."""
@@ -192,7 +180,7 @@ def _layer(r: _Rank, i: int, draft: bool) -> list[tuple[str, tuple[WeightTensor,
     layer = (*r.model.layers, *r.model.draft_layers)[i]
     found: list[tuple[str, tuple[WeightTensor, ...]]] = []
     if r.streams and not draft:
-        found.append(("hyper_connections", _hyper_connections(hidden, r.streams)))
+        found.append(("hyper_connections", hyper_connection_tensors(hidden, r.streams)))
     if isinstance(layer, MLALayer):
         found.append(("mla", _mla(r, layer)))
     elif isinstance(layer, KDALayer):
@@ -218,33 +206,7 @@ def _vision(r: _Rank, vision: MergerVisionTower) -> tuple[WeightTensor, ...]:
     project = _split(
         vision.projection_intermediate_size, r.a, "vision projection_intermediate_size"
     )
-    patch = (
-        width,
-        vision.in_channels,
-        vision.temporal_patch_size,
-        vision.patch_size,
-        vision.patch_size,
-    )
-    tensors = [
-        _t("visual.patch_embed.proj.weight", patch, dtype),
-        _t("visual.patch_embed.proj.bias", (width,), dtype),
-    ]
-    for block in range(vision.depth):
-        b = f"visual.blocks.{block}"
-        tensors += [
-            _t(f"{b}.norm1.weight", (width,), dtype),
-            _t(f"{b}.norm2.weight", (width,), dtype),
-            _t(f"{b}.attn.q_norm.weight", (head,), dtype),
-            _t(f"{b}.attn.k_norm.weight", (head,), dtype),
-            _t(f"{b}.attn.qkv_proj.weight", (3 * heads * head, width), dtype),
-            _t(f"{b}.attn.qkv_proj.bias", (3 * heads * head,), dtype),
-            _t(f"{b}.attn.proj.weight", (width, heads * head), dtype),
-            _t(f"{b}.attn.proj.bias", (width,), dtype),
-            _t(f"{b}.mlp.gate_up_proj.weight", (2 * mlp, width), dtype),
-            _t(f"{b}.mlp.gate_up_proj.bias", (2 * mlp,), dtype),
-            _t(f"{b}.mlp.down_proj.weight", (width, mlp), dtype),
-            _t(f"{b}.mlp.down_proj.bias", (width,), dtype),
-        ]
+    tensors = list(vision_block_tensors(vision, heads, mlp, dtype, "qkv_proj"))
     return (
         *tensors,
         _t("visual.post_layernorm.weight", (width,), dtype),

@@ -38,6 +38,7 @@ from ...model.architecture import Architecture, MergerVisionTower
 from ...model.hf_layer_types import TEXT_MAX_POSITIONS
 from ...placements import pp_stage_bounds
 from ...weights import RankWeights, WeightDtype, WeightGroup, WeightTensor
+from ...weights.modules import hyper_connection_tensors, vision_block_tensors
 from ...weights.records import WeightKind
 from .weights_layers import split
 from .weights_stack import grouped, padded_vocab
@@ -200,19 +201,6 @@ def _moe(hidden: int, ranks: _Ranks, dtype: WeightDtype) -> _Found:
     ]
 
 
-def _hyper_connections(hidden: int, streams: int) -> tuple[WeightTensor, ...]:
-    mixes = (2 + streams) * streams
-    return tuple(
-        tensor
-        for site in ("attn", "ffn")
-        for tensor in (
-            _t(f"hc_{site}_fn", (mixes, streams * hidden), "float32"),
-            _t(f"hc_{site}_base", (mixes,), "float32"),
-            _t(f"hc_{site}_scale", (3,), "float32"),
-        )
-    )
-
-
 def _layer(model: HybridModel, i: int, ranks: _Ranks, dtype: WeightDtype, mtp: bool) -> _Found:
     """A decoder layer's modules (an MTP layer's block without hyper-connections)."""
     arch = ranks.arch
@@ -220,7 +208,9 @@ def _layer(model: HybridModel, i: int, ranks: _Ranks, dtype: WeightDtype, mtp: b
     layer = (*model.layers, *model.draft_layers)[i]
     found: _Found = []
     if arch.hyper_connections and not mtp:
-        found.append(("hyper_connections", i, _hyper_connections(hidden, arch.hyper_connections)))
+        found.append(
+            ("hyper_connections", i, hyper_connection_tensors(hidden, arch.hyper_connections))
+        )
     if isinstance(layer, MLALayer):
         found.append(("mla", i, tuple(_mla(layer, hidden, ranks, dtype))))
         found.append(("indexer", i, tuple(_indexer(layer, hidden, dtype))))
@@ -246,36 +236,7 @@ def _vision(vision: MergerVisionTower, tp: int, dtype: WeightDtype) -> tuple[Wei
         vision.spatial_merge_size,
         split(vision.projection_intermediate_size, tp, "vision projection_intermediate_size"),
     )
-    tensors = [
-        _t(
-            "visual.patch_embed.proj.weight",
-            (
-                width,
-                vision.in_channels,
-                vision.temporal_patch_size,
-                vision.patch_size,
-                vision.patch_size,
-            ),
-            dtype,
-        ),
-        _t("visual.patch_embed.proj.bias", (width,), dtype),
-    ]
-    for block in range(vision.depth):
-        b = f"visual.blocks.{block}"
-        tensors += [
-            _t(f"{b}.norm1.weight", (width,), dtype),
-            _t(f"{b}.norm2.weight", (width,), dtype),
-            _t(f"{b}.attn.q_norm.weight", (head,), dtype),
-            _t(f"{b}.attn.k_norm.weight", (head,), dtype),
-            _t(f"{b}.attn.qkv.weight", (3 * heads * head, width), dtype),
-            _t(f"{b}.attn.qkv.bias", (3 * heads * head,), dtype),
-            _t(f"{b}.attn.proj.weight", (width, heads * head), dtype),
-            _t(f"{b}.attn.proj.bias", (width,), dtype),
-            _t(f"{b}.mlp.gate_up_proj.weight", (2 * mlp, width), dtype),
-            _t(f"{b}.mlp.gate_up_proj.bias", (2 * mlp,), dtype),
-            _t(f"{b}.mlp.down_proj.weight", (width, mlp), dtype),
-            _t(f"{b}.mlp.down_proj.bias", (width,), dtype),
-        ]
+    tensors = list(vision_block_tensors(vision, heads, mlp, dtype, "qkv"))
     tensors += [
         _t("visual.merger.proj.weight", (split(out, tp, "vision out_hidden_size"), out), dtype),
         _t("visual.merger.post_projection_norm.weight", (out,), dtype),
