@@ -233,7 +233,8 @@ def glm_sglang_weights(model: HybridModel, deployment: Deployment, stage: int) -
             "from the text config, which this config leaves out, so SGLang fails to build the "
             "model (AttributeError)",
             facts={"model": model.name, "field": undeclared[0], "fields": undeclared},
-            hint="use the checkpoint's own config.json, which declares index_kpool_compress",
+            hint="use the checkpoint's own config.json, which declares index_kpool_compress, "
+            "or give the KV budget (kv_memory_bytes, --kv-memory-gib)",
         )
     r = _Rank(model, arch, deployment)
     hidden = arch.hidden_size

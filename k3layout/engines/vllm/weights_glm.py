@@ -81,7 +81,8 @@ def check_glm_builds(arch: Architecture, model: HybridModel, deployment: Deploym
             "model (AttributeError)",
             facts={"model": model.name, "field": undeclared[0], "fields": undeclared},
             hint="use the checkpoint's own config.json, which declares them (mhc, "
-            "mla_use_nope: true, topk_method, scoring_func)",
+            "mla_use_nope: true, topk_method, scoring_func), or give the KV budget "
+            "(kv_memory_bytes, --kv-memory-gib)",
         )
     vision = arch.merger_vision
     if vision is not None and vision.num_heads % deployment.attn_tp:
