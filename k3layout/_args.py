@@ -8,6 +8,7 @@ somewhere inside with a ``TypeError`` or ``AttributeError``. ``bool`` is not an 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias, cast
 
@@ -163,3 +164,12 @@ def engine_attribute(obj: object, path: str, owner: str, *, nullable: bool = Fal
                 hint=f"pass the engine's own {owner}",
             )
     return value
+
+
+def running_version(package: str) -> str | None:
+    """The ``__version__`` of engine ``package`` as this process imported it (a bridge reads
+    the running engine's release and plans for it); ``None`` where it is not imported (the
+    engine's records handed over by other means: the newest release k3layout follows)."""
+    module = sys.modules.get(package)
+    version = getattr(module, "__version__", None)
+    return version if isinstance(version, str) and version else None

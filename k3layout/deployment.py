@@ -104,6 +104,12 @@ class Deployment(Frozen):
         description="registered engine name: vllm (hybrid allocator), tokenspeed (parent "
         "blocks) or sglang (token pool and state pool)",
     )
+    engine_version: Annotated[str, Field(min_length=1, max_length=64)] | None = Field(
+        None,
+        description="the engine's release (or revision) to plan for, one k3layout follows "
+        "(vllm 0.33.0, sglang 0.5.23, tokenspeed pr1152); None: the newest it follows, which "
+        "planning writes into the plan's deployment",
+    )
     gpu: GpuName = Field(
         DEFAULT_GPU,
         description="the GPU the engine runs on; engines pick kernels, and so pages, by it",
@@ -263,6 +269,30 @@ class Deployment(Frozen):
     @classmethod
     def _registered_engine(cls, value: object) -> str:
         return canonical_name(value)
+
+    @model_validator(mode="after")
+    def _known_version(self) -> Deployment:
+        known = facts_of(self.engine).versions
+        if self.engine_version is None or self.engine_version in known:
+            return self
+        raise Refusal(
+            "version_unsupported",
+            f"engine_version={self.engine_version!r}: k3layout follows {self.engine} "
+            f"{', '.join(known)}, and plans no other release with their rules",
+            facts={
+                "engine": self.engine,
+                "field": "engine_version",
+                "engine_version": self.engine_version,
+                "allowed": known,
+            },
+            hint=f"use engine_version in {list(known)}, or leave it unset for {known[-1]}",
+        )
+
+    @property
+    def version_run(self) -> str:
+        """The engine release planned for: ``engine_version``, else the newest k3layout
+        follows."""
+        return self.engine_version or facts_of(self.engine).versions[-1]
 
     @model_validator(mode="after")
     def _partition_matches_pp(self) -> Deployment:

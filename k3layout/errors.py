@@ -31,6 +31,7 @@ RefusalCode: TypeAlias = Literal[
     "block_unsupported",
     "layout_unsupported",
     "engine_setting",
+    "version_unsupported",
     "kernel_unsupported",
     "spec_tokens",
     "stage_without_attention",

@@ -71,6 +71,9 @@ class EngineFacts:
       (:class:`DeprecationWarning`);
     - ``listing_order``: where it stands in listings (sweeps, ``--engine`` choices);
     - ``launch``: the command that starts it, before the checkpoint (``vllm serve``);
+    - ``versions``: the releases (or revisions) of the engine k3layout follows, oldest first;
+      each has its own rules in the engine's package, and the last is what a deployment
+      naming none plans for (``Deployment.engine_version``);
     - ``scaled_fp8_latent_majors``: the CUDA capability majors where its fp8 cache of an
       indexed (DSA) MLA layer keeps FlashMLA's scaled row (one fp32 scale per 128 latent
       elements: 528 B for a 512 latent, SGLang's ``flashmla_kv`` on SM90) rather than the
@@ -94,6 +97,7 @@ class EngineFacts:
     listing_order: int = 100
     launch: str = ""
     scaled_fp8_latent_majors: tuple[int, ...] = ()
+    versions: tuple[str, ...] = ()
 
 
 class Registered(Protocol):

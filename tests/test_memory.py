@@ -404,7 +404,10 @@ def test_the_cli_plans_on_the_budget_its_options_give(
     ]
     report = _json(capsys, *linear, *options)
     expected = Deployment(
-        gpu_memory_utilization=0.85, gpu_memory_bytes=150 * GIB, reserve_bytes=5 * GIB // 2
+        engine_version="0.33.0",  # the plan says the release it planned for
+        gpu_memory_utilization=0.85,
+        gpu_memory_bytes=150 * GIB,
+        reserve_bytes=5 * GIB // 2,
     )
     assert report["deployment"] == expected.model_dump(mode="json")
     memory = MemoryBudget.model_validate(report["memory"])
@@ -431,9 +434,8 @@ def test_the_cli_plans_on_the_budget_its_options_give(
         "8192",
         "--json",
     )
-    assert tokenspeed["deployment"] == case.deployment(gpu_memory_utilization=0.7).model_dump(
-        mode="json"
-    )
+    planned_for = case.deployment(gpu_memory_utilization=0.7, engine_version="pr1152")
+    assert tokenspeed["deployment"] == planned_for.model_dump(mode="json")
     assert tokenspeed["memory"]["memory_flag"] == ["--gpu-memory-utilization", "0.7"]
     # recommend takes the same options: the GPU's total bounds its budget
     answer = _json(

@@ -181,6 +181,7 @@ def test_a_plan_whose_deployment_names_the_other_engine_is_refused(
 ) -> None:
     def edit(data: dict[str, Any]) -> None:
         data["deployment"]["engine"] = "vllm"
+        data["deployment"]["engine_version"] = "0.33.0"  # a release of the engine named
 
     refusal = refused(lambda: load_plan(tampered(parent_plan, edit)), "plan_mismatch", "engine")
     assert (refusal.facts["stored"], refusal.facts["derived"]) == ("tokenspeed", "vllm")

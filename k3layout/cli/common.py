@@ -76,6 +76,12 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
     """The deployment's fields as options."""
     if engine:
         parser.add_argument("--engine", type=engine_option, choices=engine_names(), default="vllm")
+        parser.add_argument(
+            "--engine-version",
+            default=None,
+            help="the engine release to plan for, one k3layout follows (vllm 0.33.0, sglang "
+            "0.5.23, tokenspeed pr1152; default: the newest it follows)",
+        )
     parser.add_argument(
         "--gpu",
         choices=GPU_NAMES,
@@ -370,6 +376,7 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
     """Build the deployment the options describe (validated; bad values are refused)."""
     fields: dict[str, object] = {
         "engine": getattr(args, "engine", "vllm"),
+        "engine_version": getattr(args, "engine_version", None),
         "attn_tp": args.attn_tp,
         "attn_dp": args.attn_dp,
         "kv_dtype": args.kv_dtype,

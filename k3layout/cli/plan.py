@@ -221,7 +221,8 @@ def show(
     out = console()
     d = result.deployment
     out.print(
-        f"{result.model.name} | engine {result.engine} | attn_tp {d.attn_tp} x dp {d.attn_dp} | "
+        f"{result.model.name} | engine {result.engine} {d.version_run} | attn_tp {d.attn_tp} "
+        f"x dp {d.attn_dp} | "
         f"pp {d.pp} | dcp {d.dcp} | {d.kv_dtype} | spec {d.spec_tokens} | {d.gpu}",
         style="bold",
     )

@@ -128,10 +128,10 @@ def topology(deployment: Deployment) -> str:
 
 
 def deployment_title(model_name: str, deployment: Deployment) -> str:
-    """``kimi-k3 | vllm | tp8 | fp8 | spec 2``: what a picture of one plan shows."""
+    """``kimi-k3 | vllm 0.33.0 | tp8 | fp8 | spec 2``: what a picture of one plan shows."""
     return (
-        f"{model_name} | {deployment.engine} | {topology(deployment)} | {deployment.kv_dtype} | "
-        f"spec {deployment.spec_tokens}"
+        f"{model_name} | {deployment.engine} {deployment.version_run} | {topology(deployment)} | "
+        f"{deployment.kv_dtype} | spec {deployment.spec_tokens}"
     )
 
 

@@ -117,6 +117,8 @@ def run_pipeline(model: HybridModel, deployment: Deployment, rules: EngineRules)
 
 
 def _run(model: HybridModel, deployment: Deployment, rules: EngineRules) -> Any:
+    if deployment.engine_version is None:  # the plan says which release it planned for
+        deployment = deployment.model_copy(update={"engine_version": deployment.version_run})
     check_parallelism(model, deployment)
     model = rules.check(model, deployment)
     sizes = rank_sizes(model, deployment)
@@ -143,7 +145,8 @@ def with_engine(deployment: Deployment, engine: EngineFlavour) -> Deployment:
     if canonical_name(engine) == deployment.engine:
         return deployment
     fields = {name: getattr(deployment, name) for name in Deployment.model_fields}
-    return Deployment.model_validate({**fields, "engine": engine})
+    # a release is one engine's: the other engine plans for its own newest
+    return Deployment.model_validate({**fields, "engine": engine, "engine_version": None})
 
 
 def load_plan(data: str | bytes) -> Any:

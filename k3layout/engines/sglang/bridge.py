@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..._args import engine_attribute, expect, expect_int
+from ..._args import engine_attribute, expect, expect_int, running_version
 from ...deployment import Deployment
 from ...errors import Fact, Refusal
 from ...gpus import DEFAULT_GPU
@@ -154,6 +154,7 @@ def deployment_from_sglang(server_args: Any, gpu: str = DEFAULT_GPU) -> Deployme
         spec = _count("server_args.speculative_num_draft_tokens", draft_tokens) - 1
     fields: dict[str, Any] = {
         "engine": "sglang",
+        "engine_version": running_version("sglang"),
         "gpu": gpu,
         "attn_tp": tp // dp if dp and tp % dp == 0 else tp,
         "attn_dp": dp,

@@ -11,7 +11,7 @@ from .budget import SGLANG_BUDGET
 from .invariants import sglang_violations
 from .launch import LAUNCH
 from .layout import SglangPlan, built_model, check_sglang, group_sglang, pack_sglang
-from .rules import KV_DTYPE_NAMES, PD_REFUSAL_NOTE
+from .rules import KV_DTYPE_NAMES, PD_REFUSAL_NOTE, SGLANG_VERSION
 from .weights import sglang_weights
 
 SGLANG = register_engine(
@@ -24,6 +24,7 @@ SGLANG = register_engine(
             package=__package__ or "",
             launch=LAUNCH,
             listing_order=2,
+            versions=(SGLANG_VERSION,),
             gathers_state=True,  # SGLang pairs prefill TP 8 with decode TP 2
             decode_pp_matches_prefill=True,
             pd_refusal_note=PD_REFUSAL_NOTE,

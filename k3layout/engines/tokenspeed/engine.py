@@ -28,6 +28,7 @@ TOKENSPEED = register_engine(
             conv_layout="DS",  # tokenspeed's conv state is [channels, K - 1]
             launch=LAUNCH,
             listing_order=1,
+            versions=("pr1152",),  # #1152's head, recipe.REVISION
         ),
         plan_type=ParentPlan,
         check=check_tokenspeed,

@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..._args import engine_attribute, expect, expect_int
+from ..._args import engine_attribute, expect, expect_int, running_version
 from ...deployment import Deployment
 from ...dtypes import KV_CACHE_DTYPES
 from ...errors import Refusal
@@ -175,6 +175,7 @@ def deployment_from_vllm(vllm_config: Any, gpu: GpuName | None = None) -> Deploy
     where = gpu or engine_gpu() or _gpu_running(name)
     fields: dict[str, Any] = {
         "engine": "vllm",
+        "engine_version": running_version("vllm"),
         "gpu": where,
         "attn_tp": need("parallel_config.tensor_parallel_size"),
         "attn_dp": need("parallel_config.data_parallel_size"),

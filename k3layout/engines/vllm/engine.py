@@ -11,7 +11,7 @@ from .budget import VLLM_BUDGET
 from .invariants import vllm_violations
 from .launch import LAUNCH
 from .layout import VllmPlan, built_model, check_vllm, group_vllm, pack_vllm
-from .rules import DENSE_MLA_KV_DTYPES, PIPELINE_UNSERVED
+from .rules import DENSE_MLA_KV_DTYPES, PIPELINE_UNSERVED, VLLM_VERSION
 from .weights import rank_weights
 
 SOURCE = "vLLM 0.33.0's KVCacheConfig and bound caches (tests/conformance)"
@@ -45,6 +45,7 @@ VLLM = register_engine(
             package=__package__ or "",
             launch=LAUNCH,
             listing_order=0,
+            versions=(VLLM_VERSION,),
             layer_naming=LAYER_NAMING,
         ),
         plan_type=VllmPlan,
