@@ -77,6 +77,7 @@ from typing import Any
 import sglang_engine
 import sglang_glm
 import sglang_weights
+from glm_categories import CATEGORIES, category
 from sglang_engine import GPUS
 from sglang_platform import SGLANG_VERSION
 
@@ -99,67 +100,6 @@ ENGINE_FIELDS: dict[str, Any] = {
 }
 """Text-config fields SGLang's GLM constructor needs (or silently defaults) that the fixture
 lacks (module docstring)."""
-
-CATEGORIES = (
-    "embedding",
-    "lm_head",
-    "kda",
-    "mla",
-    "indexer",
-    "router",
-    "routed_experts",
-    "shared_experts",
-    "dense_mlp",
-    "norms",
-    "hyper_connections",
-    "vision_tower",
-    "projector",
-    "mtp",
-)
-"""Module categories, in report order (those of ``vllm_glm_weights.CATEGORIES``). ``mla`` is the
-latent attention (projections, its norms); ``indexer`` the DSA kpool indexer inside it;
-``router`` the MoE gate and its score-correction bias; ``routed_experts`` the fused experts
-(with the shared expert when SGLang fuses it in: then ``shared_experts`` is empty); ``norms``
-the decoder's and the final RMSNorm; ``projector`` the vision ``downsample`` conv and patch
-``merger``; ``mtp`` the draft's own tensors (its LM head, and its embedding where the stage
-has the target's, are replaced by the target's after loading: listed, not counted; see
-:func:`shared_draft_parts`)."""
-
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(.*)$")
-
-
-def category(name: str, kda_layers: frozenset[int], draft: bool = False) -> str:
-    """The category of tensor ``name`` (a target's, or the draft's when ``draft``)."""
-    if draft:
-        return "mtp"
-    if name.startswith("visual."):
-        rest = name.removeprefix("visual.")
-        return "projector" if rest.startswith(("merger.", "downsample.")) else "vision_tower"
-    if ".embed_tokens." in f".{name}":
-        return "embedding"
-    if name.startswith("lm_head."):
-        return "lm_head"
-    match = _LAYER.search(name)
-    if match is None:
-        return "norms" if re.search(r"(?:^|\.)norm\.", name) else "other"
-    layer, rest = int(match.group(1)), match.group(2)
-    if rest.startswith("hc_"):
-        return "hyper_connections"
-    if rest.startswith(("input_layernorm.", "post_attention_layernorm.")):
-        return "norms"
-    if rest.startswith("self_attn."):
-        if layer in kda_layers:
-            return "kda"
-        return "indexer" if ".indexer." in rest else "mla"
-    if rest.startswith("mlp.experts."):
-        return "routed_experts"
-    if rest.startswith("mlp.gate."):
-        return "router"
-    if rest.startswith("mlp.shared_experts."):
-        return "shared_experts"
-    if rest.startswith("mlp."):
-        return "dense_mlp"
-    return "other"
 
 
 def draft_part(name: str) -> str:

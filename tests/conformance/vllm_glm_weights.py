@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import re
 import sys
 import tempfile
 import traceback
@@ -59,6 +58,7 @@ from typing import Any
 import torch
 import vllm_engine
 import vllm_weights
+from glm_categories import CATEGORIES, category
 from torch import nn
 from vllm_glm import _inspect_in_process, _merge, fixture_config, install_torchvision_stub
 from vllm_weights import TensorInfo, Weights, _patched
@@ -80,67 +80,9 @@ GPUS: dict[str, tuple[tuple[int, int], str]] = {
 }
 """CUDA capability and sparse MLA backend of each GPU :func:`glm_weights` takes."""
 
-CATEGORIES = (
-    "embedding",
-    "lm_head",
-    "kda",
-    "mla",
-    "indexer",
-    "router",
-    "routed_experts",
-    "shared_experts",
-    "dense_mlp",
-    "norms",
-    "hyper_connections",
-    "vision_tower",
-    "projector",
-    "mtp",
-)
-"""Module categories, in report order. ``mla`` is the latent attention (projections, norms,
-the attention layer's scale buffers); ``indexer`` the DSA/kpool indexer beside it; ``router``
-the MoE gate and its score-correction bias; ``norms`` the decoder's and the final RMSNorm;
-``projector`` the vision ``downsample`` conv and patch ``merger``; ``mtp`` the draft's own
-tensors (shared ones are the target's)."""
-
 RUNNER_PP_CALL = "vllm/v1/worker/gpu/model_runner.py:547"
 """Where vLLM's (V2) model runner, loading the model of a non-first pipeline stage, asks it for
 ``make_empty_intermediate_tensors`` (after the weights are built and loaded; not run here)."""
-
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(.*)$")
-
-
-def category(name: str, kda_layers: frozenset[int], draft: bool = False) -> str:
-    """The category of tensor ``name`` (a target's, or the draft's when ``draft``)."""
-    if draft:
-        return "mtp"
-    if name.startswith("visual."):
-        rest = name.removeprefix("visual.")
-        return "projector" if rest.startswith(("merger.", "downsample.")) else "vision_tower"
-    if ".embed_tokens." in f".{name}":
-        return "embedding"
-    if "lm_head." in name:
-        return "lm_head"
-    match = _LAYER.search(name)
-    if match is None:
-        return "norms" if re.search(r"(?:^|\.)norm\.", name) else "other"
-    layer, rest = int(match.group(1)), match.group(2)
-    if rest.startswith("hc_"):
-        return "hyper_connections"
-    if rest.startswith(("input_layernorm.", "post_attention_layernorm.")):
-        return "norms"
-    if rest.startswith("self_attn."):
-        if layer in kda_layers:
-            return "kda"
-        return "indexer" if ".indexer" in rest else "mla"
-    if rest.startswith("mlp.experts."):
-        return "routed_experts"
-    if rest.startswith("mlp.gate."):
-        return "router"
-    if rest.startswith("mlp.shared_experts."):
-        return "shared_experts"
-    if rest.startswith("mlp."):
-        return "dense_mlp"
-    return "other"
 
 
 def draft_part(name: str) -> str:
