@@ -25,6 +25,7 @@ from k3layout import (
     plan_ride,
     plan_transfer,
     preset,
+    weights_per_rank,
 )
 from k3layout.cache import DSAIndexer, ring_spec, ring_tokens
 from k3layout.transfer import transfer_violations
@@ -100,6 +101,10 @@ def test_mtp_layers_join_as_draft() -> None:
         ({"q_lora_rank": None}, "text_config.q_lora_rank"),
         ({"indexer_types": ["shared"] * 45}, "text_config.indexer_types.3"),
         ({"index_kpool": 0}, "text_config.index_kpool"),
+        ({"mlp_layer_types": ["dense"] * 44}, "text_config.mlp_layer_types"),
+        ({"mlp_layer_types": ["moe"] * 45}, "text_config.mlp_layer_types.0"),
+        ({"hc_mult": 0}, "text_config.hc_mult"),
+        ({"mhc": "yes"}, "text_config.mhc"),
     ],
 )
 def test_bad_config_is_refused_naming_the_field(fields: dict[str, Any], field: str) -> None:
@@ -107,6 +112,29 @@ def test_bad_config_is_refused_naming_the_field(fields: dict[str, Any], field: s
         model_from_config(config(**fields))
     assert caught.value.code == "invalid_config"
     assert caught.value.facts["field"] == field
+
+
+def test_a_bad_vision_field_is_refused_naming_it() -> None:
+    data = config()
+    data["vision_config"]["depth"] = "24"
+    with pytest.raises(Refusal) as caught:
+        model_from_config(data)
+    assert (caught.value.code, caught.value.facts["field"]) == (
+        "invalid_config",
+        "vision_config.depth",
+    )
+
+
+def test_the_weights_read_what_the_config_says() -> None:
+    arch = model_from_config(config(mhc=False, topk_method="noaux_tc")).architecture
+    assert arch is not None
+    assert (arch.hyper_connections, arch.router_bias) == (0, True)
+    assert "mhc" not in arch.undeclared and "topk_method" not in arch.undeclared
+    assert arch.mlp_layer_types == ("dense",) * 3 + ("sparse",) * 42
+    assert [arch.is_moe_layer(i) for i in (2, 3, 45)] == [False, True, True]  # 45: an MTP layer
+    default = model_from_config(config(mlp_layer_types=None)).architecture
+    assert default is not None and default.mlp_layer_types == arch.mlp_layer_types
+    assert model_from_config(config()).architecture == preset("glm-5.3-flash").architecture
 
 
 def test_indexer_and_ring_parts() -> None:
@@ -368,3 +396,27 @@ def test_transfers_recompose(case: tuple[int, int, int, int, int, str]) -> None:
         assert refusal.code in {"tp_not_multiple", "pp_too_deep"}, refusal
         return
     assert transfer_violations(result) == []
+
+
+DECLARED = {
+    "mhc": True,
+    "mla_use_nope": True,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "index_kpool_compress": True,
+}
+"""The fields the engines' GLM constructors read that the fixture lacks."""
+
+
+@pytest.mark.parametrize(
+    ("engine", "field", "total"),
+    # the totals vLLM 0.33's and SGLang 0.5.23's classes build at TP 8 (conformance suites)
+    [("vllm", "mhc", 79_115_999_720), ("sglang", "index_kpool_compress", 79_056_957_752)],
+)
+def test_weights_need_the_fields_each_engine_reads(engine: str, field: str, total: int) -> None:
+    deployment = Deployment(engine=engine, attn_tp=8)
+    with pytest.raises(Refusal) as caught:
+        weights_per_rank(preset("glm-5.3-flash"), deployment)
+    assert (caught.value.code, caught.value.facts["field"]) == ("weights_unknown", field)
+    declared = model_from_config(config(**DECLARED))
+    assert weights_per_rank(declared, deployment).max_bytes == total

@@ -21,7 +21,7 @@ it, and no indexed layer at all.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Final, Literal
+from typing import Annotated, Final, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -235,20 +235,11 @@ def model_from_layer_types(
     """The :class:`HybridModel` of a config declaring its layers in ``layer_types``;
     ``text_config`` is the backbone (``config`` itself when flat, ``prefix`` then ``""``).
     ``num_draft_layers`` overrides ``num_nextn_predict_layers`` (the MTP layers)."""
-    try:
-        text = (
-            _NestedText.model_validate({"text_config": text_config}).text_config
-            if prefix
-            else _LayerTypesText.model_validate(text_config)
-        )
-    except ValidationError as error:
-        raise refusal_from_validation(
-            error,
-            f"config {source}",
-            code="invalid_config",
-            facts={"source": source},
-            hint="fix the named field of the config.json",
-        ) from None
+    text = (
+        _validated(_NestedText, {"text_config": text_config}, source).text_config
+        if prefix
+        else _validated(_LayerTypesText, text_config, source)
+    )
     _check_fields(text, source, prefix)
     kda_flags = _layer_kinds(text, source, prefix)
     if all(kda_flags):
@@ -389,6 +380,31 @@ class _MergerVision(BaseModel):
     projection_intermediate_size: _Dim = 10240
 
 
+class _NestedVision(BaseModel):
+    """The tower under ``vision_config`` (so that a refusal names ``vision_config.<field>``)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
+
+    vision_config: _MergerVision
+
+
+_Read = TypeVar("_Read", bound=BaseModel)
+
+
+def _validated(kind: type[_Read], data: Mapping[str, object], source: str) -> _Read:
+    """``data`` read as ``kind``; a bad field is refused (``invalid_config``) by its name."""
+    try:
+        return kind.model_validate(data)
+    except ValidationError as error:
+        raise refusal_from_validation(
+            error,
+            f"config {source}",
+            code="invalid_config",
+            facts={"source": source},
+            hint="fix the named field of the config.json",
+        ) from None
+
+
 def _merger_vision(
     config: Mapping[str, object], text: _LayerTypesText, source: str
 ) -> MergerVisionTower | None:
@@ -397,16 +413,7 @@ def _merger_vision(
     vision = config.get("vision_config")
     if not isinstance(vision, Mapping):
         return None
-    try:
-        fields = _MergerVision.model_validate(vision)
-    except ValidationError as error:
-        raise refusal_from_validation(
-            error,
-            f"config {source}",
-            code="invalid_config",
-            facts={"source": source},
-            hint="fix the named field of vision_config",
-        ) from None
+    fields = _validated(_NestedVision, {"vision_config": vision}, source).vision_config
     return MergerVisionTower(
         **fields.model_dump(),
         rotary_positions=text.max_position_embeddings or TEXT_MAX_POSITIONS,
