@@ -80,6 +80,20 @@ def expect_positive(name: str, value: object, hint: str | None = None) -> int:
     return number
 
 
+def expect_non_negative(name: str, value: object, hint: str | None = None) -> int:
+    """``value`` for parameter ``name`` if it is an ``int`` of 0 or more; else refuse
+    (``invalid_argument``), with ``hint`` (default: ``pass {name} >= 0``)."""
+    number = expect_int(name, value)
+    if number < 0:
+        raise Refusal(
+            "invalid_argument",
+            f"{name}={number} must be >= 0",
+            facts={"field": name},
+            hint=f"pass {name} >= 0" if hint is None else hint,
+        )
+    return number
+
+
 def expect_items(name: str, value: object, item_types: Types, *, optional: bool = False) -> None:
     """Refuse ``value`` unless it is a list or tuple (or ``None`` when ``optional``) of
     ``item_types``; the first wrong item is named ``name[i]``."""

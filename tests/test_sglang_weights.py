@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from k3layout import Deployment, Refusal, preset
-from k3layout.engines.sglang.weights import padded_vocab
+from k3layout.engines.sglang.weights_extra import padded_vocab
 from k3layout.layouts.weights import weights_per_rank
 from k3layout.model import GQALayer, HybridModel, model_from_config
 from k3layout.model.architecture import Architecture, DSparkDraft

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .._args import expect, expect_int
+from .._args import expect, expect_non_negative
 from ..constants import MAX_MODEL_DIM
-from ..errors import Refusal
 from ..limits import check_bound
 from ..placements import Replicate
 from .part import CachePart, check_dim
@@ -53,19 +52,8 @@ def ring_spec(indexer: DSAIndexer, spec_tokens: int) -> LayerCacheSpec:
 
 
 def _check_spec_tokens(spec_tokens: object) -> None:
-    if expect_int("spec_tokens", spec_tokens) < 0:
-        raise Refusal(
-            "invalid_argument",
-            f"spec_tokens={spec_tokens} must be >= 0",
-            facts={"field": "spec_tokens"},
-            hint="pass spec_tokens >= 0",
-        )
-    check_bound(
-        "spec_tokens",
-        expect_int("spec_tokens", spec_tokens),
-        MAX_MODEL_DIM,
-        why="speculative tokens",
-    )
+    tokens = expect_non_negative("spec_tokens", spec_tokens)
+    check_bound("spec_tokens", tokens, MAX_MODEL_DIM, why="speculative tokens")
 
 
 @lru_cache(maxsize=256)

@@ -25,7 +25,7 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import Field, NonNegativeInt, model_validator
 
-from .._args import expect_int
+from .._args import expect_int, expect_non_negative
 from .._frozen import Frozen, trusted
 from ..errors import Refusal
 from ..placements import Interleave
@@ -100,13 +100,7 @@ class LayerCacheSpec(Frozen):
         counted whole: a request's payload, whatever the page."""
         self._need("token", "tokens_bytes")
         expect_int("tp", tp)
-        if expect_int("tokens", tokens) < 0:
-            raise Refusal(
-                "invalid_argument",
-                f"tokens={tokens} must be >= 0",
-                facts={"field": "tokens"},
-                hint="pass tokens >= 0",
-            )
+        expect_non_negative("tokens", tokens)
         return sum(-(-tokens // part.tokens_per_row) * part.local_bytes(tp) for part in self.parts)
 
     @property

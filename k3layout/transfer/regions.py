@@ -26,7 +26,7 @@ from typing import cast
 
 from pydantic import NonNegativeInt
 
-from .._args import expect, expect_args, expect_int, expect_sequence
+from .._args import expect, expect_args, expect_int, expect_non_negative, expect_sequence
 from .._frozen import Frozen
 from .._validation import describe
 from ..cache import CachePart
@@ -107,13 +107,9 @@ def rank_regions(
             facts={"field": "tp_rank", "attn_tp": deployment.attn_tp},
             hint=f"use 0 <= tp_rank < {deployment.attn_tp}",
         )
-    if expect_int("prompt_tokens", prompt_tokens) < 0:
-        raise Refusal(
-            "invalid_argument",
-            f"prompt_tokens={describe(prompt_tokens)} must be >= 0",
-            facts={"field": "prompt_tokens"},
-            hint="pass the request's number of prompt tokens",
-        )
+    expect_non_negative(
+        "prompt_tokens", prompt_tokens, "pass the request's number of prompt tokens"
+    )
     check_bound("prompt_tokens", prompt_tokens, MAX_PROMPT_TOKENS, why="a request's tokens")
     tp = deployment.attn_tp
     rows = latent_rows(deployment, tp_rank, prompt_tokens)

@@ -1,9 +1,11 @@
 """Modules whose per-rank tensors two engines name and shape alike, so that their layouts are
-written once: a hyper-connected layer's mixing parameters and a merger vision tower's
-transformer blocks (GLM-5.3-Flash's, in vLLM's and SGLang's classes)."""
+written once: a hyper-connected layer's mixing parameters, a latent attention layer's
+unquantized projections and a merger vision tower's transformer blocks (GLM-5.3-Flash's, in
+vLLM's and SGLang's classes)."""
 
 from __future__ import annotations
 
+from ..cache.mla import MLALayer
 from ..model.architecture import MergerVisionTower
 from .records import WeightDtype, WeightTensor
 
@@ -24,6 +26,24 @@ def hyper_connection_tensors(hidden: int, streams: int) -> tuple[WeightTensor, .
             _t(f"hc_{site}_base", (mixes,), "float32"),
             _t(f"hc_{site}_scale", (3,), "float32"),
         )
+    )
+
+
+def mla_projection_tensors(
+    layer: MLALayer, heads: int, hidden: int, dtype: WeightDtype, fused: str
+) -> tuple[WeightTensor, ...]:
+    """An MLA layer's unquantized projections and norms on a rank holding ``heads`` of its
+    heads: the fused q/kv down-projection (the engine calls it ``fused``) replicated, the
+    up- and output projections split by heads."""
+    q_lora, rope = layer.q_lora_rank or 0, layer.qk_rope_head_dim
+    nope, rank = layer.qk_nope_head_dim, layer.kv_lora_rank
+    return (
+        _t(f"self_attn.{fused}.weight", (q_lora + rank + rope, hidden), dtype),
+        _t("self_attn.q_a_layernorm.weight", (q_lora,), dtype),
+        _t("self_attn.q_b_proj.weight", (heads * (nope + rope), q_lora), dtype),
+        _t("self_attn.kv_a_layernorm.weight", (rank,), dtype),
+        _t("self_attn.kv_b_proj.weight", (heads * (nope + layer.v_head_dim), rank), dtype),
+        _t("self_attn.o_proj.weight", (hidden, heads * layer.v_head_dim), dtype),
     )
 
 

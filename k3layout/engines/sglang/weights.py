@@ -38,29 +38,24 @@ from ...model import GQALayer, HybridModel, KDALayer, MLALayer
 from ...model.architecture import Architecture
 from ...weights import RankWeights, WeightDtype, WeightGroup, WeightTensor
 from ...weights.records import Entry, grouped
-from .weights_extra import draft_groups, refuse_quantization, vision_tensors
+from .weights_extra import (
+    draft_groups,
+    padded_vocab,
+    refuse_quantization,
+    vision_tensors,
+    vocab_rows,
+)
 from .weights_glm import GLM_CLASS, glm_sglang_weights
 from .weights_quant import Linear, QuantScheme, attention_scales, expert_tensors, linear_tensors
 
 K3_CLASS: Final = "KimiK3ForConditionalGeneration"
 KL_CLASS: Final = "KimiLinearForCausalLM"
-VOCAB_PAD: Final = 64
-"""``DEFAULT_VOCAB_PADDING_SIZE`` of SGLang's ``vocab_parallel_embedding``."""
 
 """A module kind, its layer (None: held once) and its tensors."""
 
 
 def _t(name: str, shape: tuple[int, ...], dtype: WeightDtype) -> WeightTensor:
     return WeightTensor(name=name, shape=shape, dtype=dtype)
-
-
-def padded_vocab(vocab: int, ranks: int) -> int:
-    """SGLang's padded vocabulary over ``ranks``: to 64, or to ``64 x ranks`` when 64's
-    padding does not divide (163,840 divides every TP: no padding)."""
-    pad = VOCAB_PAD
-    if -(-vocab // pad) * pad % ranks:
-        pad *= ranks
-    return -(-vocab // pad) * pad
 
 
 class _Rank:
@@ -313,7 +308,7 @@ def _edges(r: _Rank, first: bool, last: bool) -> Iterator[Entry]:
         yield "vision", None, vision_tensors(arch.vision, h, dtype)
     if first:
         ranks = r.attn_tp if r.k3 else r.tp  # K3's embedding reduces within attention TP
-        rows = padded_vocab(arch.vocab_size, ranks) // ranks
+        rows = vocab_rows(arch.vocab_size, ranks)
         yield "embedding", None, (_t(f"{root}embed_tokens.weight", (rows, h), dtype),)
     if not last:
         return

@@ -1,7 +1,10 @@
 """What SGLang 0.5.23 builds beside Kimi's decoder stack: K3's vision tower and SGLang's dense
-DSpark draft; and what it refuses of a quantization before any shape."""
+DSpark draft; what it refuses of a quantization before any shape; and how it pads a
+vocabulary (every family's embedding and LM head)."""
 
 from __future__ import annotations
+
+from typing import Final
 
 from ...deployment import Deployment
 from ...errors import Refusal
@@ -9,6 +12,23 @@ from ...gpus import GPUS, GpuName
 from ...model import GQALayer, HybridModel
 from ...model.architecture import Architecture, DSparkDraft, VisionTower
 from ...weights import WeightDtype, WeightGroup, WeightTensor
+
+VOCAB_PAD: Final = 64
+"""``DEFAULT_VOCAB_PADDING_SIZE`` of SGLang's ``vocab_parallel_embedding``."""
+
+
+def padded_vocab(vocab: int, ranks: int) -> int:
+    """SGLang's padded vocabulary over ``ranks``: to 64, or to ``64 x ranks`` when 64's
+    padding does not divide (163,840 divides every TP: no padding)."""
+    pad = VOCAB_PAD
+    if -(-vocab // pad) * pad % ranks:
+        pad *= ranks
+    return -(-vocab // pad) * pad
+
+
+def vocab_rows(vocab: int, ranks: int) -> int:
+    """The embedding's (or LM head's) rows on one of ``ranks``: the padded vocabulary split."""
+    return padded_vocab(vocab, ranks) // ranks
 
 
 def _t(name: str, shape: tuple[int, ...], dtype: WeightDtype) -> WeightTensor:

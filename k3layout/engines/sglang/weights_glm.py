@@ -39,8 +39,13 @@ from ...layouts.groups import stage_bounds
 from ...model import HybridModel
 from ...model.architecture import Architecture, MergerVisionTower
 from ...weights import RankWeights, WeightDtype, WeightGroup, WeightTensor
-from ...weights.modules import hyper_connection_tensors, vision_block_tensors
+from ...weights.modules import (
+    hyper_connection_tensors,
+    mla_projection_tensors,
+    vision_block_tensors,
+)
 from ...weights.records import Entry, grouped
+from .weights_extra import vocab_rows
 
 GLM_CLASS: Final = "Glm5NextForConditionalGeneration"
 """SGLang's GLM-5.3-Flash class whose weights are laid out."""
@@ -69,14 +74,6 @@ def _split(extent: int, ranks: int, what: str) -> int:
             hint=f"use a parallel size dividing {extent}",
         )
     return extent // ranks
-
-
-def _vocab(vocab: int, ranks: int) -> int:
-    """SGLang's padded vocabulary over ``ranks``: to 64, or ``64 x ranks`` when that divides."""
-    pad = 64
-    if -(-vocab // pad) * pad % ranks:
-        pad *= ranks
-    return -(-vocab // pad) * pad // ranks
 
 
 class _Rank:
@@ -115,25 +112,12 @@ def _kda(r: _Rank, layer: KDALayer) -> tuple[WeightTensor, ...]:
 def _mla(r: _Rank, layer: MLALayer) -> tuple[WeightTensor, ...]:
     hidden, dtype = r.arch.hidden_size, r.dtype
     heads = _split(layer.num_heads, r.a, "num_attention_heads")
-    q_lora, rope = layer.q_lora_rank or 0, layer.qk_rope_head_dim
+    q_lora = layer.q_lora_rank or 0
     index = layer.indexer
     assert index is not None  # every MLA layer of this family keeps one
     d = index.head_dim
     return (
-        _t(
-            "self_attn.fused_qkv_a_proj_with_mqa.weight",
-            (q_lora + layer.kv_lora_rank + rope, hidden),
-            dtype,
-        ),
-        _t("self_attn.q_a_layernorm.weight", (q_lora,), dtype),
-        _t("self_attn.q_b_proj.weight", (heads * (layer.qk_nope_head_dim + rope), q_lora), dtype),
-        _t("self_attn.kv_a_layernorm.weight", (layer.kv_lora_rank,), dtype),
-        _t(
-            "self_attn.kv_b_proj.weight",
-            (heads * (layer.qk_nope_head_dim + layer.v_head_dim), layer.kv_lora_rank),
-            dtype,
-        ),
-        _t("self_attn.o_proj.weight", (hidden, heads * layer.v_head_dim), dtype),
+        *mla_projection_tensors(layer, heads, hidden, dtype, "fused_qkv_a_proj_with_mqa"),
         _t("self_attn.indexer.index_kpool_compress_ape", (index.kpool, d), "float32"),
         _t("self_attn.indexer.index_kpool_compress_gate", (d, hidden), "bfloat16"),
         _t("self_attn.indexer.wq_b.weight", (index.num_heads * d, q_lora), dtype),
@@ -245,13 +229,17 @@ def glm_sglang_weights(model: HybridModel, deployment: Deployment, stage: int) -
     if arch.merger_vision is not None:  # every stage builds the tower
         entries.append(("vision", None, _vision(r, arch.merger_vision)))
     if first:
-        embedding = _t("model.embed_tokens.weight", (_vocab(arch.vocab_size, r.a), hidden), r.dtype)
+        embedding = _t(
+            "model.embed_tokens.weight",
+            (vocab_rows(arch.vocab_size, r.a), hidden),
+            r.dtype,
+        )
         entries.append(("embedding", None, (embedding,)))
     for i in range(start, end):
         entries += [(kind, i, tensors) for kind, tensors in _layer(r, i, draft=False)]
     if last:
         entries.append(("norm", None, (_t("model.norm.weight", (hidden,), r.dtype),)))
-        head = _t("lm_head.weight", (_vocab(arch.vocab_size, r.t), hidden), r.dtype)
+        head = _t("lm_head.weight", (vocab_rows(arch.vocab_size, r.t), hidden), r.dtype)
         entries.append(("lm_head", None, (head,)))
     drafts: tuple[WeightGroup, ...] = ()
     if last and model.draft_layers:
@@ -269,7 +257,11 @@ def _nextn(r: _Rank, pp: bool) -> tuple[WeightGroup, ...]:
     ]
     if pp:  # the last stage has no target embedding: the draft keeps its own
         tensors.append(
-            _t("model.embed_tokens.weight", (_vocab(r.arch.vocab_size, r.a), hidden), dtype)
+            _t(
+                "model.embed_tokens.weight",
+                (vocab_rows(r.arch.vocab_size, r.a), hidden),
+                dtype,
+            )
         )
     layer = r.model.num_layers  # SGLang builds one NEXTN layer
     tensors += [

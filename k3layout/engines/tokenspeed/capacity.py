@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from pydantic import Field, NonNegativeInt, PositiveInt
 
-from ..._args import expect_int, expect_positive
+from ..._args import expect_non_negative, expect_positive
 from ..._search import last_holding, unless_too_small
 from ...constants import PARENT_PAGE_TOKENS
 from ...errors import Refusal
@@ -144,13 +144,7 @@ def parent_capacity(
     cannot admit a token, or (``max_live=None``) a budget that holds no such request."""
     check_budget("budget_bytes", budget_bytes)
     context = check_context(plan, max_model_len)
-    if expect_int("overlap_depth", overlap_depth) < 0:
-        raise Refusal(
-            "invalid_argument",
-            f"overlap_depth={overlap_depth} must be >= 0",
-            facts={"field": "overlap_depth"},
-            hint="pass overlap_depth >= 0",
-        )
+    expect_non_negative("overlap_depth", overlap_depth)
     if overlap_depth > 1:
         raise Refusal(
             "invalid_argument",

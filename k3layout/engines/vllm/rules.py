@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from ..._args import expect_args, expect_int, expect_items, expect_positive
+from ..._args import expect_args, expect_int, expect_items, expect_non_negative, expect_positive
 from ...constants import MLA_KERNEL_BLOCK_TOKENS
 from ...deployment import Deployment
 from ...errors import Refusal
@@ -236,13 +236,7 @@ def aligned_block_tokens(
     """
     if requested is not None:
         expect_positive("requested", requested)
-    if expect_int("state_bytes", state_bytes) < 0:
-        raise Refusal(
-            "invalid_argument",
-            f"state_bytes={state_bytes} must be >= 0",
-            facts={"field": "state_bytes"},
-            hint="pass the state's bytes (0 without one)",
-        )
+    expect_non_negative("state_bytes", state_bytes, "pass the state's bytes (0 without one)")
     expect_positive("attention_bytes_per_token", attention_bytes_per_token)
     block = preferred_block_tokens(backend) if requested is None else requested
     kernel = smallest_kernel_block(backend)

@@ -38,7 +38,11 @@ from ...model.architecture import Architecture, MergerVisionTower
 from ...model.hf_layer_types import TEXT_MAX_POSITIONS
 from ...placements import pp_stage_bounds
 from ...weights import RankWeights, WeightDtype, WeightGroup, WeightTensor
-from ...weights.modules import hyper_connection_tensors, vision_block_tensors
+from ...weights.modules import (
+    hyper_connection_tensors,
+    mla_projection_tensors,
+    vision_block_tensors,
+)
 from ...weights.records import WeightKind
 from .weights_layers import split
 from .weights_stack import grouped, padded_vocab
@@ -133,21 +137,8 @@ def _kda(layer: KDALayer, hidden: int, ranks: _Ranks, dtype: WeightDtype) -> lis
 
 def _mla(layer: MLALayer, hidden: int, ranks: _Ranks, dtype: WeightDtype) -> list[WeightTensor]:
     heads = split(layer.num_heads, ranks.tp, "num_attention_heads")
-    q_lora = layer.q_lora_rank or 0
-    rope = layer.qk_rope_head_dim
     return [
-        _t(
-            "self_attn.fused_qkv_a_proj.weight", (q_lora + layer.kv_lora_rank + rope, hidden), dtype
-        ),
-        _t("self_attn.q_a_layernorm.weight", (q_lora,), dtype),
-        _t("self_attn.q_b_proj.weight", (heads * (layer.qk_nope_head_dim + rope), q_lora), dtype),
-        _t("self_attn.kv_a_layernorm.weight", (layer.kv_lora_rank,), dtype),
-        _t(
-            "self_attn.kv_b_proj.weight",
-            (heads * (layer.qk_nope_head_dim + layer.v_head_dim), layer.kv_lora_rank),
-            dtype,
-        ),
-        _t("self_attn.o_proj.weight", (hidden, heads * layer.v_head_dim), dtype),
+        *mla_projection_tensors(layer, heads, hidden, dtype, "fused_qkv_a_proj"),
         *(_t(f"self_attn.mla_attn.mla_attn.{s}", (), "float32") for s in MLA_SCALES),
     ]
 
