@@ -5,6 +5,7 @@ so that each engine's environment imports it without the other engine."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 CATEGORIES = (
     "embedding",
@@ -63,3 +64,12 @@ def category(name: str, kda_layers: frozenset[int], draft: bool = False) -> str:
     if rest.startswith("mlp."):
         return "dense_mlp"
     return "other"
+
+
+def totals(table: dict[str, dict[str, Any]], key: str = "category") -> dict[str, int]:
+    """Bytes per ``key`` value of a harness's tensor table, in :data:`CATEGORIES` order."""
+    found: dict[str, int] = {}
+    for info in table.values():
+        found[info[key]] = found.get(info[key], 0) + info["bytes"]
+    order = {name: i for i, name in enumerate(CATEGORIES)}
+    return dict(sorted(found.items(), key=lambda item: order.get(item[0], len(order))))

@@ -77,7 +77,7 @@ from typing import Any
 import sglang_engine
 import sglang_glm
 import sglang_weights
-from glm_categories import CATEGORIES, category
+from glm_categories import CATEGORIES, category, totals
 from sglang_engine import GPUS
 from sglang_platform import SGLANG_VERSION
 
@@ -301,15 +301,6 @@ def _table(model: Any, kda: frozenset[int], draft: bool) -> dict[str, dict[str, 
     return table
 
 
-def _totals(table: dict[str, dict[str, Any]], key: str = "category") -> dict[str, int]:
-    """Bytes per ``key`` value, in :data:`CATEGORIES` order."""
-    totals: dict[str, int] = {}
-    for info in table.values():
-        totals[info[key]] = totals.get(info[key], 0) + info["bytes"]
-    order = {name: i for i, name in enumerate(CATEGORIES)}
-    return dict(sorted(totals.items(), key=lambda item: order.get(item[0], len(order))))
-
-
 def _unregistered(model: Any) -> dict[str, dict[str, Any]]:
     """Non-empty tensors modules hold as plain attributes (not parameters or buffers, so not
     in the totals)."""
@@ -390,7 +381,7 @@ def _stage(built: dict[str, Any], run: _Run, kda: frozenset[int], pp_rank: int) 
     draft = _table(draft_model, kda, draft=True) if draft_model is not None else {}
     shared = shared_draft_parts(target)
     own = {n: i for n, i in draft.items() if i["part"] not in shared}
-    categories = _totals(target)
+    categories = totals(target)
     fused = _fused_shared_expert_bytes(model)
     if draft:
         categories["mtp"] = sum(info["bytes"] for info in own.values())
@@ -405,7 +396,7 @@ def _stage(built: dict[str, Any], run: _Run, kda: frozenset[int], pp_rank: int) 
         "end_layer": built.get("end_layer"),
         "categories": categories,
         "fused_shared_expert_bytes": fused,
-        "draft_parts": _totals(own, "part") if own else {},
+        "draft_parts": totals(own, "part") if own else {},
         "total_bytes": sum(i["bytes"] for i in both),
         "target_bytes": sum(i["bytes"] for i in target.values()),
         "draft_bytes": sum(i["bytes"] for i in own.values()),

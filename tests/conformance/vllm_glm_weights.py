@@ -58,7 +58,7 @@ from typing import Any
 import torch
 import vllm_engine
 import vllm_weights
-from glm_categories import CATEGORIES, category
+from glm_categories import category, totals
 from torch import nn
 from vllm_glm import _inspect_in_process, _merge, fixture_config, install_torchvision_stub
 from vllm_weights import TensorInfo, Weights, _patched
@@ -234,15 +234,6 @@ def _table(
     }
 
 
-def _totals(table: dict[str, dict[str, Any]], key: str = "category") -> dict[str, int]:
-    """Bytes per ``key`` value, in :data:`CATEGORIES` order."""
-    totals: dict[str, int] = {}
-    for info in table.values():
-        totals[info[key]] = totals.get(info[key], 0) + info["bytes"]
-    order = {name: i for i, name in enumerate(CATEGORIES)}
-    return dict(sorted(totals.items(), key=lambda item: order.get(item[0], len(order))))
-
-
 def _unregistered(model: nn.Module) -> dict[str, dict[str, Any]]:
     """Non-empty tensors modules hold as plain attributes (not parameters or buffers, so not
     in the totals): e.g. the top-k index buffer every sparse MLA layer shares."""
@@ -287,7 +278,7 @@ def _stage(weights: Weights, model: nn.Module | None, kda: frozenset[int]) -> di
     """One stage's answer: tensors, totals by category and kind, what vLLM chose."""
     target = _table(weights.target, kda, draft=False)
     draft = _table(weights.draft, kda, draft=True)
-    categories = _totals(target)
+    categories = totals(target)
     if draft:
         categories["mtp"] = sum(info["bytes"] for info in draft.values())
     both = [*target.values(), *draft.values()]
@@ -295,7 +286,7 @@ def _stage(weights: Weights, model: nn.Module | None, kda: frozenset[int]) -> di
         "model_class": weights.model_class,
         "draft_class": weights.draft_class,
         "categories": categories,
-        "draft_parts": _totals(draft, "part") if draft else {},
+        "draft_parts": totals(draft, "part") if draft else {},
         "total_bytes": weights.bytes(),
         "target_bytes": weights.bytes("target"),
         "draft_bytes": weights.bytes("draft"),
