@@ -276,6 +276,19 @@ def test_vllm_refuses_a_head_its_sparse_backends_do_not_take() -> None:
     assert caught.value.facts["head_size"] == 256
 
 
+@pytest.mark.parametrize("width", [64, 256])
+def test_sglang_refuses_an_index_key_width_its_dsa_pool_does_not_take(width: int) -> None:
+    model = model_from_config(config(index_head_dim=width))
+    with pytest.raises(Refusal) as caught:
+        plan(model, Deployment(engine="sglang", attn_tp=8))
+    assert caught.value.code == "kernel_unsupported"
+    assert (caught.value.facts["field"], caught.value.facts["allowed"]) == (
+        "index_head_dim",
+        (128,),
+    )
+    assert plan(model, Deployment(attn_tp=8)).packed  # vLLM takes it
+
+
 def test_the_ride_refuses_the_model_as_atoms_gate_does() -> None:
     # ATOM's plugin rides Kimi-K3's state only (it gates on the model type), whatever the layout
     with pytest.raises(Refusal) as caught:
