@@ -88,6 +88,8 @@ class Deployment(Frozen):
       ``kv_memory_bytes``, an explicit KV budget per rank (not both); ``None``: the engine's
       default. ``gpu_memory_bytes`` replaces the GPU table's total, ``reserve_bytes``
       k3layout's estimate of what the engine keeps beside weights and KV.
+      ``extensible_kv_cache`` is vLLM 0.34's switch for its extensible KV cache (``None``: on
+      unless ``kv_memory_bytes`` is given); a ``vllm`` setting of 0.34 on.
     - ``mamba_full_memory_ratio``, ``max_running_requests``, ``max_mamba_cache_size``,
       ``max_total_tokens``, ``mamba_track_interval``:
       SGLang's flags of those names (``None``: SGLang's own defaults; for the track interval,
@@ -248,6 +250,13 @@ class Deployment(Frozen):
             description="SGLang's --mem-fraction-static: the share of the free GPU memory for "
             "weights and pools; None: SGLang's default for the GPU and parallel sizes",
         )
+    )
+    extensible_kv_cache: bool | None = Field(
+        None,
+        description="vLLM 0.34's extensible KV cache (--enable-extensible-kv-cache / "
+        "--no-enable-extensible-kv-cache), which sizes the cache from the memory measured "
+        "after warm-up; None: the release's default (on in 0.34 unless kv_memory_bytes is "
+        "given; 0.33 has none)",
     )
     kv_memory_bytes: Annotated[int, Field(gt=0, le=MAX_KV_MEMORY_BYTES)] | None = Field(
         None,

@@ -94,7 +94,8 @@ def test_the_header_names_both_engines_layouts_and_the_default_prompt_length() -
     # vLLM's hybrid allocator on both sides: block 11,392 at TP 1, 1,536 at TP 8
     assert "prefill vllm (block 11392) pp8xtp1 -> decode vllm (block 1536) tp8xdcp8" in header
     assert "4,096 tokens (default)" in header
-    assert "vLLM 0.33.0 NIXL" in done.stdout  # the TP pairing rule the decode's engine registered
+    # the TP pairing rule the decode's engine registered
+    assert "vLLM 0.33.0 and 0.34.0 NIXL" in done.stdout
 
 
 def test_a_given_prompt_length_is_not_marked_default() -> None:
@@ -113,7 +114,7 @@ def test_json_names_engines_layouts_rule_and_whether_the_prompt_length_defaulted
     assert (defaulted["prompt_tokens"], defaulted["prompt_tokens_default"]) == (4096, True)
     assert given["prefill_engine"] == given["decode_engine"] == "vllm"
     assert (given["prefill_layout"], given["decode_layout"]) == ("block 1536", "block 5760")
-    assert given["pd_rule"] == "vLLM 0.33.0 NIXL"
+    assert given["pd_rule"] == "vLLM 0.33.0 and 0.34.0 NIXL"
 
 
 def test_sglang_names_its_engine_and_layout_and_registers_no_rule() -> None:

@@ -16,7 +16,7 @@ from k3layout.engines.vllm.bridge import deployment_from_vllm
 from k3layout.layouts.pipeline import with_engine
 from k3layout.registry import engine_names, facts_of
 
-NEWEST = {"vllm": "0.33.0", "sglang": "0.5.23", "tokenspeed": "pr1152"}
+NEWEST = {"vllm": "0.34.0", "sglang": "0.5.23", "tokenspeed": "pr1152"}
 
 
 @pytest.mark.parametrize("engine", sorted(NEWEST))
@@ -32,7 +32,7 @@ def test_a_plan_says_the_release_it_planned_for(engine: str) -> None:
 
 
 @pytest.mark.parametrize("engine", sorted(NEWEST))
-@pytest.mark.parametrize("version", ["0.34.0", "main", "0.33", ""])
+@pytest.mark.parametrize("version", ["0.35.0", "0.32.0", "main", "0.33", ""])
 def test_a_release_k3layout_does_not_follow_is_refused_with_the_list(
     engine: str, version: str
 ) -> None:
@@ -63,8 +63,10 @@ def test_the_cli_takes_and_refuses_a_release() -> None:
     done = k3layout("plan", "--engine-version", "0.33.0", "--attn-tp", "8")
     assert done.returncode == 0 and "engine vllm 0.33.0" in done.stdout
     done = k3layout("plan", "--engine-version", "0.34.0", "--attn-tp", "8")
+    assert done.returncode == 0 and "engine vllm 0.34.0" in done.stdout
+    done = k3layout("plan", "--engine-version", "0.35.0", "--attn-tp", "8")
     said = done.stdout + done.stderr
-    assert done.returncode == 2 and "version_unsupported" in said and "0.33.0" in said
+    assert done.returncode == 2 and "version_unsupported" in said and "0.34.0" in said
 
 
 @pytest.fixture

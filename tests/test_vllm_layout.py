@@ -146,13 +146,17 @@ def test_prefix_caching_off_spans_a_request_and_steps_on_the_lcm(k3_dspark: Hybr
     assert dcp.capacity(40 << 30, 8192).scheduler_block_tokens == math.lcm(1536 * 8, 8192)
 
 
-def test_a_stage_without_attention_keeps_its_own_kda_block(k3: HybridModel) -> None:
-    """Layers 0-2 alone on stage 0: their KDA block stays 16 (or the requested block), so
-    they bucket apart and every group holds 3 layers."""
-    p = k3_tp8(k3, pp=2, pp_partition=(3, 90))
+@pytest.mark.parametrize(("release", "default_block"), [("0.33.0", 16), ("0.34.0", 64)])
+def test_a_stage_without_attention_keeps_its_own_kda_block(
+    k3: HybridModel, release: str, default_block: int
+) -> None:
+    """Layers 0-2 alone on stage 0: their KDA block stays the release's default block (16 in
+    vLLM 0.33, 64 in 0.34) or the requested one, so they bucket apart and every group holds 3
+    layers; the page and the groups are the same in both releases."""
+    p = k3_tp8(k3, pp=2, pp_partition=(3, 90), engine_version=release)
     assert [len(g.layers) for g in p.groups] == [3] * 31
     assert p.groups[0].layers == (0, 1, 2) and p.num_planes == 3
-    assert [p.span_tokens(g) for g in p.groups[:2]] == [16, 1536]
+    assert [p.span_tokens(g) for g in p.groups[:2]] == [default_block, 1536]
     assert len({g.name for g in p.groups}) == 31
     assert p.capacity(40 << 30, 8192).scheduler_block_tokens == 1536
     requested = k3_tp8(k3, pp=2, pp_partition=(3, 90), block_tokens=256)

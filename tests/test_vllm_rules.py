@@ -43,7 +43,9 @@ def test_kernel_blocks_are_each_backends_own() -> None:
         1536,
         1536,
     ]
-    assert [preferred_block_tokens(b) for b in ATTENTION_BACKENDS] == [64, 128, 32, 16, 16]
+    # vLLM 0.33's default block is 16 and 0.34's 64: a backend that takes it keeps it
+    assert [preferred_block_tokens(b, 16) for b in ATTENTION_BACKENDS] == [64, 128, 32, 16, 16]
+    assert [preferred_block_tokens(b, 64) for b in ATTENTION_BACKENDS] == [64, 128, 64, 64, 64]
 
 
 @pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
@@ -58,12 +60,17 @@ def test_every_backend_raises_k3_tp8_to_1536(k3: HybridModel, backend: str) -> N
 
 def test_a_requested_block_is_raised_on_whole_multiples_of_itself() -> None:
     # A = 192: 192 x ceil(814,080 / (192 x 576)) = 192 x 8
-    assert aligned_block_tokens("FLASHMLA", 192, K3_TP8_STATE, 576) == 1536
+    assert aligned_block_tokens("FLASHMLA", 192, K3_TP8_STATE, 576, 16) == 1536
     # A = 640: pages of 640 and 1,280 tokens (368,640 and 737,280 B) are too small
-    assert aligned_block_tokens("CUTLASS_MLA", 640, K3_TP8_STATE, 576) == 1920
-    assert aligned_block_tokens("TRITON_MLA", 2048, K3_TP8_STATE, 576) == 2048
-    # no state to hold: the requested (or preferred) block as it is
-    assert aligned_block_tokens("FLASHINFER_MLA", None, 0, 576) == 32
+    assert aligned_block_tokens("CUTLASS_MLA", 640, K3_TP8_STATE, 576, 16) == 1920
+    assert aligned_block_tokens("TRITON_MLA", 2048, K3_TP8_STATE, 576, 16) == 2048
+    # no state to hold: the requested (or preferred) block as it is, by release
+    assert aligned_block_tokens("FLASHINFER_MLA", None, 0, 576, 16) == 32
+    assert aligned_block_tokens("FLASHINFER_MLA", None, 0, 576, 64) == 64
+    # with a state, the release's default block is raised past either
+    assert {aligned_block_tokens("TRITON_MLA", None, K3_TP8_STATE, 576, d) for d in (16, 64)} == {
+        1536
+    }
 
 
 @pytest.mark.parametrize(("backend", "kernel"), [("FLASHMLA", 64), ("CUTLASS_MLA", 128)])
@@ -220,9 +227,10 @@ def test_a_drafter_needs_draft_layers(k3: HybridModel) -> None:
     [
         lambda: kernel_block_tokens("FLASH", 64),  # type: ignore[arg-type]
         lambda: kernel_block_tokens("FLASHMLA", "64"),  # type: ignore[arg-type]
-        lambda: aligned_block_tokens("FLASHMLA", None, 814_080, 0),
-        lambda: aligned_block_tokens("FLASHMLA", 0, 814_080, 576),
-        lambda: aligned_block_tokens("FLASHMLA", None, -1, 576),
+        lambda: aligned_block_tokens("FLASHMLA", None, 814_080, 0, 64),
+        lambda: aligned_block_tokens("FLASHMLA", 0, 814_080, 576, 64),
+        lambda: aligned_block_tokens("FLASHMLA", None, -1, 576, 64),
+        lambda: preferred_block_tokens("FLASHMLA", 0),
         lambda: smallest_kernel_block(None),  # type: ignore[arg-type]
     ],
 )

@@ -97,10 +97,11 @@ VLLM_SETTINGS: tuple[tuple[str, object], ...] = (
     ("block_tokens", None),
     ("dcp_interleave", 1),
     ("speculative_method", None),
+    ("extensible_kv_cache", None),
 )
 """Deployment fields only vLLM takes, at their unset values: its attention backend, cache
-layout, KDA prefill kernel, mamba cache mode, block size, DCP interleave and speculative
-method."""
+layout, KDA prefill kernel, mamba cache mode, block size, DCP interleave, speculative method
+and extensible KV cache."""
 
 
 def refuse_settings(

@@ -43,6 +43,12 @@ class MemoryBudget(Frozen):
         description="the KV-cache budget per rank (a rule that leaves none is refused)"
     )
     rule: str = Field(description="the engine's rule, as a formula of the figures above")
+    kv_reserved_bytes: int | None = Field(
+        None,
+        description="what the engine sizes the KV cache to before warm-up, where it keeps less "
+        "after (vLLM 0.34's extensible KV cache: its cap, which it shrinks to kv_memory_bytes "
+        "once warm-up and CUDA graphs are measured); None: it keeps what it sizes",
+    )
 
     @property
     def reserve_bytes(self) -> int:
@@ -72,6 +78,8 @@ class MemoryBudget(Frozen):
             (f"reserve: {term.name}", f"{gib(term.bytes)}  [{term.derivation}]")
             for term in self.reserve
         ]
+        if self.kv_reserved_bytes is not None:
+            rows.append(("KV sized before warm-up", gib(self.kv_reserved_bytes)))
         rows += [
             ("KV memory per rank", gib(self.kv_memory_bytes)),
             ("left on the GPU", gib(self.free_bytes)),

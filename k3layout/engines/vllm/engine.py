@@ -1,4 +1,4 @@
-"""vLLM 0.33 registered as ``engine="vllm"``: its seams for the planning pipeline."""
+"""vLLM (0.33.0 and 0.34.0) registered as ``engine="vllm"``: its seams for the planning pipeline."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from .budget import VLLM_BUDGET
 from .invariants import vllm_violations
 from .launch import LAUNCH
 from .layout import VllmPlan, built_model, check_vllm, group_vllm, pack_vllm
-from .rules import DENSE_MLA_KV_DTYPES, PIPELINE_UNSERVED, VLLM_VERSION
+from .releases import VLLM_VERSIONS
+from .rules import DENSE_MLA_KV_DTYPES, PIPELINE_UNSERVED
 from .weights import rank_weights
 
-SOURCE = "vLLM 0.33.0's KVCacheConfig and bound caches (tests/conformance)"
+SOURCE = "vLLM 0.33.0's and 0.34.0's KVCacheConfig and bound caches (tests/conformance)"
 
 LAYER_NAMING = (
     LayerNaming(
@@ -33,7 +34,7 @@ LAYER_NAMING = (
         source=SOURCE,
     ),
 )
-"""The names vLLM 0.33 registers layers under (drafts continue the numbering)."""
+"""The names vLLM (0.33, 0.34) registers layers under (drafts continue the numbering)."""
 
 VLLM = register_engine(
     EngineRules(
@@ -45,7 +46,7 @@ VLLM = register_engine(
             package=__package__ or "",
             launch=LAUNCH,
             listing_order=0,
-            versions=(VLLM_VERSION,),
+            versions=VLLM_VERSIONS,
             layer_naming=LAYER_NAMING,
         ),
         plan_type=VllmPlan,

@@ -7,6 +7,7 @@ import math
 
 from ...constants import MLA_KERNEL_BLOCK_TOKENS
 from .layout import VllmPlan, block_tokens_for
+from .releases import release_of
 from .rules import backend_of, smallest_kernel_block
 from .sparse import SPARSE_KERNEL_BLOCK, indexer_alignment_tokens
 
@@ -26,7 +27,12 @@ def vllm_violations(result: VllmPlan) -> list[str]:
         problems.append(f"block {result.block_tokens} is below the requested {requested}")
     if result.block_tokens % result.kernel_block_tokens:
         problems.append("the kernel block does not divide the block")
-    raised = block_tokens_for(sizes, deployment.block_tokens, backend_of(deployment))
+    raised = block_tokens_for(
+        sizes,
+        deployment.block_tokens,
+        backend_of(deployment),
+        engine_version=release_of(deployment).version,
+    )
     if result.block_tokens != raised:
         problems.append("block is not the raise of the requested block")
     if result.page_bytes != result.block_tokens * sizes.attention_bytes_per_token:

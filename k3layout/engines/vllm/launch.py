@@ -1,6 +1,6 @@
-"""``vllm serve``'s flags and environment for a deployment (vLLM 0.33's spelling): the parallel
-sizes, expert parallelism, the cache dtype and layout settings, speculative decoding. The
-memory flag and the workload's limits follow them (:mod:`k3layout.layouts.recommend`).
+"""``vllm serve``'s flags and environment for a deployment (vLLM 0.33's and 0.34's spelling):
+the parallel sizes, expert parallelism, the cache dtype and layout settings, speculative
+decoding. The memory flag and the workload's limits follow them (:mod:`k3layout.layouts.recommend`).
 ``tests/conformance/test_conformance_recommend.py`` parses them with vLLM's own
 ``EngineArgs`` and builds its config from them."""
 
@@ -38,6 +38,15 @@ def vllm_flags(d: Deployment, model: HybridModel) -> tuple[tuple[str, str], ...]
         flags.append(("--attention-backend", d.attention_backend))
     if not d.prefix_caching:
         flags.append(("--no-enable-prefix-caching", ""))
+    if d.extensible_kv_cache is not None:  # vLLM 0.34's switch (refused on 0.33)
+        flags.append(
+            (
+                "--enable-extensible-kv-cache"
+                if d.extensible_kv_cache
+                else "--no-enable-extensible-kv-cache",
+                "",
+            )
+        )
     if d.kda_prefill_backend != "auto":
         flags.append(
             ("--additional-config", json.dumps({"kda_prefill_backend": d.kda_prefill_backend}))

@@ -50,6 +50,7 @@ from ...model import HybridModel
 from ...placements import Interleave
 from ...settings import KvCacheLayout
 from ...sizes import RankSizes
+from .budget import extensible
 from .capacity import VllmCapacity, vllm_capacity
 from .launch import vllm_env, vllm_flags
 from .packed import (
@@ -60,9 +61,11 @@ from .packed import (
     packed_byte_range,
     packed_groups,
 )
+from .releases import RELEASES, release_of
 from .report import VllmReport
 from .rules import (
     ATTENTION_BACKENDS,
+    VLLM_VERSION,
     AttentionBackend,
     aligned_block_tokens,
     backend_of,
@@ -468,10 +471,16 @@ class VllmPlan(SelfChecked, LayoutBase):
 
 
 def block_tokens_for(
-    sizes: RankSizes, requested: int | None, backend: AttentionBackend = "FLASHMLA"
+    sizes: RankSizes,
+    requested: int | None,
+    backend: AttentionBackend = "FLASHMLA",
+    *,
+    engine_version: str | None = None,
 ) -> int:
     """vLLM's block size raise: the smallest multiple of ``A = max(128, requested)`` whose
-    attention page holds one KDA state, on whole kernel blocks of ``backend``.
+    attention page holds one KDA state, on whole kernel blocks of ``backend``; without a state
+    the requested block, else the preferred one of release ``engine_version`` (default: the
+    newest followed).
 
     >>> 128 * math.ceil(832_512 / (128 * 576))  # K3 tp 8, fp8, 2 spec tokens
     1536
@@ -493,19 +502,32 @@ def block_tokens_for(
             facts={"field": "backend", "allowed": ATTENTION_BACKENDS},
             hint=f"use one of {', '.join(ATTENTION_BACKENDS)}",
         )
+    release = RELEASES.get(engine_version or VLLM_VERSION)
+    if release is None:
+        raise Refusal(
+            "version_unsupported",
+            f"engine_version={describe(engine_version)} is not a vLLM release k3layout follows",
+            facts={"field": "engine_version", "allowed": tuple(RELEASES)},
+            hint=f"use one of {', '.join(RELEASES)}",
+        )
     state = 0 if sizes.state is None else sizes.state_bytes
-    return aligned_block_tokens(backend, requested, state, sizes.attention_bytes_per_token)
+    return aligned_block_tokens(
+        backend, requested, state, sizes.attention_bytes_per_token, release.default_block_tokens
+    )
 
 
 def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
     """What vLLM refuses before it plans: pipeline stages of a model it cannot load on a later
-    stage (:func:`.rules.check_pipeline`), a cache dtype its dense MLA backends do not take,
-    a requested block the attention backend's kernels do not take (its selector refuses it
-    before the block is raised), an MTP depth its modules cannot be reused for. Returns the
-    model vLLM builds: without speculative tokens there is no drafter, so no draft layers."""
+    stage (:func:`.rules.check_pipeline`), an extensible-KV-cache switch the release refuses
+    (:func:`.budget.extensible`), MTP on a model it builds none for, a cache dtype its dense
+    MLA backends do not take, a requested block the attention backend's kernels do not take
+    (its selector refuses it before the block is raised), an MTP depth its modules cannot be
+    reused for. Returns the model vLLM builds: without speculative tokens there is no
+    drafter, so no draft layers."""
     refuse_settings(deployment, SGLANG_SETTINGS, "SGLang")
     refuse_settings(deployment, TOKENSPEED_SETTINGS, "tokenspeed")
     check_pipeline(model, deployment)
+    extensible(deployment, release_of(deployment))  # a switch the release refuses
     model = speculative_model(model, deployment)
     indexer = model.indexer
     if indexer is not None:
@@ -583,7 +605,13 @@ def pack_vllm(
     if indexer is not None:
         return pack_indexed(model, deployment, sizes, indexer)
     page = unified_page_bytes(
-        sizes, block_tokens_for(sizes, deployment.block_tokens, backend_of(deployment))
+        sizes,
+        block_tokens_for(
+            sizes,
+            deployment.block_tokens,
+            backend_of(deployment),
+            engine_version=release_of(deployment).version,
+        ),
     )
     block = page // sizes.attention_bytes_per_token
     apart = unaligned_state_layers(model, deployment, block)

@@ -36,7 +36,7 @@ from ...transfer.connectors import PdRule
 from ...transfer.pairing import tp_multiple_refusal
 from .engine import plan_vllm
 from .layout import VllmPlan
-from .rules import VLLM_VERSION
+from .releases import VLLM_RELEASES_TEXT
 
 __all__ = ["PD_RULE", "check_nixl", "nixl_refusal", "nixl_tp_refusal"]
 
@@ -46,7 +46,7 @@ START_CHECK = "NixlBaseConnectorWorker.__init__"
 """Where a worker refuses at start-up (conv layout, pipeline stages)."""
 HANDSHAKE_CHECK = "NixlBaseConnectorWorker._validate_remote_agent_handshake"
 """Where the decode refuses a prefill's handshake (DCP sizes, kernel-block counts)."""
-CONNECTOR = f"vLLM {VLLM_VERSION}'s NIXL connector"
+CONNECTOR = f"{VLLM_RELEASES_TEXT}'s NIXL connector"  # the releases share its rules
 
 
 def nixl_tp_refusal(prefill_tp: int, decode_tp: int) -> Refusal | None:
@@ -92,7 +92,7 @@ def _served_decode_tps(prefill_tp: int, decode_tp: int) -> list[int]:
 
 PD_RULE = PdRule(
     engine="vllm",
-    release=f"vLLM {VLLM_VERSION}",
+    release=VLLM_RELEASES_TEXT,
     connector="NIXL",
     gathers_state=True,  # compute_tp_mapping: a decode rank reads every prefill rank
     tp_refusal=nixl_tp_refusal,
@@ -101,10 +101,10 @@ PD_RULE = PdRule(
 
 
 def nixl_refusal(model: HybridModel, prefill: Deployment, decode: Deployment) -> Refusal | None:
-    """Why vLLM 0.33's NIXL connector does not serve a ``prefill`` -> ``decode`` transfer of
-    ``model``, or ``None`` where it does: the first refusal vLLM meets (module docstring).
-    Each refusal's message names the vLLM check that refuses; its facts hold the values the
-    check compared.
+    """Why vLLM's NIXL connector (0.33 and 0.34 alike) does not serve a ``prefill`` ->
+    ``decode`` transfer of ``model``, or ``None`` where it does: the first refusal vLLM meets
+    (module docstring). Each refusal's message names the vLLM check that refuses; its facts
+    hold the values the check compared.
 
     The start-up and handshake rules beyond the TP rule are those of a hybrid model (KDA
     layers); a model without KDA layers is checked against the TP rule alone. Refuses, as

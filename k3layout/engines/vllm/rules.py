@@ -1,7 +1,9 @@
-"""The rules of vLLM 0.33.0 that size and place a hybrid model's KV cache, in one place.
+"""The rules of the vLLM releases k3layout follows that size and place a hybrid model's KV
+cache, in one place.
 
-Everything here was read off vLLM 0.33.0 by running its code (``tests/conformance/`` runs it
-again on every change); the next vLLM version is a change here plus a new conformance run.
+Everything here was read off vLLM 0.33.0 and 0.34.0 by running their code
+(``tests/conformance/`` runs each again on every change); what one release does otherwise is a
+field of its record in :mod:`.releases`, passed in here (a default block, a refusal's reason).
 
 - **Attention backends** take kernel blocks of fixed token counts (``FLASHMLA`` 64,
   ``CUTLASS_MLA`` 128, ``FLASHINFER_MLA`` 32 or 64) or any multiple of 16 (``TRITON_MLA``).
@@ -38,9 +40,10 @@ from ...settings import (
     MambaCacheMode,
     resolved_mamba_cache_mode,
 )
+from .releases import VLLM_RELEASES_TEXT, VLLM_VERSIONS, VllmRelease, release_of
 
-VLLM_VERSION: Final = "0.33.0"
-"""The vLLM release whose rules the ``vllm`` layout follows."""
+VLLM_VERSION: Final = VLLM_VERSIONS[-1]
+"""The newest vLLM release k3layout follows, which a deployment naming none plans for."""
 
 PIPELINE_UNSERVED: Final[dict[str, str]] = {
     "glm5_next": "its Glm5NextForCausalLM has no make_empty_intermediate_tensors, which the "
@@ -48,9 +51,9 @@ PIPELINE_UNSERVED: Final[dict[str, str]] = {
     "(v1/worker/gpu/model_runner.py: AttributeError); its model code says PP is gated off, "
     "though its registry entry accepts the config",
 }
-"""The model types vLLM 0.33 accepts at ``--pipeline-parallel-size`` > 1 but cannot load on
-a later stage, and why (read off vLLM's model classes; the GLM conformance harness runs the
-lookup the runner does)."""
+"""The model types vLLM (0.33.0 and 0.34.0) accepts at ``--pipeline-parallel-size`` > 1 but
+cannot load on a later stage, and why (read off vLLM's model classes; the GLM conformance
+harness runs the lookup the runner does)."""
 
 
 def check_pipeline(model: HybridModel, deployment: Deployment) -> None:
@@ -61,7 +64,8 @@ def check_pipeline(model: HybridModel, deployment: Deployment) -> None:
     if 1 < deployment.pp <= model.num_layers and why is not None:
         raise Refusal(
             "pp_unsupported",
-            f"pp={deployment.pp}: vLLM {VLLM_VERSION} does not start {model.name} "
+            f"pp={deployment.pp}: vLLM {release_of(deployment).version} does not start "
+            f"{model.name} "
             f"(model_type {model.model_type}) on more than one pipeline stage: {why}",
             facts={"field": "pp", "pp": deployment.pp, "model_type": model.model_type},
             hint="use pp=1 (spread the model over attention TP, DP or expert parallelism)",
@@ -125,7 +129,7 @@ def check_backend_runs(backend: AttentionBackend, gpu: GpuName, kv_dtype: str) -
         raise Refusal(
             "kernel_unsupported",
             f"attention_backend={backend!r} does not run on {gpu} (SM {device.sm}, "
-            f"{device.vendor}): vLLM {VLLM_VERSION}'s selector rejects it",
+            f"{device.vendor}): {VLLM_RELEASES_TEXT}'s selector rejects it",
             facts={"attention_backend": backend, "gpu": gpu, "field": "attention_backend"},
             hint="leave attention_backend unset (vLLM's own pick for the GPU), or TRITON_MLA",
         )
@@ -133,7 +137,7 @@ def check_backend_runs(backend: AttentionBackend, gpu: GpuName, kv_dtype: str) -
         raise Refusal(
             "kernel_unsupported",
             f"attention_backend='FLASH_ATTN_MLA' takes no {kv_dtype} cache (bf16 only, in "
-            f"vLLM {VLLM_VERSION})",
+            f"{VLLM_RELEASES_TEXT})",
             facts={"attention_backend": backend, "kv_dtype": kv_dtype, "field": "kv_dtype"},
             hint="use kv_dtype='bf16', or FLASHMLA for an fp8 cache",
         )
@@ -148,9 +152,6 @@ def backend_of(deployment: Deployment) -> AttentionBackend:
         else default_attention_backend(deployment.gpu, deployment.kv_dtype)
     )
 
-
-DEFAULT_BLOCK_TOKENS: Final = 16
-"""vLLM's ``CacheConfig.DEFAULT_BLOCK_SIZE``, from which a backend's preferred block starts."""
 
 DEFAULT_MAX_MODEL_LEN: Final = 2048
 """vLLM's ``max_model_len`` for a checkpoint that names no context length."""
@@ -202,11 +203,12 @@ def check_block_supported(backend: AttentionBackend, requested: int) -> None:
         )
 
 
-def preferred_block_tokens(backend: AttentionBackend) -> int:
-    """The block vLLM picks for ``backend`` when none is requested: the default 16 if the
-    backend takes it, else its smallest kernel block."""
-    if supports_block(backend, DEFAULT_BLOCK_TOKENS):
-        return DEFAULT_BLOCK_TOKENS
+def preferred_block_tokens(backend: AttentionBackend, default_block: int) -> int:
+    """The block vLLM picks for ``backend`` when none is requested: the release's default
+    (``VllmRelease.default_block_tokens``: 16 in 0.33, 64 in 0.34) if the backend takes it,
+    else its smallest kernel block."""
+    if supports_block(backend, expect_positive("default_block", default_block)):
+        return default_block
     return smallest_kernel_block(backend)
 
 
@@ -225,20 +227,22 @@ def aligned_block_tokens(
     requested: int | None,
     state_bytes: int,
     attention_bytes_per_token: int,
+    default_block: int,
 ) -> int:
-    """The attention block of a hybrid model: the requested (or preferred) block, raised
-    until one attention page holds a ``state_bytes`` state (none: 0), on whole kernel blocks.
+    """The attention block of a hybrid model: the requested (or preferred,
+    :func:`preferred_block_tokens`) block, raised until one attention page holds a
+    ``state_bytes`` state (none: 0), on whole kernel blocks.
 
-    >>> aligned_block_tokens("FLASHMLA", None, 832_512, 576)  # K3 TP 8 fp8, 2 spec tokens
+    >>> aligned_block_tokens("FLASHMLA", None, 832_512, 576, 64)  # K3 TP 8 fp8, 2 spec tokens
     1536
-    >>> aligned_block_tokens("CUTLASS_MLA", 256, 832_512, 576)  # 256 x ceil(832,512 / 147,456)
+    >>> aligned_block_tokens("CUTLASS_MLA", 256, 832_512, 576, 64)  # 256 x ceil(832,512 / 147,456)
     1536
     """
     if requested is not None:
         expect_positive("requested", requested)
     expect_non_negative("state_bytes", state_bytes, "pass the state's bytes (0 without one)")
     expect_positive("attention_bytes_per_token", attention_bytes_per_token)
-    block = preferred_block_tokens(backend) if requested is None else requested
+    block = preferred_block_tokens(backend, default_block) if requested is None else requested
     kernel = smallest_kernel_block(backend)
     if state_bytes == 0:
         return block
@@ -256,7 +260,7 @@ def check_layout_serves(backend: AttentionBackend, layout: KvCacheLayout, block:
         raise Refusal(
             "layout_unsupported",
             f"{backend} needs {kernel}-token kernel blocks, which block-outermost (BLHNC) "
-            f"{block}-token blocks cannot be split into (vLLM {VLLM_VERSION} refuses it when "
+            f"{block}-token blocks cannot be split into ({VLLM_RELEASES_TEXT} refuses it when "
             "it binds the cache)",
             facts={
                 "kv_cache_layout": layout,
@@ -274,7 +278,7 @@ def check_kv_dtype(kv_dtype: str, backend: AttentionBackend) -> None:
     if kv_dtype not in DENSE_MLA_KV_DTYPES:
         raise Refusal(
             "dtype_unsupported",
-            f"kv_dtype={kv_dtype!r}: vLLM {VLLM_VERSION}'s dense MLA backends ({backend} among "
+            f"kv_dtype={kv_dtype!r}: {VLLM_RELEASES_TEXT}'s dense MLA backends ({backend} among "
             f"them) accept {', '.join(DENSE_MLA_KV_DTYPES)} for Kimi-K3; fp8_ds_mla is the "
             "sparse backends' layout",
             facts={"kv_dtype": kv_dtype, "attention_backend": backend},
@@ -347,7 +351,7 @@ ROCM_FUSED_KDA_CAPABILITY: Final = (9, 5)
 def _refuse_kernel(requested: str, why: str) -> None:
     raise Refusal(
         "kernel_unsupported",
-        f"kda_prefill_backend={requested!r}: {why} (vLLM {VLLM_VERSION} refuses it)",
+        f"kda_prefill_backend={requested!r}: {why} ({VLLM_RELEASES_TEXT} refuses it)",
         facts={"kda_prefill_backend": requested},
         hint="use kda_prefill_backend='auto' or 'triton'",
     )
@@ -366,11 +370,12 @@ def mamba_block_tokens(mode: MambaCacheMode, block: int, max_model_len: int) -> 
     return block if mode == "align" else max_model_len
 
 
-def unaligned_block_tokens(requested: int | None) -> int:
+def unaligned_block_tokens(requested: int | None, release: VllmRelease) -> int:
     """The block of a pipeline stage whose worker holds no attention layer: it finds no
-    attention backend to align to, so its block stays the requested one, else vLLM's
-    default 16 (its KDA layers then checkpoint every that many tokens in ``align`` mode)."""
-    return DEFAULT_BLOCK_TOKENS if requested is None else requested
+    attention backend to align to, so its block stays the requested one, else the release's
+    default (16 in 0.33, 64 in 0.34; its KDA layers then checkpoint every that many tokens in
+    ``align`` mode)."""
+    return release.default_block_tokens if requested is None else requested
 
 
 def state_blocks_per_request(mode: MambaCacheMode, spec_blocks: int, checkpoint: int) -> int:
@@ -397,22 +402,42 @@ def speculative_model(model: HybridModel, deployment: Deployment) -> HybridModel
         raise Refusal(
             "draft_unsupported",
             f"speculative method {method!r}, but model {model.name}'s draft is "
-            f"{model.drafter!r}: vLLM {VLLM_VERSION} builds {method} from "
+            f"{model.drafter!r}: {VLLM_RELEASES_TEXT} builds {method} from "
             + ("the checkpoint's MTP modules" if method == "mtp" else "a DSpark draft model"),
             facts={"speculative_method": method, "drafter": model.drafter},
             hint=f"use speculative_method={model.drafter!r} (or leave it unset), or ngram",
         )
     if method == "mtp":
+        check_mtp_served(model, release_of(deployment))
         check_mtp_depth(len(model.draft_layers), deployment.spec_tokens)
     elif not model.draft_layers:
         raise Refusal(
             "draft_unsupported",
             f"speculative method 'dspark' with spec_tokens={deployment.spec_tokens}, but model "
-            f"{model.name} has no DSpark draft: vLLM {VLLM_VERSION} needs the draft model",
+            f"{model.name} has no DSpark draft: {VLLM_RELEASES_TEXT} needs the draft model",
             facts={"speculative_method": method, "drafter": None},
             hint="load the draft (load_config(..., draft=) or --draft PATH), or use ngram",
         )
     return model
+
+
+def check_mtp_served(model: HybridModel, release: VllmRelease) -> None:
+    """Refuse (``draft_unsupported``) MTP on a model type whose MTP modules the release does
+    not build (``VllmRelease.mtp_unserved``: Kimi-Linear, refused by 0.33 when it reads the
+    speculative config and by 0.34 when it loads the draft), with that release's reason."""
+    why = release.mtp_unserved.get(model.model_type)
+    if why is not None:
+        raise Refusal(
+            "draft_unsupported",
+            f"speculative method 'mtp' on {model.name} (model_type {model.model_type}): vLLM "
+            f"{release.version} does not serve it: {why}",
+            facts={
+                "speculative_method": "mtp",
+                "model_type": model.model_type,
+                "engine_version": release.version,
+            },
+            hint="use speculative_method='ngram', or spec_tokens=0",
+        )
 
 
 def check_mtp_depth(num_modules: int, spec_tokens: int) -> None:
@@ -428,7 +453,7 @@ def check_mtp_depth(num_modules: int, spec_tokens: int) -> None:
             "draft_unsupported",
             f"speculative method 'mtp' with spec_tokens={spec_tokens}, but the checkpoint has "
             "no MTP module (num_nextn_predict_layers is 0 or absent): vLLM "
-            f"{VLLM_VERSION}'s SpeculativeConfig fails at start-up (it divides the depth by "
+            f"{VLLM_RELEASES_TEXT}'s SpeculativeConfig fails at start-up (it divides the depth by "
             "the module count; GLM-5.3-Flash's config override reads the absent field)",
             facts={"spec_tokens": spec_tokens, "mtp_modules": 0, "drafter": "mtp"},
             hint="use a checkpoint with MTP modules, a DSpark draft (method 'dspark' with "
@@ -440,7 +465,7 @@ def check_mtp_depth(num_modules: int, spec_tokens: int) -> None:
         raise Refusal(
             "spec_tokens",
             f"spec_tokens={spec_tokens} must be at most the {num_modules} MTP modules or a "
-            f"multiple of them (vLLM {VLLM_VERSION} reuses the modules in turn)",
+            f"multiple of them ({VLLM_RELEASES_TEXT} reuses the modules in turn)",
             facts={"spec_tokens": spec_tokens, "mtp_modules": num_modules},
             hint=f"use spec_tokens <= {num_modules} or a multiple of {num_modules}, e.g. "
             f"{lower or num_modules}",
@@ -525,6 +550,7 @@ __all__ = [
     "check_kv_dtype",
     "check_layout_serves",
     "check_mtp_depth",
+    "check_mtp_served",
     "default_attention_backend",
     "kernel_block_tokens",
     "mamba_block_tokens",

@@ -1,14 +1,15 @@
 """The tokens each vLLM KV-cache group's block covers, and the scheduler's block over them.
 
-vLLM 0.33 gives every group a block of its own (``KVCacheSpec.block_size``):
+vLLM gives every group a block of its own (``KVCacheSpec.block_size``):
 
 - an attention group: its page's tokens, times DCP (the tokens of a block are dealt to the
   DCP ranks);
 - a KDA group: ``mamba_block_size``, the stage's block in ``align`` mode (a state checkpoint
   per block) or ``max_model_len`` in ``none`` mode (prefix caching off: one state per
   request). A pipeline stage holding KDA layers and no attention layer never aligns its block
-  to an attention page: in ``align`` mode its KDA layers keep the requested block, else 16
-  (:func:`~k3layout.engines.vllm.rules.unaligned_block_tokens`), a spec of their own.
+  to an attention page: in ``align`` mode its KDA layers keep the requested block, else the
+  release's default (16 in 0.33, 64 in 0.34;
+  :func:`~k3layout.engines.vllm.rules.unaligned_block_tokens`), a spec of their own.
 
 The scheduler steps tokens on the lcm of the groups' blocks (``resolve_kv_cache_block_sizes``):
 K3 TP 1 fp8 with DSpark at 2 tokens and prefix caching off, ``max_model_len`` 8,192: blocks
@@ -26,6 +27,7 @@ from ...layouts.groups import Group
 from ...layouts.protocol import EngineLayout
 from ...model import HybridModel
 from ...placements import pp_stage_bounds
+from .releases import release_of
 from .rules import DEFAULT_MAX_MODEL_LEN, mamba_block_tokens, unaligned_block_tokens
 
 
@@ -63,7 +65,7 @@ def unaligned_state_layers(
     vLLM buckets them apart (their spec's block differs)."""
     if deployment.mamba_cache_mode_run != "align":
         return frozenset()  # every KDA block is max_model_len: one spec
-    if unaligned_block_tokens(deployment.block_tokens) == aligned_block:
+    if unaligned_block_tokens(deployment.block_tokens, release_of(deployment)) == aligned_block:
         return frozenset()
     bounds = pp_stage_bounds(model.num_layers, deployment.pp, deployment.pp_partition)
     state = set(model.kda_layer_ids)
@@ -90,7 +92,7 @@ def group_block_tokens(plan: SpanPlan, group: Group, max_model_len: int | None =
     unaligned = unaligned_state_layers(plan.model, deployment, plan.block_tokens)
     block = plan.block_tokens
     if group.layers and set(group.layers) <= unaligned:
-        block = unaligned_block_tokens(deployment.block_tokens)
+        block = unaligned_block_tokens(deployment.block_tokens, release_of(deployment))
     return mamba_block_tokens(deployment.mamba_cache_mode_run, block, length)
 
 

@@ -1,11 +1,12 @@
-"""vLLM 0.33's GLM-5.3-Flash classes on one rank (``Glm5NextForConditionalGeneration`` and its
+"""vLLM's GLM-5.3-Flash classes on one rank (``Glm5NextForConditionalGeneration`` and its
 MTP draft), bf16: what their constructors declare, as ``tests/conformance/vllm_glm_weights.py``
 finds by building them on ``meta`` (its notes beside the fixture give every rule's source).
 
 - **KDA** (``t`` the attention TP, ``h`` heads of ``k``, ``P = h k``): one merged input GEMM
   whose q, k, v and beta rows split over TP and whose two gate down-projections (``k`` rows
   each) do not, ``((3P + h) / t + 2k, H)``; the gates' up-projections ``(P / t, k)``; three
-  fp32 depthwise convolutions ``(P / t, 1, K)``; fp32 ``dt_bias`` and ``A_log``; the output
+  fp32 depthwise convolutions ``(P / t, 1, K)`` (0.34: one fused ``conv1d.weight``
+  ``(3P / t, 1, K)``, ``VllmRelease.fused_kda_conv``); fp32 ``dt_bias`` and ``A_log``; the output
   norm and projection.
 - **MLA** (NoPE): the fused q/kv down-projection replicated, the up- and output projections
   split by heads, four fp32 scale scalars. Its **indexer** is replicated whole: the pool's
@@ -44,6 +45,7 @@ from ...weights.modules import (
     vision_block_tensors,
 )
 from ...weights.records import WeightKind
+from .releases import release_of
 from .weights_layers import split
 from .weights_stack import grouped, padded_vocab
 
@@ -114,6 +116,8 @@ class _Ranks:
         )
         self.trtllm = GPUS[deployment.gpu].capability[0] == 10
         self.arch = arch
+        # 0.34 fuses the q, k and v short convolutions into one column-parallel weight
+        self.fused_conv = release_of(deployment).fused_kda_conv
 
 
 def _kda(layer: KDALayer, hidden: int, ranks: _Ranks, dtype: WeightDtype) -> list[WeightTensor]:
@@ -126,8 +130,12 @@ def _kda(layer: KDALayer, hidden: int, ranks: _Ranks, dtype: WeightDtype) -> lis
         _t("self_attn.in_proj_qkvbfg_a.weight", (3 * width + heads + 2 * k, hidden), dtype),
         _t("self_attn.f_b_proj.weight", (width, k), dtype),
         *(
-            _t(f"self_attn.{x}_conv1d.weight", (width, 1, layer.conv_kernel), "float32")
-            for x in "qkv"
+            [_t("self_attn.conv1d.weight", (3 * width, 1, layer.conv_kernel), "float32")]
+            if ranks.fused_conv
+            else [
+                _t(f"self_attn.{x}_conv1d.weight", (width, 1, layer.conv_kernel), "float32")
+                for x in "qkv"
+            ]
         ),
         _t("self_attn.g_b_proj.weight", (width, k), dtype),
         _t("self_attn.o_norm.weight", (k,), dtype),
