@@ -27,6 +27,7 @@ class SweepCell(Frozen):
     """One (engine, attn_tp, kv_dtype) point: its headline numbers or its refusal code."""
 
     engine: EngineFlavour
+    engine_version: str = Field(description="the engine release planned for")
     attn_tp: int
     kv_dtype: KvCacheDtype
     refusal: RefusalCode | None = None
@@ -59,6 +60,7 @@ def sweep_cell(model: HybridModel, deployment: Deployment) -> SweepCell:
     """Plan one point; a refusal becomes a cell carrying its code."""
     base: dict[str, object] = {
         "engine": deployment.engine,
+        "engine_version": deployment.version_run,
         "attn_tp": deployment.attn_tp,
         "kv_dtype": deployment.kv_dtype,
     }
@@ -116,6 +118,7 @@ def sweep(
                     {
                         **fields,
                         "engine": engine,
+                        "engine_version": release_for(fields, engine),
                         "kv_dtype": kv_dtype,
                         "attn_tp": attn_tp,
                         # an engine without DCP is swept at dcp 1 whatever the base says
@@ -128,11 +131,18 @@ def sweep(
     return tuple(cells)
 
 
+def release_for(fields: Mapping[str, object], engine: object) -> object:
+    """The release a swept ``engine`` plans for: the base deployment's where it names that
+    engine (a release is one engine's), else ``None``, the engine's newest."""
+    return fields.get("engine_version") if fields.get("engine") == engine else None
+
+
 class RequestsCell(Frozen):
     """One (engine, context length) point of a budget: the requests it holds at once, or
     the refusal."""
 
     engine: EngineFlavour
+    engine_version: str = Field(description="the engine release planned for")
     max_model_len: int
     kv_memory_bytes: int = Field(description="the KV budget per rank (0 where refused unasked)")
     max_requests: int | None = None
@@ -167,8 +177,12 @@ def requests_sweep(
     fields = {} if base is None else {n: getattr(base, n) for n in Deployment.model_fields}
     cells: list[RequestsCell] = []
     for engine in names:
+        release = release_for(fields, engine)
+        version = release if isinstance(release, str) else facts_of(engine).versions[-1]
         try:
-            deployment = Deployment.model_validate({**fields, "engine": engine})
+            deployment = Deployment.model_validate(
+                {**fields, "engine": engine, "engine_version": release}
+            )
             planned = plan(model, deployment)
             memory = kv_memory_bytes
             if memory is None:
@@ -179,6 +193,7 @@ def requests_sweep(
             cells.extend(
                 RequestsCell(
                     engine=engine,
+                    engine_version=version,
                     max_model_len=n,
                     kv_memory_bytes=kv_memory_bytes or 0,
                     refusal=refusal.code,
@@ -197,6 +212,7 @@ def requests_sweep(
                 cells.append(
                     RequestsCell(
                         engine=engine,
+                        engine_version=version,
                         max_model_len=length,
                         kv_memory_bytes=memory,
                         refusal=refusal.code,
@@ -206,6 +222,7 @@ def requests_sweep(
             cells.append(
                 RequestsCell(
                     engine=engine,
+                    engine_version=version,
                     max_model_len=length,
                     kv_memory_bytes=memory,
                     max_requests=held,

@@ -98,3 +98,26 @@ def test_a_stored_plan_naming_a_release_of_another_engine_is_refused() -> None:
         load_plan(stored.replace('"engine":"tokenspeed"', '"engine":"vllm"'))
     assert caught.value.code == "version_unsupported"
     assert caught.value.facts["engine_version"] == "pr1152"
+
+
+def test_every_answer_names_the_release_it_is_for() -> None:
+    from k3layout import plan_ride  # noqa: PLC0415
+    from k3layout.offload.report import ride_report  # noqa: PLC0415
+    from k3layout.sweep import requests_sweep, sweep  # noqa: PLC0415
+
+    k3 = preset("kimi-k3")
+    older = Deployment(engine="vllm", engine_version="0.33.0", attn_tp=8)
+    # a sweep keeps the base's release for its engine; the others plan for their newest
+    cells = sweep(k3, (8,), ("fp8",), engines=("vllm", "sglang"), base=older)
+    assert {(c.engine, c.engine_version) for c in cells} == {
+        ("vllm", "0.33.0"),
+        ("sglang", NEWEST["sglang"]),
+    }
+    held = requests_sweep(preset("kimi-linear-48b"), 40 << 30, (8192,), base=older)
+    assert {(c.engine, c.engine_version) for c in held} == {
+        (engine, "0.33.0" if engine == "vllm" else NEWEST[engine]) for engine in NEWEST
+    }
+    linear = plan(preset("kimi-linear-48b"), Deployment(attn_tp=8, gpu="h200"))
+    assert linear.recommend(16, 8192).engine_version == NEWEST["vllm"]
+    report = ride_report(plan_ride(plan(k3, older)))
+    assert (report.engine, report.engine_version) == ("vllm", "0.33.0")

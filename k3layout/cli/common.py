@@ -17,7 +17,7 @@ from ..engines.vllm.rules import ATTENTION_BACKENDS, KDA_PREFILL_BACKENDS, KV_CA
 from ..errors import Refusal
 from ..gpus import DEFAULT_GPU, GPU_NAMES
 from ..model import PRESETS, HybridModel, load_config, preset
-from ..registry import engine_aliases, engine_names
+from ..registry import engine_aliases, engine_names, facts_of
 from ..settings import SPECULATIVE_METHODS
 
 if TYPE_CHECKING:
@@ -79,8 +79,9 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
         parser.add_argument(
             "--engine-version",
             default=None,
-            help="the engine release to plan for, one k3layout follows (vllm 0.33.0, sglang "
-            "0.5.23, tokenspeed pr1152; default: the newest it follows)",
+            help="the engine release to plan for, one k3layout follows ("
+            + "; ".join(f"{name} {', '.join(facts_of(name).versions)}" for name in engine_names())
+            + "; default: the newest of the engine's)",
         )
     parser.add_argument(
         "--gpu",
@@ -138,6 +139,13 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
         action="store_false",
         help="vLLM without prefix caching: the KDA cache runs in 'none' mode (vllm); SGLang's "
         "--disable-radix-cache: one state slot per running request (sglang)",
+    )
+    parser.add_argument(
+        "--extensible-kv-cache",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM 0.34's extensible KV cache (--enable-extensible-kv-cache / "
+        "--no-enable-extensible-kv-cache); default: on unless a KV budget is given (vllm 0.34)",
     )
     parser.add_argument(
         "--mamba-full-memory-ratio",
@@ -392,6 +400,7 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
         "attention_backend": getattr(args, "attention_backend", None),
         "kv_cache_layout": getattr(args, "kv_cache_layout", None),
         "prefix_caching": getattr(args, "prefix_caching", True),
+        "extensible_kv_cache": getattr(args, "extensible_kv_cache", None),
         "kda_prefill_backend": getattr(args, "kda_prefill_backend", "auto"),
         "speculative_method": getattr(args, "speculative_method", None),
         "mamba_cache_mode": getattr(args, "vllm_mamba_cache_mode", None),

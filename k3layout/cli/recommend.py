@@ -54,7 +54,10 @@ def run(args: argparse.Namespace) -> int:
             print(answer.model_dump_json(indent=2))
             return 0
         out = console()
-        out.print(f"{result.model.name} | engine {result.engine} | {result.deployment.gpu}")
+        version = result.deployment.version_run
+        out.print(
+            f"{result.model.name} | engine {result.engine} {version} | {result.deployment.gpu}"
+        )
         print(answer.launch_line)
         out.print(summary_table(answer.rows()))
         return 0

@@ -39,6 +39,7 @@ class Recommendation(Frozen):
     """An engine's flags for a workload, the capacity they give and the memory left over."""
 
     engine: str = Field(description="the engine the flags are for")
+    engine_version: str = Field(description="the engine release the flags are for")
     requests: PositiveInt = Field(description="requests of max_model_len tokens held at once")
     max_model_len: PositiveInt = Field(description="tokens of one request")
     kv_memory_bytes: NonNegativeInt = Field(
@@ -86,6 +87,7 @@ class Recommendation(Frozen):
     def rows(self) -> list[tuple[str, str]]:
         """The recommendation as (label, value) rows, each saying what it counts."""
         rows = [
+            ("engine", f"{self.engine} {self.engine_version}"),
             ("workload", f"{self.requests:,} requests x {self.max_model_len:,} tokens"),
             ("KV memory per rank", gib(self.kv_memory_bytes)),
             ("least KV memory for the workload", gib(self.needed_bytes)),
@@ -178,6 +180,7 @@ def advise(
     memory_flag = () if budget is None else (budget.memory_flag,)
     return Recommendation(
         engine=result.engine,
+        engine_version=result.deployment.version_run,
         requests=requests,
         max_model_len=length,
         kv_memory_bytes=memory,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from .._args import expect_args
 from .._frozen import Frozen
 from .image import StateRange
@@ -30,6 +32,8 @@ class RideReport(Frozen):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     model: str
+    engine: str = Field(description="the engine whose plan rides")
+    engine_version: str = Field(description="the engine release planned for")
     stage: int
     options: RideOptions
     block_tokens: int
@@ -63,6 +67,8 @@ def ride_report(ride: RidePlan, hit_tokens: int | None = None) -> RideReport:
         )
     return RideReport(
         model=ride.plan.model.name,
+        engine=ride.plan.engine,
+        engine_version=ride.plan.deployment.version_run,
         stage=ride.stage,
         options=ride.options,
         block_tokens=ride.block_tokens,

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from vllm_required import require_vllm
+from vllm_required import require_vllm, running
 
 require_vllm()
 
@@ -34,6 +34,7 @@ from vllm_engine import (  # noqa: E402
 
 from k3layout import Deployment, Refusal, VllmPlan, plan  # noqa: E402
 from k3layout.engines.vllm import layer_of  # noqa: E402
+from k3layout.engines.vllm.releases import RELEASES  # noqa: E402
 
 # 1. prefix caching off
 
@@ -142,15 +143,17 @@ def test_a_stage_without_attention_is_planned_as_vllm_plans_it(case: Case, tmp_p
 
 
 def test_a_stage_without_attention_keeps_vllms_default_block(tmp_path: Path) -> None:
-    """3 + 90 layers: stage 0 holds KDA layers 0-2 only; they keep 16-token blocks, one
-    bucket of 3, so every group holds 3 layers: 1 + 8 MLA + 22 KDA groups."""
+    """3 + 90 layers: stage 0 holds KDA layers 0-2 only; they keep the release's default
+    block (16 tokens in 0.33, 64 in 0.34), one bucket of 3, so every group holds 3 layers:
+    1 + 8 MLA + 22 KDA groups."""
     case = Case(attn_tp=8, pp=2, pp_partition=(3, 90))
     engine = start(case, tmp_path)
     result = plan(layout.planner_model(case, tmp_path), layout.deployment(case))
     assert isinstance(result, VllmPlan)
     assert len(result.groups) == len(group_block_sizes(engine)) == 31
     assert result.groups[0].layers == (0, 1, 2)
-    assert result.span_tokens(result.groups[0]) == 16
+    block = RELEASES[running()].default_block_tokens
+    assert result.span_tokens(result.groups[0]) == group_block_sizes(engine)[0] == block
     assert result.num_planes == 3
 
 

@@ -20,7 +20,7 @@ from vllm_required import require_vllm
 
 require_vllm()
 
-from k3layout import MLALayer, Refusal, load_config  # noqa: E402
+from k3layout import Deployment, MLALayer, Refusal, load_config, plan  # noqa: E402
 from k3layout.model.hf_config import DSPARK_DRAFT_DEFAULTS  # noqa: E402
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -103,3 +103,28 @@ def test_the_full_draft_reads_the_same_with_and_without_defaults(tmp_path: Path)
     assert layer.kv_lora_rank + layer.qk_rope_head_dim == (
         theirs.kv_lora_rank + theirs.qk_rope_head_dim
     )
+
+
+# Kimi-Linear with MTP: which step of the installed release refuses it, and k3layout's reason.
+MTP_REFUSALS = {
+    "0.33.0": (NotImplementedError, "Unsupported speculative method", "NotImplementedError"),
+    "0.34.0": (ValueError, "Duplicate layer name", "duplicate layer name"),
+}
+
+
+def test_kimi_linear_mtp_is_refused_as_the_installed_release_refuses_it(tmp_path: Path) -> None:
+    from vllm_required import running  # noqa: PLC0415
+    from vllm_weights import vllm_weights  # noqa: PLC0415
+
+    release = running()
+    error, engines_words, our_words = MTP_REFUSALS[release]
+    linear = FIXTURES / "kimi-linear-48b-a3b.config.json"
+    # 0.33 at its speculative config; 0.34 when its proposer loads the draft
+    with pytest.raises(error, match=engines_words):
+        vllm_weights(linear, draft="mtp", mtp_modules=1, spec_tokens=1)
+    data = json.loads(linear.read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**data, "num_nextn_predict_layers": 1}))
+    model = load_config(tmp_path / "config.json")
+    with pytest.raises(Refusal) as caught:
+        plan(model, Deployment(engine_version=release, spec_tokens=1))
+    assert caught.value.code == "draft_unsupported" and our_words in caught.value.message

@@ -18,9 +18,11 @@ from functools import cache
 from typing import Any, cast
 
 import pytest
-from vllm_required import require_vllm
+from vllm_required import require_vllm, running
 
 require_vllm()
+RELEASE = running()
+"""The vLLM release installed, which k3layout plans for."""
 
 import torch  # noqa: E402
 from glm_variants import VARIANTS, variant_id  # noqa: E402
@@ -107,6 +109,7 @@ def test_glm_plan_matches_vllm(case: Case) -> None:
         budget_bytes=BUDGET,
     )
     deployment = Deployment(
+        engine_version=RELEASE,
         attn_tp=tp,
         gpu=gpu,
         kv_dtype=dtype,
@@ -144,7 +147,9 @@ def test_config_variants_plan_as_vllm(variant: tuple[dict[str, Any], int, str]) 
     except Refusal as refusal:
         assert "refused" in theirs, f"k3layout refused the config, vLLM planned: {refusal}"
         return
-    compare(theirs, model, Deployment(attn_tp=tp, gpu="h200", kv_dtype=dtype))
+    compare(
+        theirs, model, Deployment(engine_version=RELEASE, attn_tp=tp, gpu="h200", kv_dtype=dtype)
+    )
 
 
 def compare(theirs: dict[str, Any], model: HybridModel, deployment: Deployment) -> None:
@@ -206,7 +211,7 @@ def test_auto_is_the_gpus_dtype(gpu: str, auto: str) -> None:
     """vLLM's ``auto`` cache dtype is bf16 on SM90 and fp8 on SM100 for this model: k3layout's
     plan of that dtype is what vLLM plans for ``auto``."""
     theirs = plan_glm(gpu=GPUS[gpu], tp=8, kv_dtype="auto", max_model_len=LENGTH)
-    ours = plan(glm(0), Deployment(attn_tp=8, gpu=gpu, kv_dtype=auto))
+    ours = plan(glm(0), Deployment(engine_version=RELEASE, attn_tp=8, gpu=gpu, kv_dtype=auto))
     assert (theirs["block_size"], theirs["num_blocks"]) == (
         ours.block_tokens,
         ours.num_blocks(BUDGET),
@@ -233,6 +238,7 @@ def test_refused_as_vllm_refuses(settings: dict[str, Any], field: str) -> None:
     if field == "num_nextn_predict_layers":
         assert field in theirs["refused"]
     deployment = Deployment(
+        engine_version=RELEASE,
         attn_tp=8,
         speculative_method="mtp" if settings.get("spec_tokens") else None,
         **settings,
@@ -249,7 +255,7 @@ def test_kpool_tail_required() -> None:
     )
     assert "NotImplementedError" in theirs["refused"]
     with pytest.raises(Refusal) as caught:
-        plan(model_from_config(config), Deployment(attn_tp=8))
+        plan(model_from_config(config), Deployment(engine_version=RELEASE, attn_tp=8))
     assert caught.value.facts["field"] == "index_kpool_always_select_tail"
 
 
@@ -286,6 +292,7 @@ def test_bridge_plans_vllms_config_and_checks_its_kv_cache_configs(
     expected = plan(
         glm(mtp),
         Deployment(
+            engine_version=RELEASE,
             attn_tp=tp,
             gpu=gpu,
             kv_dtype=dtype,
@@ -342,6 +349,7 @@ def _ours(case: dict[str, Any]) -> Any:
     dtype = next(name for name, label in DTYPES.items() if label == case["kv_dtype"])
     spec = case.get("spec_tokens", 0)
     deployment = Deployment(
+        engine_version=RELEASE,
         attn_tp=case["tp"],
         gpu=gpu,
         kv_dtype=dtype,
@@ -476,6 +484,7 @@ def test_kda_backend_and_lengths(case: tuple[Any, ...]) -> None:
     )
     assert "refused" not in theirs, theirs
     deployment = Deployment(
+        engine_version=RELEASE,
         attn_tp=tp,
         gpu=cast("GpuName", gpu.lower()),
         kv_dtype=next(name for name, label in DTYPES.items() if label == dtype),

@@ -17,9 +17,11 @@ import json
 from typing import Any
 
 import pytest
-from vllm_required import require_vllm
+from vllm_required import require_vllm, running
 
 require_vllm()
+RELEASE = running()
+"""The vLLM release installed, which k3layout plans for."""
 
 from vllm_glm import FIXTURE  # noqa: E402
 from vllm_glm_nixl import GlmSide, glm_nixl_transfer  # noqa: E402
@@ -44,6 +46,7 @@ PAIRS = [
 
 def _deployment(tp: int, block: int | None, spec: int) -> Deployment:
     return Deployment(
+        engine_version=RELEASE,
         attn_tp=tp,
         conv_layout="DS",
         block_tokens=block,

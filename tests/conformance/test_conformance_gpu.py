@@ -21,9 +21,11 @@ from typing import Any
 
 import pytest
 import torch
-from vllm_required import require_vllm
+from vllm_required import require_vllm, running
 
 require_vllm()
+RELEASE = running()
+"""The vLLM release installed, which k3layout plans for."""
 
 from vllm_engine import Case, bind, start  # noqa: E402
 
@@ -96,7 +98,7 @@ def test_the_blocks_per_request_follow_the_gpus_kernel(gpu: str) -> None:
     kernel = vllms_kernel(gpu, "auto")
     result = plan(
         preset("kimi-k3-dspark"),
-        Deployment(engine="vllm", gpu=gpu, attn_tp=8, spec_tokens=2),
+        Deployment(engine_version=RELEASE, engine="vllm", gpu=gpu, attn_tp=8, spec_tokens=2),
     )
     blocks = [g.blocks for g in result.capacity(60 << 30, 131_072).blocks_per_request]
     # the issue's numbers: [4, 4, 4, 86] with Triton, [5, 5, 5, 86] with FlashKDA
@@ -219,6 +221,6 @@ def test_the_default_mla_backend_is_the_one_vllms_selector_picks(
     theirs = vllms_default_backend(gpu, kv_dtype, 8, tmp_path)
     result = plan(
         preset("kimi-k3"),
-        Deployment(engine="vllm", gpu=gpu, attn_tp=8, kv_dtype=kv_dtype),
+        Deployment(engine_version=RELEASE, engine="vllm", gpu=gpu, attn_tp=8, kv_dtype=kv_dtype),
     )
     assert result.report_fields()[0]["attention_backend"] == theirs

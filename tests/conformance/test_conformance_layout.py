@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_required import require_vllm
+from vllm_required import require_vllm, running
 
 require_vllm()
+RELEASE = running()
+"""The vLLM release installed, which k3layout plans for."""
 
 from vllm_engine import (  # noqa: E402
     CAPABILITY,
@@ -135,6 +137,7 @@ def deployment(case: Case) -> Deployment:
     # the GPU the harness selects the backend on (vllm_engine.CAPABILITY)
     gpu = "b200" if CAPABILITY.get(case.backend, (9, 0))[0] == 10 else "h200"
     return Deployment(
+        engine_version=RELEASE,
         engine="vllm",
         gpu=gpu,
         attn_tp=case.attn_tp,

@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_required import require_vllm
+from vllm_required import require_vllm, running
 
 require_vllm()
+RELEASE = running()
+"""The vLLM release installed, which k3layout plans for."""
 
 import vllm_nixl  # noqa: E402
 
@@ -78,8 +80,16 @@ class Case:
             "attention_backend": "FLASHMLA",  # the harness's backend
         }
         return (
-            Deployment(attn_tp=self.prefill_tp, pp=self.prefill_pp, **shared),
-            Deployment(attn_tp=self.decode_tp, pp=self.decode_pp, dcp=self.dcp, **shared),
+            Deployment(
+                engine_version=RELEASE, attn_tp=self.prefill_tp, pp=self.prefill_pp, **shared
+            ),
+            Deployment(
+                engine_version=RELEASE,
+                attn_tp=self.decode_tp,
+                pp=self.decode_pp,
+                dcp=self.dcp,
+                **shared,
+            ),
         )
 
 

@@ -14,9 +14,11 @@ from functools import cache
 from typing import Any
 
 import pytest
-from vllm_required import require_vllm
+from vllm_required import require_vllm, running
 
 require_vllm()
+RELEASE = running()
+"""The vLLM release installed, which k3layout plans for."""
 
 from vllm_glm import FIXTURE  # noqa: E402
 from vllm_glm_weights import ENGINE_FIELDS, glm_weights  # noqa: E402
@@ -66,6 +68,7 @@ def planner(name: str) -> RankWeights | Refusal:
     if case.get("mtp"):
         config["text_config"]["num_nextn_predict_layers"] = case["mtp"]
     deployment = Deployment(
+        engine_version=RELEASE,
         attn_tp=case["tp"],
         attn_dp=case.get("dp", 1),
         expert_parallel=case.get("ep", False),

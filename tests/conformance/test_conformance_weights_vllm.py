@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_required import require_vllm
+from vllm_required import require_vllm, running
 
 require_vllm()
+RELEASE = running()
+"""The vLLM release installed, which k3layout plans for."""
 
 from vllm_engine import DSPARK_DRAFT, FIXTURES  # noqa: E402
 from vllm_weights import QUANTIZATIONS, Weights, fixture_config, vllm_weights  # noqa: E402
@@ -153,6 +155,7 @@ def planner(name: str) -> WeightsPlan | Refusal:
         file.write_text(json.dumps(config))
         model = load_config(file, draft=DSPARK_DRAFT / "config.json" if draft == "dspark" else None)
     deployment = Deployment(
+        engine_version=RELEASE,
         engine="vllm",
         attn_tp=case["tp"],
         attn_dp=case.get("dp", 1),

@@ -47,6 +47,11 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
 from vllm.utils.mem_utils import MemorySnapshot  # noqa: E402
 from vllm.v1.worker.gpu_worker import Worker  # noqa: E402
 from vllm.v1.worker.utils import request_memory  # noqa: E402
+from vllm_required import AT_LEAST_034  # noqa: E402
+
+from k3layout import Deployment  # noqa: E402
+
+GiB = 1 << 30
 
 
 class _FakeCuda(cuda.NonNvmlCudaPlatform):  # type: ignore[misc]
@@ -78,15 +83,19 @@ def cuda_platform(capability: tuple[int, int] = (9, 0)) -> Iterator[None]:
     Triton installed, as on a GPU (this CPU build has none, and without it ``VllmConfig``
     picks the V1 model runner, which refuses DSpark)."""
     platform: Any = vllm.platforms.current_platform
-    saved, triton = platform.__class__, vllm_module.HAS_TRITON
+    saved = platform.__class__
+    # 0.33 picks its model runner by Triton; 0.34 has the V2 runner alone
+    triton = getattr(vllm_module, "HAS_TRITON", None)
     _FakeCuda.capability = capability
     platform.__class__ = _FakeCuda
-    vllm_module.HAS_TRITON = True
+    if not AT_LEAST_034:
+        vllm_module.HAS_TRITON = True
     try:
         yield
     finally:
         platform.__class__ = saved
-        vllm_module.HAS_TRITON = triton
+        if not AT_LEAST_034:
+            vllm_module.HAS_TRITON = triton
 
 
 def engine_args(argv: list[str]) -> EngineArgs:
@@ -181,11 +190,18 @@ class _Device:
 
 class _Runner:
     """The model runner's part in the budget: the weights it loaded, a profile run that
-    reaches the activation peak, and its CUDA-graph profiling."""
+    reaches the activation peak, and its CUDA-graph profiling (in 0.34 the V2 runner's, which
+    measures none with the extensible KV cache or in eager mode; 0.33's worker does not ask in
+    eager mode)."""
 
-    def __init__(self, device: _Device, facts: Facts) -> None:
+    def __init__(self, device: _Device, facts: Facts, config: VllmConfig) -> None:
         self.device, self.facts = device, facts
         self.model_memory_usage = facts.weights
+        self.graphs = facts.cudagraph
+        if AT_LEAST_034 and (
+            config.cache_config.enable_extensible_kv_cache or config.model_config.enforce_eager
+        ):
+            self.graphs = 0
 
     def profile_run(self, randomize_inputs: bool = False) -> None:
         self.device.allocate(self.facts.activation_peak)
@@ -193,7 +209,7 @@ class _Runner:
         self.device.other += self.facts.non_torch_increase
 
     def profile_cudagraph_memory(self) -> int:
-        return self.facts.cudagraph
+        return self.graphs
 
 
 @dataclass(frozen=True)
@@ -239,7 +255,7 @@ def budget(config: VllmConfig, facts: Facts) -> int:
     ``init_device`` calls it), the weights loaded, then ``Worker.determine_available_memory``.
     Raises what vLLM raises (``ValueError`` when the device has too little free memory)."""
     device = _Device(facts)
-    runner = _Runner(device, facts)
+    runner = _Runner(device, facts, config)
     worker: Any = Worker.__new__(Worker)
     worker.vllm_config = config
     worker.model_config = config.model_config
@@ -249,9 +265,39 @@ def budget(config: VllmConfig, facts: Facts) -> int:
     # The allocator's split limit is a CUDA-allocator setting with no bytes in it.
     worker._scoped_allocator_max_split = lambda max_split_size_mb: nullcontext()
     with cuda_platform(), device.installed():
-        worker.use_v2_model_runner = config.use_v2_model_runner
+        if not AT_LEAST_034:  # 0.34 has no other runner
+            worker.use_v2_model_runner = config.use_v2_model_runner
         worker.init_snapshot = MemorySnapshot(device="cuda:0")
         worker.requested_memory = request_memory(worker.init_snapshot, config.cache_config)
         device.allocate(facts.weights)  # load_model
         available: int = worker.determine_available_memory()
     return available
+
+
+def kept_after_warmup(deployment: Deployment, reserved: int, facts: Facts) -> int:
+    """What vLLM 0.34's ``measure_kv_cache_bytes`` keeps of an extensible cache sized to
+    ``reserved`` bytes once warm-up has taken the weights, memory outside torch and the CUDA
+    graphs, with k3layout's start-up estimate for ``deployment`` in use before (nothing
+    committed to the cache yet; the transient peak is the profile run's)."""
+    from vllm.v1.worker import extensible_kv_cache as extensible  # noqa: PLC0415
+
+    from k3layout import GPUS  # noqa: PLC0415
+    from k3layout.memory.estimates import startup  # noqa: PLC0415
+
+    # The module sets its margin floor at import by the platform: this CPU build is no ROCm.
+    assert GiB == extensible.KV_CACHE_MARGIN_FLOOR_BYTES
+    rocm = GPUS[deployment.gpu].vendor == "amd"
+    initial_free = facts.total - startup(deployment).bytes
+    held = facts.weights + facts.non_torch_increase + facts.cudagraph
+    kept: int = extensible.measure_kv_cache_bytes(
+        init_free_memory=initial_free,
+        free_memory=initial_free - held,
+        committed_bytes=0,
+        requested_memory=reserved
+        + facts.weights
+        + facts.activation_peak
+        + facts.non_torch_increase,
+        transient_peak_bytes=facts.activation_peak,
+        margin_floor_bytes=3 * GiB if rocm else GiB,  # vLLM's (3 if is_rocm() else 1) << 30
+    )
+    return kept

@@ -186,6 +186,7 @@ from vllm.v1.kv_cache_interface import (
     compute_layer_kv_cache_shape_bytes,
 )
 from vllm_engine import FIXTURES, _environment, worker_specs
+from vllm_required import AT_LEAST_034
 
 FIXTURE = FIXTURES / "glm-5.3-flash" / "config.json"
 GPUS: dict[str, tuple[int, int]] = {"H100": (9, 0), "H200": (9, 0), "B200": (10, 0)}
@@ -561,9 +562,21 @@ def _mla_cache_layers(
     latent.topk_buffer_width = get_sparse_topk_buffer_width(text)
     latent.indexer = key  # the layer's Indexer: non-None makes it the index-group leader
     latent.non_causal_multi_token_decode = False
+    if AT_LEAST_034:  # its spec asks the implementation for an fp8_ds_mla row's bytes
+        latent.impl = _row_impl(backend, text)
     for layer in (key, tail, latent):
         layer.is_draft_layer = draft  # llm_base_proposer.py:1328-1335
     worker.compilation_config.static_forward_context[latent.layer_name] = latent
+
+
+def _row_impl(backend: Any, text: Any) -> Any:
+    """The backend's MLA implementation, uninitialised, holding the latent and rope widths:
+    all its ``fp8_ds_mla`` row-size hook reads (vLLM 0.34; 0.33 has a table)."""
+    impl_class = backend.get_impl_cls()
+    impl = impl_class.__new__(impl_class)
+    impl.kv_lora_rank = text.kv_lora_rank
+    impl.qk_rope_head_dim = text.qk_rope_head_dim
+    return impl
 
 
 def _kda_layer(worker: VllmConfig, index: int, kda_prefill_backend: str) -> None:
@@ -1506,7 +1519,10 @@ def bound_views(*, model_runner: str = "v2", **plan_glm_kwargs: Any) -> dict[str
     return {
         "plan": summary(plan),
         "model_runner": model_runner,
-        "v2_unsupported_features": engine["config"]._get_v2_model_runner_unsupported_features(),
+        # 0.34 has the V2 runner alone: nothing it does not support
+        "v2_unsupported_features": []
+        if AT_LEAST_034
+        else engine["config"]._get_v2_model_runner_unsupported_features(),
         "backend": plan["backend"],
         "cache_dtype": plan["cache_dtype"],
         "block_size": plan["block_size"],

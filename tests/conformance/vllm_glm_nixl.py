@@ -102,6 +102,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
 )
 from vllm.model_executor.layers.mamba import mamba_utils
 from vllm_nixl import FakeNixlWrapper
+from vllm_required import AT_LEAST_034
 
 MODEL_NAME = "zai-org/GLM-5.3-Flash"
 """The model both engines serve (``ModelConfig.model``, hashed into the handshake)."""
@@ -566,10 +567,10 @@ def _prefill(engine: _Engine, prompt_tokens: int) -> dict[str, Any]:
         if output.scheduled_new_reqs:
             allocated = [list(ids) for ids in output.scheduled_new_reqs[0].block_ids]
         done = scheduled > 0 and not request.is_prefill_chunk
+        # 0.34 finds a request's row by req_ids alone
+        index = {} if AT_LEAST_034 else {"req_id_to_index": {request.request_id: 0}}
         runner_output = ModelRunnerOutput(
-            req_ids=[request.request_id],
-            req_id_to_index={request.request_id: 0},
-            sampled_token_ids=[[7] if done else []],
+            req_ids=[request.request_id], sampled_token_ids=[[7] if done else []], **index
         )
         for outputs in scheduler.update_from_output(output, runner_output).values():
             for each in outputs.outputs:
@@ -647,6 +648,22 @@ def _register(engine: _Engine, stage: int, tp_rank: int, worker: Any) -> None:
         worker.register_kv_caches(engine.views[stage])
 
 
+def _scratch_regions(worker: Any) -> set[int]:
+    """The regions of the circular-buffer (tail ring) groups: 0.33 keeps them apart
+    (``_scratch_region_indices``); 0.34 keeps every group's regions
+    (``_group_region_indices``, ``None`` for all of them)."""
+    if not AT_LEAST_034:
+        return set(worker._scratch_region_indices)
+    from vllm.v1.kv_cache_interface import CircularBufferSpec  # noqa: PLC0415
+
+    found: set[int] = set()
+    for group, kind in enumerate(worker._group_spec_types):
+        if kind is CircularBufferSpec:
+            regions = worker._group_region_indices[group]
+            found.update(range(worker.num_regions) if regions is None else regions)
+    return found
+
+
 def _regions(worker: Any) -> list[dict[str, Any]]:
     """The NIXL regions a worker registered (rank 0 stands for its side: every rank has the
     same offsets), in vLLM's region order."""
@@ -662,7 +679,7 @@ def _regions(worker: Any) -> list[dict[str, Any]]:
             "num_blocks": int(worker.region_num_blocks[index]),
             "replicated": bool(worker._region_is_mla[index]),
             "ssm": index in worker._ssm_region_indices,
-            "scratch": index in worker._scratch_region_indices,
+            "scratch": index in _scratch_regions(worker),
         }
         for index in range(worker.num_regions)
     ]

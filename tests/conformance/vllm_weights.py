@@ -74,6 +74,7 @@ from vllm.config import (
 from vllm.distributed import parallel_state
 from vllm.distributed.parallel_state import GroupCoordinator
 from vllm_engine import DSPARK_DRAFT, _cuda_platform
+from vllm_required import AT_LEAST_034
 
 BACKEND = "TRITON_MLA"
 """The MLA backend the layers are built with (see the module docstring)."""
@@ -331,7 +332,16 @@ def _gpu(capability: tuple[int, int] = (9, 0)) -> Iterator[None]:
     with ExitStack() as stack:
         platform.__class__ = Cuda
         stack.callback(setattr, platform, "__class__", base)
-        stack.enter_context(_patched(config_module, "HAS_TRITON", True))
+        if not AT_LEAST_034:  # 0.34 removed Model Runner V1, and the Triton check it fed
+            stack.enter_context(_patched(config_module, "HAS_TRITON", True))
+        else:
+            # a ShardQ sparse MLA layer allocates its exchange buffers (runtime, no weights)
+            # after asking its TP group about symmetric memory: no groups here
+            from vllm.model_executor.layers.attention import mla_attention  # noqa: PLC0415
+
+            stack.enter_context(
+                _patched(mla_attention, "allocate_shardq_buffers", lambda *_, **__: None)
+            )
         stack.enter_context(_patched(torch.cuda, "Stream", _Inert))
         stack.enter_context(_patched(torch.cuda, "Event", _Inert))
         for name in _NAMESPACES:
