@@ -158,43 +158,35 @@ def _budget(
     default = release.extensible_utilization if grows else release.default_utilization
     fraction = default if util is None else util
     requested = math.ceil(total * fraction)
-    spent = weights + sum(term.bytes for term in reserve)
-    if not grows:
-        return checked(
-            MemoryBudget(
-                engine="vllm",
-                gpu=deployment.gpu,
-                gpu_memory_bytes=total,
-                memory_flag=("--gpu-memory-utilization", f"{fraction:g}"),
-                flag_source=source_of(util, f"vLLM {release.version}'s default"),
-                weights_bytes=weights,
-                reserve=reserve,
-                kv_memory_bytes=requested - spent,
-                rule=f"ceil(GPU x {fraction:g}) - weights - reserve",
-            )
+    kept = requested - weights - sum(term.bytes for term in reserve)
+    sized: int | None = None  # what an extensible cache is sized to before warm-up
+    rule = f"ceil(GPU x {fraction:g}) - weights - reserve"
+    source = f"vLLM {release.version}'s default"
+    if grows:
+        if deployment.reserve_bytes is not None:  # the user's figure: all beside the KV
+            margin = ReserveTerm(name="warmup_margin", bytes=0, derivation="in the reserve given")
+            graphs = 0
+        else:
+            margin = _warmup_margin(deployment, reserve, total, requested)
+            graphs = sum(term.bytes for term in reserve if term.name == "cuda_graphs")
+        reserve, sized, kept = (*reserve, margin), kept + graphs, kept - margin.bytes
+        source += " with the extensible KV cache"
+        rule += (
+            f" (vLLM {release.version}'s extensible KV cache: sized before warm-up without the "
+            "CUDA graphs, then shrunk to what the worker measures)"
         )
-    if deployment.reserve_bytes is not None:  # the user's figure: everything beside the KV
-        margin = ReserveTerm(name="warmup_margin", bytes=0, derivation="in the reserve given")
-        graphs = 0
-    else:
-        margin = _warmup_margin(deployment, reserve, total, requested)
-        graphs = sum(term.bytes for term in reserve if term.name == "cuda_graphs")
     return checked(
         MemoryBudget(
             engine="vllm",
             gpu=deployment.gpu,
             gpu_memory_bytes=total,
             memory_flag=("--gpu-memory-utilization", f"{fraction:g}"),
-            flag_source=source_of(
-                util, f"vLLM {release.version}'s default with the extensible KV cache"
-            ),
+            flag_source=source_of(util, source),
             weights_bytes=weights,
-            reserve=(*reserve, margin),
-            kv_memory_bytes=requested - spent - margin.bytes,
-            kv_reserved_bytes=requested - spent + graphs,
-            rule=f"ceil(GPU x {fraction:g}) - weights - reserve (vLLM {release.version}'s "
-            "extensible KV cache: sized before warm-up without the CUDA graphs, then shrunk "
-            "to what the worker measures)",
+            reserve=reserve,
+            kv_memory_bytes=kept,
+            kv_reserved_bytes=sized,
+            rule=rule,
         )
     )
 
