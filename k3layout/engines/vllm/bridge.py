@@ -32,7 +32,8 @@ from .caches import check_bound_caches
 from .engine import plan_vllm
 from .layout import VllmPlan
 from .packed import packed_cache_part
-from .rules import ATTENTION_BACKENDS, VLLM_VERSION, runs_on
+from .releases import VLLM_RELEASES_TEXT
+from .rules import ATTENTION_BACKENDS, runs_on
 
 __all__ = [
     "check_kv_cache_config",
@@ -132,7 +133,7 @@ def unmodelled(option: str, value: object, why: str) -> Refusal:
     (``facts["unmodelled"]``)."""
     return Refusal(
         "engine_setting",
-        f"vLLM {VLLM_VERSION} takes {option}={value!r}, which k3layout does not model ({why}): "
+        f"{VLLM_RELEASES_TEXT} take {option}={value!r}, which k3layout does not model ({why}): "
         "the layout cannot be checked",
         facts={"engine": "vllm", "field": option, "unmodelled": str(value)},
         hint=f"plan with a modelled {option}, or leave the engine unchecked",
@@ -353,5 +354,5 @@ def _mismatch(what: str, planned: Any, actual: Any, layer: int | None = None) ->
         f"{planned}, vLLM {actual}",
         facts={"field": what, "planned": str(planned), "actual": str(actual), "layer": layer},
         hint="the engine and the planner disagree: check the vLLM version and flags the plan "
-        "follows (k3layout.engines.vllm.rules.VLLM_VERSION)",
+        "follows (k3layout.engines.vllm.releases)",
     )
