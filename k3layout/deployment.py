@@ -89,7 +89,9 @@ class Deployment(Frozen):
       default. ``gpu_memory_bytes`` replaces the GPU table's total, ``reserve_bytes``
       k3layout's estimate of what the engine keeps beside weights and KV.
       ``extensible_kv_cache`` is vLLM 0.34's switch for its extensible KV cache (``None``: on
-      unless ``kv_memory_bytes`` is given); a ``vllm`` setting of 0.34 on.
+      unless ``kv_memory_bytes`` is given); a ``vllm`` setting of 0.34 on. ``use_replayssm`` is
+      vLLM's own ``--use-replayssm`` (RecoverSSM with a drafter), not ATOM's records
+      (``replayssm``); a ``vllm`` setting, refused where the release refuses it.
     - ``mamba_full_memory_ratio``, ``max_running_requests``, ``max_mamba_cache_size``,
       ``max_total_tokens``, ``mamba_track_interval``:
       SGLang's flags of those names (``None``: SGLang's own defaults; for the track interval,
@@ -159,6 +161,12 @@ class Deployment(Frozen):
     )
     replayssm: bool = Field(
         False, description="keep ATOM ReplaySSM records beside each KDA state slot"
+    )
+    use_replayssm: bool = Field(
+        False,
+        description="vLLM's own --use-replayssm (vllm): with speculative tokens KDA's "
+        "RecoverSSM, whose verify records live outside the KV cache and whose state keeps no "
+        "per-draft-token blocks; refused where the release refuses it",
     )
     replayssm_cache_len: Annotated[int, Field(gt=0, le=MAX_REPLAY_CACHE_LEN)] = Field(
         REPLAYSSM_DEFAULT_CACHE_LEN,

@@ -141,6 +141,12 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
         "--disable-radix-cache: one state slot per running request (sglang)",
     )
     parser.add_argument(
+        "--use-replayssm",
+        action="store_true",
+        help="vLLM's own --use-replayssm: RecoverSSM with a drafter (vllm; refused where the "
+        "release refuses it)",
+    )
+    parser.add_argument(
         "--extensible-kv-cache",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -401,6 +407,7 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
         "kv_cache_layout": getattr(args, "kv_cache_layout", None),
         "prefix_caching": getattr(args, "prefix_caching", True),
         "extensible_kv_cache": getattr(args, "extensible_kv_cache", None),
+        "use_replayssm": getattr(args, "use_replayssm", False),
         "kda_prefill_backend": getattr(args, "kda_prefill_backend", "auto"),
         "speculative_method": getattr(args, "speculative_method", None),
         "mamba_cache_mode": getattr(args, "vllm_mamba_cache_mode", None),

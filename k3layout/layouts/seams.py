@@ -98,10 +98,11 @@ VLLM_SETTINGS: tuple[tuple[str, object], ...] = (
     ("dcp_interleave", 1),
     ("speculative_method", None),
     ("extensible_kv_cache", None),
+    ("use_replayssm", False),
 )
 """Deployment fields only vLLM takes, at their unset values: its attention backend, cache
-layout, KDA prefill kernel, mamba cache mode, block size, DCP interleave, speculative method
-and extensible KV cache."""
+layout, KDA prefill kernel, mamba cache mode, block size, DCP interleave, speculative method,
+extensible KV cache and own ReplaySSM."""
 
 
 def refuse_settings(

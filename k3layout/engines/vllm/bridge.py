@@ -196,6 +196,7 @@ def deployment_from_vllm(vllm_config: Any, gpu: GpuName | None = None) -> Deploy
         "attention_backend": name,
         "kv_cache_layout": "LBNHC" if layout in ("NHD", "LBNHC") else layout or None,
         "prefix_caching": bool(need("cache_config.enable_prefix_caching")),
+        "use_replayssm": bool(_get(vllm_config, "cache_config.use_replayssm", False)),
         "kda_prefill_backend": (
             additional.get("kda_prefill_backend", "auto")
             if isinstance(additional, Mapping)

@@ -138,7 +138,9 @@ def group_blocks(plan: BlockPlan, max_model_len: int, stage: int = 0) -> tuple[G
     """Blocks one request of ``max_model_len`` tokens holds in each group of ``stage``."""
     deployment = plan.deployment
     mode = deployment.mamba_cache_mode_run
-    spec_blocks = 0 if deployment.replayssm else deployment.spec_tokens
+    # ReplaySSM (ATOM's, or vLLM's RecoverSSM) verifies off one checkpoint: no per-draft blocks
+    replay = deployment.replayssm or deployment.use_replayssm
+    spec_blocks = 0 if replay else deployment.spec_tokens
     backend = kda_prefill_backend_of(plan)
     checkpoint = prefill_checkpoint_blocks(backend) if backend else 0
     entries = []

@@ -62,6 +62,7 @@ from .packed import (
     packed_groups,
 )
 from .releases import RELEASES, release_of
+from .replay import check_replayssm
 from .report import VllmReport
 from .rules import (
     ATTENTION_BACKENDS,
@@ -527,6 +528,7 @@ def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
     refuse_settings(deployment, SGLANG_SETTINGS, "SGLang")
     refuse_settings(deployment, TOKENSPEED_SETTINGS, "tokenspeed")
     check_pipeline(model, deployment)
+    check_replayssm(model, deployment)  # --use-replayssm where the release refuses it
     extensible(deployment, release_of(deployment))  # a switch the release refuses
     model = speculative_model(model, deployment)
     indexer = model.indexer

@@ -31,7 +31,16 @@ class VllmRelease:
       ``extensible_utilization``, no CUDA-graph estimate is reserved up front, and the cache
       shrinks after warm-up to what the worker measures;
     - ``fused_kda_conv``: GLM-5.3-Flash's three KDA short-conv weights are one tensor;
-    - ``mtp_unserved``: model types whose MTP modules the release does not build, and why.
+    - ``mtp_unserved``: model types whose MTP modules the release does not build, and why;
+    - ``replayssm_architectures``: per GPU vendor, the architectures (vLLM's names) whose
+      model class there serves ``--use-replayssm`` and, with speculative tokens, runs KDA's
+      RecoverSSM (``VllmConfig.validate_mamba_cached_kernel``; ROCm's Kimi classes serve none);
+    - ``replayssm_refused``: the ``--use-replayssm`` rules of :mod:`.replay` that the release
+      refuses, each with the release's own reason (its exception text): ``architecture`` (an
+      architecture not in ``replayssm_architectures``), ``without_drafter`` (no speculative
+      tokens, with the default Triton Mamba backend and model runner), ``pipeline`` (RecoverSSM
+      on more than one stage), ``full_rank_gate_without_drafter`` (a full-rank-gate KDA layer,
+      Kimi-K3's, built without speculative tokens, when the model loads).
     """
 
     version: str
@@ -42,6 +51,10 @@ class VllmRelease:
     extensible_utilization: float
     fused_kda_conv: bool
     mtp_unserved: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    replayssm_architectures: Mapping[str, frozenset[str]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    replayssm_refused: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 V0_33: Final = VllmRelease(
@@ -59,6 +72,22 @@ V0_33: Final = VllmRelease(
             "an MTP model type",
         }
     ),
+    replayssm_architectures=MappingProxyType(
+        {
+            "nvidia": frozenset({"KimiK3ForConditionalGeneration", "KimiLinearForCausalLM"}),
+            "amd": frozenset(),
+        }
+    ),
+    replayssm_refused=MappingProxyType(
+        {
+            "architecture": "--use-replayssm is not supported for architecture",
+            "without_drafter": "Triton ReplaySSM requires Model Runner V1; use --mamba-backend "
+            "flashinfer or Model Runner V1",
+            "pipeline": "RecoverSSM currently requires pipeline_parallel_size=1",
+            "full_rank_gate_without_drafter": "Kimi-K3 supports --use-replayssm only with "
+            "speculative decoding",
+        }
+    ),
 )
 
 V0_34: Final = VllmRelease(
@@ -74,6 +103,26 @@ V0_34: Final = VllmRelease(
             "kimi_linear": "it accepts the speculative config, then fails loading the draft "
             "(ValueError: duplicate layer name): Kimi-Linear has no MTP module class, so the "
             "draft is a second whole model",
+        }
+    ),
+    replayssm_architectures=MappingProxyType(
+        {
+            "nvidia": frozenset(
+                {
+                    "KimiK3ForConditionalGeneration",
+                    "KimiK31ForConditionalGeneration",
+                    "KimiLinearForCausalLM",
+                }
+            ),
+            "amd": frozenset(),
+        }
+    ),
+    replayssm_refused=MappingProxyType(
+        {
+            "architecture": "--use-replayssm is not supported for architecture",
+            "pipeline": "RecoverSSM currently requires pipeline_parallel_size=1",
+            "full_rank_gate_without_drafter": "Kimi-K3 supports --use-replayssm only with "
+            "speculative decoding",
         }
     ),
 )

@@ -93,7 +93,7 @@ def fused_decode_buffers(
     major = device.capability[0]
     if spec_tokens == 0:
         return heads in FUSED_DECODE_HEADS and (device.capability == (9, 0) or major in (10, 12))
-    recover = deployment.replayssm  # --use-replayssm with a drafter: KDA's RecoverSSM
+    recover = deployment.use_replayssm  # --use-replayssm with a drafter: KDA's RecoverSSM
     return (
         major == 10
         and heads in FLASHINFER_SPEC_DECODE_HEADS
