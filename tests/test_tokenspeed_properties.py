@@ -1,6 +1,7 @@
 """tokenspeed's formulas hold for every attention TP and DP, dtype, draft and budget (SPEC
-section 4; tokenspeed #1152's head): #1152's packing, the planes and parent, the arena's plane
-order and page slots, and capacity both ways with its verify workspace."""
+section 4) at both followed revisions (#1152's head and ``main``): the revision's packing, the
+planes and parent, what each refuses, the arena's plane order and page slots, and capacity both
+ways with its verify workspace (dense state rows, or ``main``'s replay commit on NVIDIA)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from k3layout import Deployment, ParentPlan, Refusal, load_plan, plan, preset
+from k3layout.engines.tokenspeed.releases import TOKENSPEED_VERSIONS
 
 K3_TPS = [tp for tp in range(1, 97) if 96 % tp == 0]
 DSPARK_TPS = [tp for tp in K3_TPS if 64 % tp == 0]
+KDA_LAYERS, KDA_HEADS, HEAD_DIM, STATE_ROWS = 69, 96, 128, 23
+"""Kimi-K3's KDA: 69 layers of 96 heads of 128, 23 per state group."""
+revisions = st.sampled_from(TOKENSPEED_VERSIONS)
+
+
+def lcm(*values: int) -> int:
+    return math.lcm(*values)
+
+
+def packing_of(revision: str, page: int, state: int) -> tuple[int, int]:
+    """The revision's rule: #1152 grows ``p_m`` until a plane holds a state, ``main`` pins 12."""
+    mla_pages = max(1, -(-state // page)) if revision == "pr1152" else 12
+    return mla_pages, max(1, mla_pages * page // state)
+
+
+def state_plane(page: int, latent_bytes: int, state: int, pages: tuple[int, int]) -> int:
+    """A target plane that holds state: the wider of ``p_m`` MLA pages and ``p_l`` states,
+    aligned to 256, ``p_m x`` the latent element and ``p_l x`` the fp32 recurrent element."""
+    mla_pages, state_pages = pages
+    width = max(mla_pages * page, state_pages * state)
+    align = lcm(256, mla_pages * latent_bytes, 4 * state_pages)
+    return -(-width // align) * align
 
 
 def tokenspeed(model: str, **fields: object) -> ParentPlan | Refusal:
@@ -33,8 +57,9 @@ cells = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
+    revision=revisions,
     cell=cells,
     attn_dp=st.sampled_from((1, 2, 4, 8)),
     kv_dtype=st.sampled_from(("fp8", "bf16")),
@@ -42,6 +67,8 @@ cells = st.one_of(
     spec_tokens=st.integers(0, 8),
 )
 def test_the_packing_planes_and_parent_follow_the_recipe(
+    *,
+    revision: str,
     cell: tuple[str, int],
     attn_dp: int,
     kv_dtype: str,
@@ -51,23 +78,34 @@ def test_the_packing_planes_and_parent_follow_the_recipe(
     model, attn_tp = cell
     result = tokenspeed(
         model,
+        engine_version=revision,
         attn_tp=attn_tp,
         attn_dp=attn_dp,
         kv_dtype=kv_dtype,
         draft_kv_dtype=draft_kv_dtype,
         spec_tokens=spec_tokens,
     )
-    page = 128 * 576 * (1 if kv_dtype == "fp8" else 2)
+    latent = 1 if kv_dtype == "fp8" else 2
+    page = 128 * 576 * latent
     state = 6_512_640 // attn_tp  # S(tp, 0): tokenspeed keeps no speculative conv rows
-    mla_pages = max(1, -(-state // page))
-    state_pages = max(1, mla_pages * page // state)
-    raw_state = 23 * state
+    mla_pages, state_pages = packing_of(revision, page, state)
+    raw_state = STATE_ROWS * state
+    shared = state_plane(page, latent, state, (mla_pages, state_pages))
     if isinstance(result, Refusal):
-        # the only refusal left: a state group padded past 0.25 (none once a draft joins)
+        if result.code == "layout_unsupported":
+            # main: a plane that holds state is not exactly p_m MLA pages (#1152 never is)
+            assert revision == "main" and shared != mla_pages * page
+            assert result.facts["stride"] == shared // mla_pages
+            return
+        # a state group padded past 0.25 (none once a draft joins)
         assert result.code == "padding_limit" and model == "kimi-k3"
+        assert shared == mla_pages * page
         assert (24 * mla_pages * page // state_pages - raw_state) / raw_state > 0.25
         return
+    assert shared == mla_pages * page
     assert (result.packing.mla_pages, result.packing.state_pages) == (mla_pages, state_pages)
+    assert result.packing_rule.mla_pages == mla_pages
+    assert (result.rule_1152 is not None) == (revision == "pr1152")
     draft = 128 * 576 * (1 if (draft_kv_dtype or "bf16") == "fp8" else 2)
     planes = [mla_pages * page] * 24 + [mla_pages * draft] * len(result.model.draft_layers)
     assert list(result.plane_sizes) == planes  # every plane 256-aligned already
@@ -81,16 +119,19 @@ def test_the_packing_planes_and_parent_follow_the_recipe(
 
 @settings(max_examples=150, deadline=None)
 @given(
+    revision=revisions,
     cell=cells,
     kv_dtype=st.sampled_from(("fp8", "bf16")),
     num_parents=st.integers(1, 40),
     data=st.data(),
 )
 def test_every_page_sits_in_its_slot_and_no_two_pages_of_a_group_overlap(
-    cell: tuple[str, int], kv_dtype: str, num_parents: int, data: st.DataObject
+    revision: str, cell: tuple[str, int], kv_dtype: str, num_parents: int, data: st.DataObject
 ) -> None:
     model, attn_tp = cell
-    result = tokenspeed(model, attn_tp=attn_tp, kv_dtype=kv_dtype, spec_tokens=2)
+    result = tokenspeed(
+        model, engine_version=revision, attn_tp=attn_tp, kv_dtype=kv_dtype, spec_tokens=2
+    )
     if isinstance(result, Refusal):
         return
     binding = result.bind(num_parents)
@@ -124,8 +165,24 @@ def test_every_page_sits_in_its_slot_and_no_two_pages_of_a_group_overlap(
         result.byte_range(layer, part, pages, num_parents)
 
 
-@settings(max_examples=150, deadline=None)
+def verify_workspace(revision: str, gpu: str, attn_tp: int, spec_tokens: int, live: int) -> int:
+    """The verify workspace: none without speculation; ``main`` on NVIDIA (K3's bf16
+    activations) replays from a conv checkpoint row per request and ``live x T`` compact rows
+    per layer (a bf16 qkv, ``f_a`` and beta row and an fp32 gate row); else dense state rows."""
+    if not spec_tokens:
+        return 0
+    heads = KDA_HEADS // attn_tp
+    if revision == "main" and gpu in ("h100", "h200", "b200"):
+        conv = 3 * heads * HEAD_DIM * 3 * 2  # K - 1 = 3 bf16 rows of the q|k|v channels
+        row = 2 * 3 * heads * HEAD_DIM + 2 * HEAD_DIM + 2 * heads + 4 * heads * HEAD_DIM
+        return live * KDA_LAYERS * conv + KDA_LAYERS * live * spec_tokens * row
+    return live * (spec_tokens + 1) * KDA_LAYERS * (6_512_640 // attn_tp)
+
+
+@settings(max_examples=200, deadline=None)
 @given(
+    revision=revisions,
+    gpu=st.sampled_from(("h200", "h100", "b200", "mi300x", "mi355x")),
     cell=cells,
     kv_dtype=st.sampled_from(("fp8", "bf16")),
     spec_tokens=st.integers(0, 8),
@@ -133,6 +190,9 @@ def test_every_page_sits_in_its_slot_and_no_two_pages_of_a_group_overlap(
     budget_gib=st.integers(1, 140),
 )
 def test_a_budget_buys_parents_after_the_workspace_and_capacity_inverts_parents_for(
+    *,
+    revision: str,
+    gpu: str,
     cell: tuple[str, int],
     kv_dtype: str,
     spec_tokens: int,
@@ -141,11 +201,18 @@ def test_a_budget_buys_parents_after_the_workspace_and_capacity_inverts_parents_
 ) -> None:
     model, attn_tp = cell
     max_live, overlap_depth = load
-    result = tokenspeed(model, attn_tp=attn_tp, kv_dtype=kv_dtype, spec_tokens=spec_tokens)
+    result = tokenspeed(
+        model,
+        engine_version=revision,
+        gpu=gpu,
+        attn_tp=attn_tp,
+        kv_dtype=kv_dtype,
+        spec_tokens=spec_tokens,
+    )
     if isinstance(result, Refusal):
         return
     budget = budget_gib << 30
-    workspace = max_live * (spec_tokens + 1) * 69 * result.sizes.state_bytes if spec_tokens else 0
+    workspace = verify_workspace(revision, gpu, attn_tp, spec_tokens, max_live)
     protected = max_live * math.ceil(overlap_depth * max(1, spec_tokens) / 128)
     parents = (budget - workspace) // result.parent_bytes - 1
     try:

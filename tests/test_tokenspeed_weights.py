@@ -11,6 +11,11 @@ tokenspeed refused, the planner refuses with tokenspeed's reason.
 The recorded vision modes map to the planner as it models them: ``--mm-encoder-tp-mode
 weights`` (tokenspeed's default) is the seam's, ``data`` is :func:`rank_weights`'s ``mode``,
 ``--language-model-only`` is the checkpoint without its vision tower.
+
+Only #1152's head was recorded: there is no ``weights.json`` for tokenspeed's ``main``
+(``tests/fixtures/tokenspeed-main/README.md``), so the cases are planned with
+``engine_version="pr1152"``. The planner gives a ``main`` deployment the same weights rule;
+nothing here checks that against ``main``'s own classes.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import pytest
 
 from k3layout import Deployment, HybridModel, Refusal, preset, weights_per_rank
 from k3layout.engines.tokenspeed.engine import TOKENSPEED
-from k3layout.engines.tokenspeed.recipe import REVISION
+from k3layout.engines.tokenspeed.releases import PR1152, TOKENSPEED_VERSIONS
 from k3layout.engines.tokenspeed.weights import rank_weights
 from k3layout.engines.tokenspeed.weights_checks import TEXT_DEFAULTS, tokenspeed_text
 from k3layout.model.hf_config import model_from_config
@@ -37,7 +42,8 @@ RECORDED = FIXTURES / "tokenspeed-1152" / "weights.json"
 @cache
 def recorded() -> dict[str, Any]:
     data: dict[str, Any] = json.loads(RECORDED.read_text())
-    assert data["source"]["commit"] == REVISION
+    assert data["source"]["commit"] == PR1152.commit
+    assert data["source"]["ref"] == PR1152.ref
     assert data["source"]["imported_files"]["files_match_commit"]
     return data
 
@@ -79,6 +85,7 @@ def model_of(case: dict[str, Any]) -> HybridModel:
 def deployment_of(case: dict[str, Any]) -> Deployment:
     return Deployment(
         engine="tokenspeed",
+        engine_version=PR1152.name,  # the one revision whose weights were recorded
         attn_tp=case["attn_tp"],
         attn_dp=case["attn_dp"],
         expert_parallel=case["expert_parallel"],
@@ -326,3 +333,15 @@ def test_a_low_rank_kda_gate_is_refused() -> None:
     with pytest.raises(Refusal) as found:
         rank_weights(low, Deployment(engine="tokenspeed", attn_tp=4))
     assert found.value.facts["field"] == "linear_attn_config.use_full_rank_gate"
+
+
+@pytest.mark.parametrize("attn_tp", [1, 4])
+def test_every_followed_revision_gets_the_one_recorded_weights_rule(attn_tp: int) -> None:
+    k3 = preset("kimi-k3-dspark")
+    planned = {
+        version: weights_per_rank(
+            k3, Deployment(engine="tokenspeed", engine_version=version, attn_tp=attn_tp)
+        ).stages
+        for version in TOKENSPEED_VERSIONS
+    }
+    assert len({repr(stages) for stages in planned.values()}) == 1

@@ -4,12 +4,21 @@ tokenspeed (github.com/lightseekorg/tokenspeed) plans Kimi-K3's cache in its "ki
 recipe. This tool runs that recipe -- tokenspeed's own ``KimiK3Recipe``, ``pack``,
 ``CacheLayout.bind``, ``CacheMemoryPlan.field_page_byte_offset``, ``CacheRecipe.setup`` and
 ``MLAConfig.generate`` -- over Kimi-K3, Kimi-K3 + its DSpark draft and Kimi-Linear-48B, and
-writes what they answer as JSON under ``tests/fixtures/tokenspeed-1152/``. No tokenspeed code
-is copied into this project: the tool imports the files from an extracted tokenspeed tree.
+writes what they answer as JSON under ``tests/fixtures/tokenspeed-1152/`` (``--revision
+pr1152``, the default) or ``tests/fixtures/tokenspeed-main/`` (``--revision main``). No
+tokenspeed code is copied into this project: the tool imports the files from an extracted
+tokenspeed tree.
 
-Revision
-    PR #1152 of lightseekorg/tokenspeed ("derive the Kimi-K3 MLA packing from the KDA state
-    size"), ref ``refs/pull/1152/head``, commit ``a6ee91b3e612d111b0ad6361607f221419d139f7``.
+Revisions
+    ``pr1152`` (default): PR #1152 of lightseekorg/tokenspeed ("derive the Kimi-K3 MLA packing
+    from the KDA state size"), ref ``refs/pull/1152/head``, commit
+    ``a6ee91b3e612d111b0ad6361607f221419d139f7``.
+
+    ``main``: tokenspeed's ``main`` at commit ``f4d8ec6e039c028c7ee71317ccfb84e56ae2b45c``
+    (ref ``refs/heads/main`` when it was fetched). #1152 is not merged there: ``main`` keeps a
+    fixed 12:1 MLA packing, sizes the speculative-verify workspace for the KDA replay commit
+    (PR #1156) when tokenspeed-kernel can run it, and derives each pool's state groups from the
+    memory plan instead of a per-layer ``layer_group_ids`` tuple (PR #1178).
 
 Fetching
     tokenspeed is not installable here. Get a git directory of the repository (in this
@@ -22,10 +31,16 @@ Fetching
             --git-dir /work/.mirror/lightseekorg+tokenspeed/repo --dest /tmp/ts
         .venv/bin/python tests/tools/record_tokenspeed.py record --source /tmp/ts
 
-    ``extract`` writes ``/tmp/ts/REVISION``; ``record`` refuses a tree whose files do not hash
-    to the blobs of that revision (``--allow-other-revision`` records another one, naming it).
+        .venv/bin/python tests/tools/record_tokenspeed.py extract --revision main \\
+            --git-dir /work/.mirror/lightseekorg+tokenspeed/repo --dest /tmp/ts-main
+        .venv/bin/python tests/tools/record_tokenspeed.py record --revision main \\
+            --source /tmp/ts-main
 
-What is imported, what is stubbed, and why
+    ``extract`` writes ``REVISION`` in the destination; ``record`` refuses a tree whose files
+    do not hash to the blobs of that revision (``--allow-other-revision`` records another
+    commit, naming it), and a tree extracted for the other ``--revision``.
+
+What is imported, what is stubbed, and why (both revisions)
     Imported and run unchanged (``python/tokenspeed/runtime/...``):
     ``layers/attention/kv_cache/recipes/{__init__,base,plan,spec,cache_runtime,kimi_k3,setup}.py``,
     ``layers/attention/configs/{base,mla}.py`` (cache-dtype resolution, ``max_bs``),
@@ -50,14 +65,56 @@ What is imported, what is stubbed, and why
     - ``recipes.{deepseek_v4,inkling,ordinary,qwen35}``: other families' recipes, imported by
       ``setup.py``'s dispatch table only.
 
-    Emulated here (tokenspeed's ``ServerArgs``/``ModelConfig`` cannot be built without a GPU
-    and a checkpoint): the server arguments ``MLAConfig.generate`` reads, set to tokenspeed's
-    defaults (``max_num_seqs`` 160, or 80 with speculative decoding; ``chunked_prefill_size``
-    8192; ``--kv-cache-dtype fp8`` normalised to ``fp8_e4m3``; ``spec_context_pad`` = 3 x
-    draft tokens), the attention mapping (``attn_tp_size`` = attention TP, ``data_parallel_size``
-    = attention DP, so ``max_bs = max_num_seqs // dp``), and the model config's
-    ``context_len`` (``max_position_embeddings``) and ``num_attention_layers``
-    (``num_hidden_layers``; the DSpark draft has no ``dspark_num_stages``).
+What ``main`` adds
+    ``main``'s recipe decides its verify workspace with tokenspeed-kernel's
+    ``kda_replay_commit_supported`` (imported inside ``KimiK3Recipe.replay_kda``), and its
+    pools map state layers to groups with ``derive_state_groups_by_layer``
+    (``layers/attention/kv_cache/base.py``). Also imported and run unchanged for ``main``:
+    ``layers/attention/kv_cache/base.py`` and, from ``tokenspeed-kernel/python/
+    tokenspeed_kernel/``, ``platform.py``, ``registry.py``, ``selection.py``,
+    ``signature.py``, ``ops/attention/__init__.py`` (where ``kda_replay_commit_supported``
+    lives), ``ops/attention/{kda_utils,gdn_utils}.py`` and ``ops/attention/triton/
+    kda_dispatch.py`` (the registrations of the two kernels the probe asks for:
+    ``kda_replay_commit`` and the no-store ``kda_fused_paged_verify``; the kernel bodies
+    import Triton only when called). ``extract`` lists every tokenspeed-kernel file that
+    names either operation (``git grep``) in ``REVISION``, and ``record`` refuses if one of
+    them is not imported, so no stub hides a registration. More stubs for ``main``:
+
+    - ``tokenspeed.runtime.utils`` (a package shell already) gains ``get_colorful_logger``
+      (``logging.getLogger``), read by ``kv_cache/base.py`` at import;
+    - ``tokenspeed.runtime.layers.paged_attention`` (``PagedAttention``, the model's attention
+      layer) and ``tokenspeed.runtime.layers.attention.kv_cache.arena`` (``CacheArena``, which
+      allocates the device buffer and imports Triton kernels): names ``kv_cache/base.py``
+      imports for its pool classes; ``derive_state_groups_by_layer`` reads only the arena's
+      ``plan`` and ``cache_group_specs``, given here as the ``CachePoolSpec`` that
+      ``CacheRecipe.setup()`` returns (the arena takes both from that spec);
+    - ``tokenspeed_kernel`` and ``tokenspeed_kernel.ops``: package shells (the real
+      ``__init__`` imports every op and kernel);
+    - ``tokenspeed_kernel.ops.attention.{cuda,deep_gemm,flash_attn,flash_mla,flashinfer,gluon,
+      msa}``: backend registration modules ``ops/attention/__init__.py`` imports for their
+      side effects (CUDA/HIP extensions); none names the two replay operations;
+    - ``tokenspeed_kernel.ops.attention.triton``: a package shell (the real ``__init__``
+      imports every Triton attention kernel); only ``kda_dispatch`` is imported;
+    - ``tokenspeed_kernel.profiling``: ``ShapeCapture``/``kernel_scope`` placeholders (the
+      real module imports Triton's proton profiler; used only when a kernel runs).
+
+    The platform ``kda_replay_commit_supported`` sees is tokenspeed-kernel's
+    ``Platform.override``: an NVIDIA H200 (SM 9.0), the platform every ``main`` answer is
+    recorded on; the ``without_replay`` / ``budgets_without_replay`` entries are recorded on an
+    AMD Instinct MI350X (CDNA4, gfx950), where tokenspeed-kernel registers neither operation.
+    ``TOKENSPEED_KERNEL_OVERRIDE_*`` must be unset (``select_kernel`` reads them).
+
+Emulated (both revisions)
+    tokenspeed's ``ServerArgs``/``ModelConfig`` cannot be built without a GPU and a
+    checkpoint, so these are emulated: the server arguments ``MLAConfig.generate`` reads,
+    set to tokenspeed's defaults (``max_num_seqs`` 160, or 80 with speculative decoding;
+    ``chunked_prefill_size`` 8192; ``--kv-cache-dtype fp8`` normalised to ``fp8_e4m3``;
+    ``spec_context_pad`` = 3 x draft tokens), the attention mapping (``attn_tp_size`` =
+    attention TP, ``data_parallel_size`` = attention DP, so ``max_bs = max_num_seqs // dp``),
+    and the model config's
+    ``context_len`` (``max_position_embeddings``), ``num_attention_layers``
+    (``num_hidden_layers``; the DSpark draft has no ``dspark_num_stages``) and ``dtype``
+    (``torch.bfloat16``, the checkpoints' dtype).
     ``decode_input_tokens`` is 1, or ``speculative_num_draft_tokens`` (8 for DSpark: a block of
     7 proposals plus the anchor) with speculative decoding, as tokenspeed's event loop passes it;
     ``overlap_schedule_depth`` is 1 (overlap scheduling, tokenspeed's default) or 0.
@@ -65,6 +122,10 @@ What is imported, what is stubbed, and why
 Recomputed, not returned by tokenspeed
     ``padding_fraction`` (``pack`` only checks it): ``(parent // p_g - raw_g) / raw_g`` with
     ``raw_g`` the group's summed field payloads, exactly as ``pack`` computes it.
+    ``main``'s ``verify_workspace`` parts (``workspace_bytes`` itself is tokenspeed's): the
+    conv checkpoint rows, the replay rows and the bytes of one replay row, read off the planned
+    fields as ``KimiK3Recipe.workspace_bytes`` combines them; the tool checks that the parts
+    add up to tokenspeed's total and stops if they do not.
 
 This file is not collected by pytest (no ``test_`` prefix).
 """
@@ -78,12 +139,15 @@ import importlib
 import io
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
 import tarfile
 import types
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -141,6 +205,111 @@ STUBBED_MODULES = {
     "tokenspeed.runtime.layers.attention.kv_cache.recipes.qwen35": "another family",
 }
 
+# ``main``: the same recipe files, plus what its recipe and pools import for the replay-commit
+# workspace (tokenspeed-kernel's probe) and the plan-derived state groups (kv_cache/base.py).
+MAIN_REF = "refs/heads/main"
+MAIN_COMMIT = "f4d8ec6e039c028c7ee71317ccfb84e56ae2b45c"
+_KERNEL = "tokenspeed-kernel/python/tokenspeed_kernel"
+MAIN_IMPORTED_FILES = (
+    *IMPORTED_FILES,
+    f"{_PY}/runtime/layers/attention/kv_cache/base.py",
+    f"{_KERNEL}/platform.py",
+    f"{_KERNEL}/registry.py",
+    f"{_KERNEL}/selection.py",
+    f"{_KERNEL}/signature.py",
+    f"{_KERNEL}/ops/attention/__init__.py",
+    f"{_KERNEL}/ops/attention/kda_utils.py",
+    f"{_KERNEL}/ops/attention/gdn_utils.py",
+    f"{_KERNEL}/ops/attention/triton/kda_dispatch.py",
+)
+# The operations KimiK3Recipe.replay_kda's probe selects; every tokenspeed-kernel file naming
+# one of them must be imported, not stubbed.
+REPLAY_OPS = ("kda_replay_commit", "kda_fused_paged_verify")
+_ATTENTION_BACKENDS = ("cuda", "deep_gemm", "flash_attn", "flash_mla", "flashinfer", "gluon", "msa")
+MAIN_STUBBED_MODULES = {
+    **STUBBED_MODULES,
+    "tokenspeed.runtime.utils": "package shell; get_colorful_logger = logging.getLogger "
+    "(kv_cache/base.py reads it at import)",
+    "tokenspeed.runtime.layers.paged_attention": "PagedAttention: the model's attention layer, "
+    "imported by kv_cache/base.py's pool classes",
+    "tokenspeed.runtime.layers.attention.kv_cache.arena": "CacheArena: allocates the device "
+    "buffer (Triton kernels); derive_state_groups_by_layer reads only plan and "
+    "cache_group_specs, given as CacheRecipe.setup()'s CachePoolSpec",
+    "tokenspeed_kernel": "package shell (real __init__ imports every op and kernel)",
+    "tokenspeed_kernel.ops": "package shell",
+    **{
+        f"tokenspeed_kernel.ops.attention.{name}": "backend registration imported for its "
+        "side effects (CUDA/HIP); names neither replay operation"
+        for name in _ATTENTION_BACKENDS
+    },
+    "tokenspeed_kernel.ops.attention.triton": "package shell (real __init__ imports every "
+    "Triton attention kernel); only kda_dispatch is imported",
+    "tokenspeed_kernel.profiling": "ShapeCapture/kernel_scope placeholders (the real module "
+    "imports Triton's proton; used only when a kernel runs)",
+}
+
+
+@dataclass(frozen=True)
+class Revision:
+    """One tokenspeed revision this tool records: what it reads and where it writes."""
+
+    key: str
+    ref: str
+    commit: str
+    out: Path
+    imported_files: tuple[str, ...]
+    read_files: tuple[str, ...]
+    stubbed_modules: dict[str, str]
+
+    @property
+    def all_files(self) -> tuple[str, ...]:
+        return self.imported_files + self.read_files
+
+    @property
+    def is_main(self) -> bool:
+        return self.key == "main"
+
+
+REVISIONS = {
+    "pr1152": Revision(
+        "pr1152", REF, COMMIT, DEFAULT_OUT, IMPORTED_FILES, READ_FILES, STUBBED_MODULES
+    ),
+    "main": Revision(
+        "main",
+        MAIN_REF,
+        MAIN_COMMIT,
+        FIXTURES / "tokenspeed-main",
+        MAIN_IMPORTED_FILES,
+        READ_FILES,
+        MAIN_STUBBED_MODULES,
+    ),
+}
+
+# The platforms tokenspeed-kernel's selection is shown (Platform.override). Every ``main``
+# answer is recorded on the first; ``without_replay`` entries on the second.
+PLATFORMS: dict[str, dict[str, Any]] = {
+    "nvidia-h200": {
+        "vendor": "nvidia",
+        "arch": (9, 0),
+        "device_name": "NVIDIA H200",
+        "sm_count": 132,
+        "max_shared_memory_per_sm": 233_472,
+        "total_memory": 150_000_000_000,
+        "memory_bandwidth": 4800.0,
+    },
+    "amd-mi350x": {
+        "vendor": "amd",
+        "arch": (9, 5),
+        "device_name": "AMD Instinct MI350X",
+        "sm_count": 256,
+        "max_shared_memory_per_sm": 160 * 1024,
+        "total_memory": 288_000_000_000,
+        "memory_bandwidth": 8000.0,
+    },
+}
+REPLAY_PLATFORM = "nvidia-h200"
+NO_REPLAY_PLATFORM = "amd-mi350x"
+
 # What the sweep asks: every --kv-cache-dtype spelling tokenspeed's CLI takes, the one its
 # resolve_dtype() also takes, and k3layout's own spellings.
 DTYPE_SPELLINGS = ("auto", "fp8", "fp8_e4m3", "mxfp8", "bfloat16", "bf16", "fp8_ds_mla")
@@ -167,21 +336,49 @@ def _git(git_dir: Path, *args: str) -> bytes:
     ).stdout
 
 
-def extract(git_dir: Path, rev: str, dest: Path) -> str:
-    """Write the files this tool reads at ``rev`` under ``dest``; return the full commit."""
+def extract(git_dir: Path, rev: str | None, dest: Path, revision: Revision) -> str:
+    """Write the files ``revision`` reads, at ``rev`` (default: its commit), under ``dest``;
+    return the full commit."""
+    rev = rev or revision.commit
     commit = _git(git_dir, "rev-parse", "--verify", f"{rev}^{{commit}}").decode().strip()
-    archive = _git(git_dir, "archive", "--format=tar", commit, "--", *ALL_FILES)
+    files = revision.all_files
+    archive = _git(git_dir, "archive", "--format=tar", commit, "--", *files)
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(dest, filter="data")
     blobs = {}
-    for path in ALL_FILES:
+    for path in files:
         line = _git(git_dir, "ls-tree", commit, "--", path).decode().split()
         blobs[path] = line[2]
-    (dest / "REVISION").write_text(
-        json.dumps({"repo": REPO, "commit": commit, "blobs": blobs}, indent=1) + "\n"
-    )
+    meta: dict[str, Any] = {"repo": REPO, "commit": commit, "blobs": blobs}
+    if revision.is_main:
+        meta["revision"] = revision.key
+        meta["replay_op_files"] = replay_op_files(git_dir, commit)
+    (dest / "REVISION").write_text(json.dumps(meta, indent=1) + "\n")
     return commit
+
+
+def replay_op_files(git_dir: Path, commit: str) -> list[str]:
+    """Every tokenspeed-kernel file at ``commit`` that names one of REPLAY_OPS (quoted)."""
+    patterns = [arg for op in REPLAY_OPS for arg in ("-e", f'"{op}"')]
+    found = subprocess.run(
+        [
+            "git",
+            f"--git-dir={git_dir}",
+            "grep",
+            "-l",
+            "-F",
+            *patterns,
+            commit,
+            "--",
+            "tokenspeed-kernel/python",
+        ],
+        check=False,
+        capture_output=True,
+    )
+    if found.returncode not in (0, 1):
+        raise RuntimeError(found.stderr.decode())
+    return sorted(line.split(":", 1)[1] for line in found.stdout.decode().splitlines())
 
 
 # --------------------------------------------------------------------------------------
@@ -215,12 +412,12 @@ def _placeholder(name: str) -> type:
     return type(name, (), {"__doc__": "stub: not part of the Kimi-K3 cache recipe"})
 
 
-def load_tokenspeed(source: Path) -> SimpleNamespace:
+def load_tokenspeed(source: Path, revision: Revision = REVISIONS["pr1152"]) -> SimpleNamespace:
     """Import the recipe from the extracted tree ``source`` behind the stubs."""
     py = source / "python"
     if not (py / "tokenspeed").is_dir():
         raise SystemExit(f"{source} holds no python/tokenspeed (run `extract` first)")
-    if any(name == "tokenspeed" or name.startswith("tokenspeed.") for name in sys.modules):
+    if any(name.split(".", 1)[0] in ("tokenspeed", "tokenspeed_kernel") for name in sys.modules):
         raise RuntimeError("tokenspeed is already imported in this process")
     shells = {
         "tokenspeed": "tokenspeed",
@@ -246,6 +443,7 @@ def load_tokenspeed(source: Path) -> SimpleNamespace:
     _module("tokenspeed.runtime.distributed.utils", divide=_divide)
     _module("tokenspeed.runtime.configs.model_config", ModelConfig=_placeholder("ModelConfig"))
     _module("tokenspeed.runtime.utils.server_args", ServerArgs=_placeholder("ServerArgs"))
+    kernel = _load_kernel(source) if revision.is_main else None
     recipes = "tokenspeed.runtime.layers.attention.kv_cache.recipes"
     recipes_pkg = importlib.import_module(recipes)
     for family, cls in (
@@ -262,7 +460,8 @@ def load_tokenspeed(source: Path) -> SimpleNamespace:
     mla = importlib.import_module("tokenspeed.runtime.layers.attention.configs.mla")
     k3_config = importlib.import_module("tokenspeed.runtime.configs.kimi_k3_config")
     dspark_config = importlib.import_module("tokenspeed.runtime.configs.kimi_k3_dspark_config")
-    return SimpleNamespace(
+    ts = SimpleNamespace(
+        revision=revision,
         KimiK3Recipe=kimi_k3.KimiK3Recipe,
         pack=plan.pack,
         setup=setup,
@@ -271,30 +470,134 @@ def load_tokenspeed(source: Path) -> SimpleNamespace:
         KimiLinearConfig=k3_config.KimiLinearConfig,
         KimiK3DSparkConfig=dspark_config.KimiK3DSparkConfig,
     )
+    if kernel is not None:
+        kv_base = importlib.import_module("tokenspeed.runtime.layers.attention.kv_cache.base")
+        spec = importlib.import_module(f"{recipes}.spec")
+        ts.kernel_platform = kernel
+        ts.derive_state_groups_by_layer = kv_base.derive_state_groups_by_layer
+        ts.STATE_LAYER_TYPES = spec.STATE_LAYER_TYPES
+        use_platform(ts, REPLAY_PLATFORM)
+    return ts
 
 
-def check_revision(source: Path, allow_other: bool) -> dict[str, Any]:
+def _load_kernel(source: Path) -> Any:
+    """``main``: tokenspeed-kernel's platform, selection and the two replay registrations, and
+    the stubs kv_cache/base.py needs; returns tokenspeed_kernel.platform."""
+    import logging  # noqa: PLC0415 - the stub logger
+
+    overrides = sorted(k for k in os.environ if k.startswith("TOKENSPEED_KERNEL_OVERRIDE_"))
+    if overrides:
+        raise SystemExit(f"unset {overrides}: select_kernel obeys them")
+    sys.modules["tokenspeed.runtime.utils"].get_colorful_logger = logging.getLogger  # type: ignore[attr-defined]
+    _module(
+        "tokenspeed.runtime.layers.paged_attention", PagedAttention=_placeholder("PagedAttention")
+    )
+    _module(
+        "tokenspeed.runtime.layers.attention.kv_cache.arena",
+        CacheArena=_placeholder("CacheArena"),
+    )
+    root = source / _KERNEL
+    _module("tokenspeed_kernel", __path__=[str(root)])
+    _module("tokenspeed_kernel.ops", __path__=[str(root / "ops")])
+    for name in _ATTENTION_BACKENDS:
+        _module(f"tokenspeed_kernel.ops.attention.{name}")
+    _module(
+        "tokenspeed_kernel.ops.attention.triton",
+        __path__=[str(root / "ops" / "attention" / "triton")],
+    )
+    _module(
+        "tokenspeed_kernel.profiling",
+        ShapeCapture=_placeholder("ShapeCapture"),
+        kernel_scope=_placeholder("kernel_scope"),
+    )
+    importlib.import_module("tokenspeed_kernel.ops.attention")
+    importlib.import_module("tokenspeed_kernel.ops.attention.triton.kda_dispatch")
+    return importlib.import_module("tokenspeed_kernel.platform")
+
+
+def use_platform(ts: SimpleNamespace, key: str) -> None:
+    """Show tokenspeed-kernel the platform ``key`` (its own ``Platform.override``)."""
+    plat = ts.kernel_platform
+    spec = PLATFORMS[key]
+    arch = plat.ArchVersion(*spec["arch"])
+    features = (
+        plat._get_cuda_sm_features(arch)
+        if spec["vendor"] == "nvidia"
+        else plat._get_rocm_sm_features("gfx950")
+    )
+    plat.Platform.override(
+        plat.PlatformInfo(
+            vendor=spec["vendor"],
+            arch_version=arch,
+            device_name=spec["device_name"],
+            device_count=8,
+            total_memory=spec["total_memory"],
+            memory_bandwidth=spec["memory_bandwidth"],
+            sm_count=spec["sm_count"],
+            max_threads_per_sm=2048,
+            max_shared_memory_per_sm=spec["max_shared_memory_per_sm"],
+            sm_features=features,
+        )
+    )
+
+
+@contextmanager
+def on_platform(ts: SimpleNamespace, key: str) -> Iterator[None]:
+    use_platform(ts, key)
+    try:
+        yield
+    finally:
+        use_platform(ts, REPLAY_PLATFORM)
+
+
+def _platform_summary(key: str) -> dict[str, Any]:
+    spec = PLATFORMS[key]
+    return {
+        "vendor": spec["vendor"],
+        "arch": "{}.{}".format(*spec["arch"]),
+        "device_name": spec["device_name"],
+    }
+
+
+def check_revision(
+    source: Path, allow_other: bool, revision: Revision = REVISIONS["pr1152"]
+) -> dict[str, Any]:
     """The revision of the extracted tree, its files' blob ids checked against REVISION."""
     revision_file = source / "REVISION"
     recorded: dict[str, Any] = (
         json.loads(revision_file.read_text()) if revision_file.exists() else {}
     )
-    blobs = {path: git_blob_id((source / path).read_bytes()) for path in ALL_FILES}
+    extracted_for = recorded.get("revision", "pr1152")
+    if extracted_for != revision.key:
+        raise SystemExit(
+            f"{source} was extracted for --revision {extracted_for}, not {revision.key}"
+        )
+    files = revision.all_files
+    blobs = {path: git_blob_id((source / path).read_bytes()) for path in files}
     expected = recorded.get("blobs", {})
-    drift = sorted(path for path in ALL_FILES if expected.get(path) != blobs[path])
+    drift = sorted(path for path in files if expected.get(path) != blobs[path])
     commit = recorded.get("commit")
-    if (commit != COMMIT or drift) and not allow_other:
+    if (commit != revision.commit or drift) and not allow_other:
         raise SystemExit(
             f"{source}: commit {commit!r}, files differing from its REVISION blobs: {drift}; "
-            f"extract {COMMIT} or pass --allow-other-revision"
+            f"extract {revision.commit} or pass --allow-other-revision"
         )
-    return {
+    out: dict[str, Any] = {
         "repo": REPO,
-        "ref": REF if commit == COMMIT else None,
+        "ref": revision.ref if commit == revision.commit else None,
         "commit": commit,
         "files": blobs,
         "files_match_commit": not drift,
     }
+    if revision.is_main:
+        named = recorded.get("replay_op_files")
+        if not named:
+            raise SystemExit(f"{revision_file} lists no replay_op_files (re-run `extract`)")
+        hidden = sorted(set(named) - set(revision.imported_files))
+        if hidden:
+            raise SystemExit(f"stubbed files name {REPLAY_OPS}: {hidden}")
+        out["replay_op_files"] = named
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -364,6 +667,8 @@ class Models:
 
 def model_namespace(hf_config: Any) -> SimpleNamespace:
     """The attributes of tokenspeed's ModelConfig that MLAConfig.generate and the recipe read."""
+    import torch  # noqa: PLC0415 - ModelConfig.dtype is a torch dtype
+
     text = getattr(hf_config, "text_config", hf_config)
     layers = int(text.num_hidden_layers)
     for attr in ("dspark_num_stages", "mtp_num_hidden_layers"):
@@ -375,7 +680,7 @@ def model_namespace(hf_config: Any) -> SimpleNamespace:
         num_attention_heads=int(text.num_attention_heads),
         num_key_value_heads=int(text.num_key_value_heads),
         head_dim=int(text.kv_lora_rank) + int(text.qk_rope_head_dim),
-        dtype="bfloat16",
+        dtype=torch.bfloat16,
         kv_lora_rank=int(text.kv_lora_rank),
         qk_nope_head_dim=int(text.qk_nope_head_dim),
         qk_rope_head_dim=int(text.qk_rope_head_dim),
@@ -438,6 +743,13 @@ class Launch:
     ) -> None:
         self.ts = ts
         self.args = args
+        self._params = (hf_config, draft_config, args)
+        self._options: dict[str, Any] = {
+            "budget": budget,
+            "overlap": overlap,
+            "decode_input_tokens": decode_input_tokens,
+            "max_bs": max_bs,
+        }
         self.model = model_namespace(hf_config)
         self.draft = None if draft_config is None else model_namespace(draft_config)
         self.attn = ts.MLAConfig.generate(args, self.model)
@@ -460,6 +772,10 @@ class Launch:
             decode_input_tokens=decode_input_tokens,
             overlap_schedule_depth=overlap,
         )
+
+    def again(self) -> Launch:
+        """The same launch, built afresh (its recipe's cached answers recomputed)."""
+        return Launch(self.ts, *self._params, **self._options)
 
     def layout(self) -> tuple[Any, Any, Any]:
         """group -> packing -> pack -> check, as CacheRecipe.setup runs them."""
@@ -637,6 +953,143 @@ def rule_1152(groups: Any, packing: dict[str, int]) -> dict[str, Any]:
     }
 
 
+def rule_main(groups: Any, packing: dict[str, int]) -> dict[str, Any]:
+    """``main``'s packing and the two payloads it reads: a fixed MLA packing, the state groups
+    as many pages as fit in that many MLA pages."""
+    fields = {spec.group_id: f for spec, f in groups}
+    mla_page = next(f.payload_bytes for f in fields["full_attention"])
+    state_plane = sum(
+        f.payload_bytes for f in fields["linear_attention_0"] if f.plane_id == "slot.0"
+    )
+    return {
+        "mla_page_bytes": mla_page,
+        "linear_plane_bytes": state_plane,
+        "mla_packing": packing["full_attention"],
+        "linear_packing": packing["linear_attention_0"],
+        "mla_plane_bytes": packing["full_attention"] * mla_page,
+        "formula": "mla = 12 (fixed); linear = max(1, 12 * mla_page // linear_plane)",
+    }
+
+
+def _workspace_parts(launch: Launch) -> dict[str, Any]:
+    """tokenspeed's verify workspace for one launch, with the parts it adds up (recomputed
+    from the planned fields; checked against tokenspeed's total)."""
+    recipe = launch.recipe
+    args = launch.args
+    total = recipe.workspace_bytes()
+    out: dict[str, Any] = {"replay_kda": bool(recipe.replay_kda), "workspace_bytes": total}
+    if args.speculative_algorithm is None:
+        return out
+    state = [
+        f for spec, fields in recipe.groups() if spec.group_id != "full_attention" for f in fields
+    ]
+    conv = [f for f in state if field_kind(f.field_id) == "conv_state"]
+    recurrent = [f for f in state if field_kind(f.field_id) == "recurrent_state"]
+    max_bs = launch.attn.max_bs
+    draft_tokens = int(args.speculative_num_draft_tokens)
+    if out["replay_kda"]:
+        heads, head_dim, _ = recurrent[0].shape
+        parts = {
+            "qkv_bf16": conv[0].shape[0] * 2,
+            "f_a_bf16": head_dim * 2,
+            "beta_bf16": heads * 2,
+            "gate_fp32": heads * head_dim * 4,
+        }
+        row = sum(parts.values())
+        rows = max_bs * draft_tokens
+        conv_bytes = max_bs * sum(f.payload_bytes for f in conv)
+        out.update(
+            conv_checkpoint_rows=max_bs,
+            conv_checkpoint_bytes=conv_bytes,
+            replay_layers=len(conv),
+            replay_rows=rows,
+            replay_row_bytes=row,
+            replay_row_parts=parts,
+            replay_payload_bytes=len(conv) * rows * row,
+        )
+        derived = conv_bytes + len(conv) * rows * row
+    else:
+        rows = max_bs * (draft_tokens + 1)
+        row = sum(f.payload_bytes for f in state)
+        out.update(verify_rows=rows, state_row_bytes=row, state_layers=len(conv))
+        derived = rows * row
+    if derived != total:
+        raise RuntimeError(f"workspace parts add to {derived}, tokenspeed says {total}")
+    return out
+
+
+def verify_workspace(ts: SimpleNamespace, launch: Launch) -> dict[str, Any]:
+    """``main``: the verify workspace on the replay platform, and for a speculative launch the
+    same launch's on a platform without the replay kernels."""
+    out = _workspace_parts(launch)
+    if launch.args.speculative_algorithm is not None:
+        with on_platform(ts, NO_REPLAY_PLATFORM):
+            out["without_replay"] = {
+                "platform": NO_REPLAY_PLATFORM,
+                **_workspace_parts(launch.again()),
+            }
+    return out
+
+
+def _by_group(mapping: dict[int, str]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for layer, group_id in sorted(mapping.items()):
+        out.setdefault(group_id, []).append(layer)
+    return out
+
+
+def pool_state_groups(ts: SimpleNamespace, launch: Launch) -> dict[str, Any]:
+    """``main``: what each pool view derives from the plan (``derive_state_groups_by_layer``),
+    for the views tokenspeed's registry builds: the target view over the whole merged spec,
+    and the draft view ``CachePoolSpec.layer_view`` cuts at the draft's layers."""
+    setup = launch.recipe.setup()
+    spec = setup.spec
+    arena = SimpleNamespace(plan=spec.memory_plan, cache_group_specs=spec.cache_group_specs)
+    views = [("target", 0, spec)]
+    if setup.num_draft_layers:
+        views.append(
+            (
+                "draft",
+                setup.num_target_layers,
+                spec.layer_view(
+                    first_layer=setup.num_target_layers, num_layers=setup.num_draft_layers
+                ),
+            )
+        )
+    types_count: dict[str, int] = {}
+    for label in spec.layer_types:
+        types_count[label] = types_count.get(label, 0) + 1
+    out: dict[str, Any] = {
+        "pool_spec_fields": [f for f in vars(spec) if not f.startswith("_")],
+        "layer_types": types_count,
+        "state_family_groups": [g.group_id for g in spec.cache_group_specs if g.family == "state"],
+        "views": {},
+    }
+    recipe_ids = launch.recipe.group_ids
+    for name, first, view in views:
+        try:
+            mapping = ts.derive_state_groups_by_layer(
+                arena,
+                first_layer=first,
+                num_layers=len(view.layer_types),
+                state_layer_ids=(
+                    i for i, label in enumerate(view.layer_types) if label in ts.STATE_LAYER_TYPES
+                ),
+            )
+        except Exception as exc:
+            out["views"][name] = {"refused": _error(exc)}
+            continue
+        out["views"][name] = {
+            "first_layer": first,
+            "num_layers": len(view.layer_types),
+            "state_group_by_layer": _by_group(mapping),
+            "matches_recipe_group_ids": all(
+                recipe_ids[first + layer] == group_id for layer, group_id in mapping.items()
+            ),
+        }
+    return out
+
+
 def group_specs(groups: Any) -> list[dict[str, Any]]:
     out = []
     for spec, fields in groups:
@@ -707,7 +1160,10 @@ def sweep_cell(
         return cell
     cell["status"] = "ok"
     cell["packing"] = dict(layout.group_packing)
-    cell["rule_1152"] = rule_1152(groups, packing)
+    if ts.revision.is_main:
+        cell["packing_rule"] = rule_main(groups, packing)
+    else:
+        cell["rule_1152"] = rule_1152(groups, packing)
     cell["sizes"] = sizes(launch, layout)
     cell["parent_bytes"] = layout.lcm_block_bytes
     cell.update(plane_summary(layout))
@@ -725,6 +1181,8 @@ def sweep_cell(
         for group_id, kinds in field_strides(layout).items()
     }
     cell["workspace_bytes"] = launch.recipe.workspace_bytes()
+    if ts.revision.is_main:
+        cell["verify_workspace"] = verify_workspace(ts, launch)
     return cell
 
 
@@ -765,6 +1223,8 @@ def sweep(ts: SimpleNamespace, models: Models, name: str, choices: Sequence[str]
             "num_target_layers": launch.recipe.num_target_layers,
             "num_draft_layers": launch.recipe.num_draft_layers,
         }
+        if ts.revision.is_main:
+            groups["pool_state_groups"] = pool_state_groups(ts, launch)
     except Exception as exc:
         groups = {"refused": _error(exc)}
     accepted = sorted({c["attn_tp"] for c in cells if c["status"] == "ok"})
@@ -786,6 +1246,28 @@ DETAIL_CELLS = (
     ("kimi-k3-dspark", 8, 1, "fp8"),
     ("kimi-k3-dspark", 1, 8, "fp8"),
 )
+# ``main`` refuses the TP 1 and TP 96 cells above; these add cells it lays out with a state
+# packing above 1 (appended, so the cells #1152 has keep their places).
+MAIN_DETAIL_CELLS = (
+    ("kimi-k3", 4, 1, "bfloat16"),
+    ("kimi-k3", 16, 1, "fp8"),
+    ("kimi-k3", 12, 1, "bfloat16"),
+    ("kimi-k3-dspark", 12, 1, "fp8"),
+    ("kimi-k3-dspark", 6, 1, "bfloat16"),
+)
+
+
+def _refused_cell(
+    name: str, tp: int, dtype: str, exc: BaseException, **extra: int
+) -> dict[str, Any]:
+    return {
+        "model": name,
+        "attn_tp": tp,
+        **extra,
+        "kv_cache_dtype": dtype,
+        "status": "refused",
+        "error": _error(exc),
+    }
 
 
 def detail(ts: SimpleNamespace, models: Models, cell: tuple[str, int, int, str]) -> Any:
@@ -793,7 +1275,10 @@ def detail(ts: SimpleNamespace, models: Models, cell: tuple[str, int, int, str])
     hf_config, draft_config = _configs(models, name)
     args = server_args(tp=tp, dp=dp, kv_cache_dtype=dtype, speculative=draft_config is not None)
     launch = Launch(ts, hf_config, draft_config, args)
-    groups, packing, layout = launch.layout()
+    try:
+        groups, packing, layout = launch.layout()
+    except Exception as exc:  # main refuses some cells #1152 lays out
+        return _refused_cell(name, tp, dtype, exc, attn_dp=dp)
     planes: dict[str, list[dict[str, Any]]] = {}
     for field in layout.fields:
         planes.setdefault(field.plane_id, []).append(
@@ -813,7 +1298,11 @@ def detail(ts: SimpleNamespace, models: Models, cell: tuple[str, int, int, str])
         "kv_cache_dtype": dtype,
         "max_bs": launch.attn.max_bs,
         "packing": dict(layout.group_packing),
-        "rule_1152": rule_1152(groups, dict(packing)),
+        **(
+            {"packing_rule": rule_main(groups, dict(packing))}
+            if ts.revision.is_main
+            else {"rule_1152": rule_1152(groups, dict(packing))}
+        ),
         "parent_bytes": layout.lcm_block_bytes,
         "plane_bytes": [list(p) for p in layout.plane_bytes],
         "groups": group_specs(groups),
@@ -824,6 +1313,14 @@ def detail(ts: SimpleNamespace, models: Models, cell: tuple[str, int, int, str])
         "fields_by_kind": field_strides(layout),
         "slots": {plane_id: planes[plane_id] for plane_id, _ in layout.plane_bytes},
         "workspace_bytes": launch.recipe.workspace_bytes(),
+        **(
+            {
+                "verify_workspace": verify_workspace(ts, launch),
+                "pool_state_groups": pool_state_groups(ts, launch),
+            }
+            if ts.revision.is_main
+            else {}
+        ),
     }
 
 
@@ -836,6 +1333,10 @@ CAPACITY_CELLS = (
     ("kimi-k3", 8, "bfloat16"),
     ("kimi-k3-dspark", 8, "fp8"),
 )
+MAIN_CAPACITY_CELLS = (
+    ("kimi-k3", 16, "fp8"),
+    ("kimi-k3-dspark", 12, "fp8"),
+)
 PROBE_PARENTS = (1, 2, 10, 100, 1000)
 BUDGETS = (1 << 30, 8 << 30, 40 << 30, 100 << 30)
 
@@ -844,6 +1345,10 @@ def capacity_probes(ts: SimpleNamespace, models: Models, name: str, tp: int, dty
     hf_config, draft_config = _configs(models, name)
     speculative = draft_config is not None
     args = server_args(tp=tp, dp=1, kv_cache_dtype=dtype, speculative=speculative)
+    try:
+        Launch(ts, hf_config, draft_config, args).layout()
+    except Exception as exc:  # main refuses some cells #1152 lays out
+        return _refused_cell(name, tp, dtype, exc)
     probes = []
     for max_live, depth in PROBE_LOADS:
         for decode_tokens in (1, DSPARK_DRAFT_TOKENS) if speculative else (1,):
@@ -882,7 +1387,22 @@ def capacity_probes(ts: SimpleNamespace, models: Models, name: str, tp: int, dty
         "packing": dict(Launch(ts, hf_config, draft_config, args).layout()[2].group_packing),
         "probes": probes,
         "budgets": budgets(ts, hf_config, draft_config, args),
+        **(
+            {"budgets_without_replay": _budgets_without_replay(ts, hf_config, draft_config, args)}
+            if ts.revision.is_main and speculative
+            else {}
+        ),
     }
+
+
+def _budgets_without_replay(
+    ts: SimpleNamespace, hf_config: Any, draft_config: Any, args: Any
+) -> dict[str, Any]:
+    with on_platform(ts, NO_REPLAY_PLATFORM):
+        return {
+            "platform": NO_REPLAY_PLATFORM,
+            "budgets": budgets(ts, hf_config, draft_config, args),
+        }
 
 
 def _setup(launch: Launch) -> dict[str, Any]:
@@ -931,6 +1451,11 @@ BIND_CELLS = (
     ("kimi-k3", 96, "bfloat16", 3),
     ("kimi-k3-dspark", 8, "fp8", 7),
 )
+MAIN_BIND_CELLS = (
+    ("kimi-k3", 16, "fp8", 7),
+    ("kimi-k3", 24, "bfloat16", 5),
+    ("kimi-k3-dspark", 12, "fp8", 7),
+)
 
 
 def _sample_layers(recipe: Any) -> list[int]:
@@ -957,7 +1482,10 @@ def bind_samples(ts: SimpleNamespace, models: Models, cell: tuple[str, int, str,
     hf_config, draft_config = _configs(models, name)
     args = server_args(tp=tp, dp=1, kv_cache_dtype=dtype, speculative=draft_config is not None)
     launch = Launch(ts, hf_config, draft_config, args)
-    _, _, layout = launch.layout()
+    try:
+        _, _, layout = launch.layout()
+    except Exception as exc:  # main refuses some cells #1152 lays out
+        return {**_refused_cell(name, tp, dtype, exc), "num_lcm_blocks": num_parents}
     plan = layout.bind(num_parents)
     addresses = []
     for layer in _sample_layers(launch.recipe):
@@ -1063,9 +1591,9 @@ def _write(path: Path, payload: dict[str, Any]) -> int:
     return len(text)
 
 
-def record(source: Path, out: Path, allow_other: bool) -> None:
-    revision = check_revision(source, allow_other)
-    ts = load_tokenspeed(source)
+def record(source: Path, out: Path, allow_other: bool, rev: Revision = REVISIONS["pr1152"]) -> None:
+    revision = check_revision(source, allow_other, rev)
+    ts = load_tokenspeed(source, rev)
     models = Models(ts)
     choices = cli_kv_cache_dtype_choices(source)
     import torch  # noqa: PLC0415 - recorded beside the revision
@@ -1077,7 +1605,7 @@ def record(source: Path, out: Path, allow_other: bool) -> None:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "stubbed_modules": STUBBED_MODULES,
+        "stubbed_modules": rev.stubbed_modules,
         "launch_defaults": {
             "max_num_seqs": "160, or 80 with speculative decoding (max_bs = max_num_seqs // dp)",
             "chunked_prefill_size": DEFAULT_CHUNKED_PREFILL,
@@ -1088,6 +1616,13 @@ def record(source: Path, out: Path, allow_other: bool) -> None:
             "cache_budget_bytes": 1 << 40,
         },
     }
+    if rev.is_main:
+        header["platforms"] = {
+            "recorded_on": {REPLAY_PLATFORM: _platform_summary(REPLAY_PLATFORM)},
+            "without_replay_on": {NO_REPLAY_PLATFORM: _platform_summary(NO_REPLAY_PLATFORM)},
+            "how": "tokenspeed_kernel.platform.Platform.override; the platform decides "
+            "KimiK3Recipe.replay_kda (kda_replay_commit_supported) and nothing else recorded",
+        }
     facts = {
         "cli_kv_cache_dtype_choices": choices,
         "kimi_k3_recipe_architectures": kimi_k3_architectures(source),
@@ -1114,32 +1649,126 @@ def record(source: Path, out: Path, allow_other: bool) -> None:
     for name, _, _ in MODELS:
         payload = {**header, "facts": facts, **sweep(ts, models, name, choices)}
         written[f"sweep-{name}.json"] = _write(out / f"sweep-{name}.json", payload)
-    details = [detail(ts, models, cell) for cell in DETAIL_CELLS]
+    extra = rev.is_main
+    details = [detail(ts, models, c) for c in DETAIL_CELLS + (MAIN_DETAIL_CELLS if extra else ())]
     written["detail.json"] = _write(out / "detail.json", {**header, "cells": details})
-    capacity = [capacity_probes(ts, models, *cell) for cell in CAPACITY_CELLS]
+    capacity = [
+        capacity_probes(ts, models, *c)
+        for c in CAPACITY_CELLS + (MAIN_CAPACITY_CELLS if extra else ())
+    ]
     written["capacity.json"] = _write(out / "capacity.json", {**header, "cells": capacity})
-    binds = [bind_samples(ts, models, cell) for cell in BIND_CELLS]
+    binds = [bind_samples(ts, models, c) for c in BIND_CELLS + (MAIN_BIND_CELLS if extra else ())]
     written["bind.json"] = _write(out / "bind.json", {**header, "cells": binds})
     for name, size in written.items():
         print(f"{out / name}: {size:,} bytes")
+
+
+# --------------------------------------------------------------------------------------
+# compare two recordings
+# --------------------------------------------------------------------------------------
+
+_CELL_KEYS = ("attn_tp", "attn_dp", "kv_cache_dtype")
+_RULE_KEYS = ("mla_page_bytes", "linear_plane_bytes", "mla_packing", "linear_packing")
+
+
+def _rule(cell: dict[str, Any]) -> dict[str, Any] | None:
+    rule = cell.get("rule_1152") or cell.get("packing_rule")
+    return None if rule is None else {k: rule[k] for k in _RULE_KEYS}
+
+
+def _field_counts(old: dict[Any, Any], new: dict[Any, Any]) -> dict[str, Any]:
+    """Per field, how many cells' values differ: over every cell (a field one cell lacks, as a
+    refused cell lacks the layout's, differs), and over the cells both recordings lay out.
+    A field only one recording has is counted, not compared. ``rule`` compares #1152's
+    ``rule_1152`` with main's ``packing_rule`` on the keys they share (the two payloads and the
+    two packings)."""
+    fields = sorted(
+        ({k for c in old.values() for k in c} | {k for c in new.values() for k in c})
+        - {*_CELL_KEYS, "cli_accepts", "rule_1152", "packing_rule"}
+    )
+    counts: dict[str, Any] = {}
+    for name in (*fields, "rule"):
+        in_old = name == "rule" or any(name in c for c in old.values())
+        in_new = name == "rule" or any(name in c for c in new.values())
+        if not (in_old and in_new):
+            side, cells = ("new", new) if in_new else ("old", old)
+            counts[name] = {f"only_in_{side}": sum(name in c for c in cells.values())}
+            continue
+        every = both = 0
+        for key, a in old.items():
+            b = new[key]
+            differs = (_rule(a) != _rule(b)) if name == "rule" else a.get(name) != b.get(name)
+            every += differs
+            both += differs and a["status"] == b["status"] == "ok"
+        counts[name] = {"all_cells": every, "cells_ok_in_both": both}
+    return counts
+
+
+def compare(old_dir: Path, new_dir: Path) -> dict[str, Any]:
+    """How two recordings differ, cell by cell (the counts in tokenspeed-main/DIFFERENCES.md)."""
+    out: dict[str, Any] = {}
+    for name, _, _ in MODELS:
+        old_file = json.loads((old_dir / f"sweep-{name}.json").read_text())
+        new_file = json.loads((new_dir / f"sweep-{name}.json").read_text())
+        old = {tuple(c[k] for k in _CELL_KEYS): c for c in old_file["cells"]}
+        new = {tuple(c[k] for k in _CELL_KEYS): c for c in new_file["cells"]}
+        if old.keys() != new.keys():
+            raise SystemExit(f"sweep-{name}.json: the two recordings ask different cells")
+        status: dict[str, int] = {}
+        for key, a in old.items():
+            change = f"{a['status']} -> {new[key]['status']}"
+            status[change] = status.get(change, 0) + 1
+        out[f"sweep-{name}.json"] = {
+            "cells": len(old),
+            "status": dict(sorted(status.items())),
+            "accepted_attn_tp": {
+                "old": old_file["accepted_attn_tp"],
+                "new": new_file["accepted_attn_tp"],
+            },
+            "fields": _field_counts(old, new),
+        }
+    for name in ("detail.json", "capacity.json", "bind.json"):
+        old_cells = json.loads((old_dir / name).read_text())["cells"]
+        new_cells = json.loads((new_dir / name).read_text())["cells"]
+        rows = []
+        for a, b in zip(old_cells, new_cells, strict=False):
+            keys = sorted(set(a) | set(b))
+            rows.append(
+                {
+                    **{k: a[k] for k in ("model", *_CELL_KEYS) if k in a},
+                    "status": [a.get("status", "ok"), b.get("status", "ok")],
+                    "differ": [k for k in keys if a.get(k) != b.get(k)],
+                }
+            )
+        out[name] = {"cells_compared": rows, "new_only_cells": len(new_cells) - len(old_cells)}
+    return out
 
 
 def main(argv: Iterable[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     commands = parser.add_subparsers(dest="command", required=True)
     ext = commands.add_parser("extract", help="extract the files this tool reads")
+    ext.add_argument("--revision", choices=sorted(REVISIONS), default="pr1152")
     ext.add_argument("--git-dir", type=Path, required=True)
-    ext.add_argument("--rev", default=COMMIT)
+    ext.add_argument("--rev", default=None, help="commit to extract (default: the revision's)")
     ext.add_argument("--dest", type=Path, required=True)
     rec = commands.add_parser("record", help="run the recipe and write the JSON")
+    rec.add_argument("--revision", choices=sorted(REVISIONS), default="pr1152")
     rec.add_argument("--source", type=Path, required=True)
-    rec.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    rec.add_argument("--out", type=Path, default=None, help="default: the revision's fixtures")
     rec.add_argument("--allow-other-revision", action="store_true")
+    cmp = commands.add_parser("compare", help="count the cells two recordings differ in")
+    cmp.add_argument("--old", type=Path, default=REVISIONS["pr1152"].out)
+    cmp.add_argument("--new", type=Path, default=REVISIONS["main"].out)
     args = parser.parse_args(None if argv is None else list(argv))
+    if args.command == "compare":
+        print(json.dumps(compare(args.old, args.new), indent=1))
+        return
+    revision = REVISIONS[args.revision]
     if args.command == "extract":
-        print(extract(args.git_dir, args.rev, args.dest))
+        print(extract(args.git_dir, args.rev, args.dest, revision))
     else:
-        record(args.source, args.out, args.allow_other_revision)
+        record(args.source, args.out or revision.out, args.allow_other_revision, revision)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,21 @@
-"""What a tokenspeed rank serves from its KV budget, counted as its K3 recipe counts it (#1152
-head ``a6ee91b3``, ``CacheRecipe.setup``).
+"""What a tokenspeed rank serves from its KV budget, counted as its K3 recipe counts it
+(``CacheRecipe.setup``, the same at #1152's head and ``main`` but for the verify workspace).
 
-- With speculative decoding the recipe first reserves a verify workspace: dense KDA state rows
-  for ``max_live * (spec_tokens + 1)`` verify tokens, every KDA layer's state each
-  (``spec_tokens`` is tokenspeed's ``--speculative-num-draft-tokens``).
+- With speculative decoding the recipe first reserves a verify workspace
+  (``KimiK3Recipe.workspace_bytes``; ``T`` is ``spec_tokens``, tokenspeed's
+  ``--speculative-num-draft-tokens``, ``L`` the KDA layers):
+
+  - dense state rows: ``max_live x (T + 1)`` rows of every KDA layer's state, ``L x max_live
+    x (T + 1) x S`` (#1152; ``main`` where tokenspeed-kernel has no replay kernels);
+  - the replay commit (``main``, tokenspeed #1156, on a GPU whose vendor has the replay
+    kernels, NVIDIA, with bf16 or fp16 activations; :func:`replays_verify`): one conv
+    checkpoint row per live request and layer and ``max_live x T`` compact replay rows per
+    layer, ``max_live x sum(conv) + L x max_live x T x (2 C + 2 d + 2 h + 4 h d)`` (``C`` the
+    conv channels, ``h`` the heads and ``d`` the head dim of one rank: a bf16 qkv row, a bf16
+    ``f_a`` row, a bf16 beta row and an fp32 gate row). Not modelled: at ``spec_tokens=1``
+    ``main``'s replay backend allocates no replay rows (``hybrid_kda.py``), so its start-up
+    check would find the planned workspace and the allocation apart (read, not run).
+
 - The rest buys ``usable // parent`` parents, one of them the null parent.
 - A ``--max-total-tokens`` cap first limits them to ``cap // (p_max * 128)``, and to the
   parents that cap needs at the live requests.
@@ -12,7 +24,7 @@ head ``a6ee91b3``, ``CacheRecipe.setup``).
   live request.
 
 K3 TP 8 fp8, 1 GiB, one live request, depth 1: 49 usable parents, ``(49 - 6) * 12 - 1`` MLA
-pages, 65,920 tokens.
+pages, 65,920 tokens (both revisions lay out the same parent there).
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from ..._args import expect_non_negative, expect_positive
 from ..._search import last_holding, unless_too_small
 from ...constants import PARENT_PAGE_TOKENS
 from ...errors import Refusal
+from ...gpus import GPUS
 from ...layouts.answer import (
     RequestCapacity,
     answer,
@@ -34,6 +47,9 @@ from ...layouts.answer import (
 )
 from ...layouts.groups import Group
 from ...layouts.protocol import EngineLayout
+from ...model import HybridModel
+from .recipe import field_offsets
+from .releases import revision_of
 
 
 class ParentCapacity(RequestCapacity):
@@ -54,8 +70,15 @@ class ParentCapacity(RequestCapacity):
         description="tokenspeed's --max-total-tokens cap, in tokens; None: no cap"
     )
     workspace_bytes: NonNegativeInt = Field(
-        description="the verify workspace per rank: every KDA layer's state for max_live x "
-        "(spec_tokens + 1) rows (0 without speculative tokens)"
+        description="the verify workspace per rank (0 without speculative tokens): under "
+        "replay_commit a conv checkpoint row per live request and max_live x spec_tokens "
+        "compact replay rows of every KDA layer, else every KDA layer's state for max_live x "
+        "(spec_tokens + 1) rows"
+    )
+    replay_commit: bool = Field(
+        description="whether the verify workspace is the replay commit's (tokenspeed main on "
+        "an NVIDIA GPU with bf16/fp16 activations, speculative decoding only) rather than "
+        "dense KDA state rows"
     )
     protected_pages: NonNegativeInt = Field(
         description="MLA pages overlap scheduling keeps from the allocator: max_live x the "
@@ -82,7 +105,12 @@ class ParentCapacity(RequestCapacity):
         it counts."""
         rows = [
             ("max_live (tokenspeed's max_bs, the sizing)", f"{self.max_live:,}"),
-            ("verify workspace (KDA state rows)", f"{self.workspace_bytes:,}"),
+            (
+                "verify workspace (replay commit)"
+                if self.replay_commit
+                else "verify workspace (KDA state rows)",
+                f"{self.workspace_bytes:,}",
+            ),
             ("usable parents (+1 null)", f"{self.num_parents:,}"),
             ("arena bytes", f"{self.arena_bytes:,}"),
             ("token_capacity (MLA pages x 128)", f"{self.token_capacity:,}"),
@@ -112,13 +140,70 @@ class ParentPlanLike(EngineLayout, Protocol):
     ) -> int: ...
 
 
+BF16_BYTES, FP32_BYTES = 2, 4
+"""The replay row's element sizes: bf16 qkv, ``f_a`` and beta rows, an fp32 gate row."""
+
+
+def activation_dtype(model: HybridModel) -> str:
+    """The dtype tokenspeed runs the model's activations in (``--dtype auto``,
+    ``_get_and_verify_dtype``): the checkpoint's ``torch_dtype``, float16 for a float32
+    checkpoint, bfloat16 where the config gives none (a model built by hand)."""
+    arch = model.architecture
+    if arch is None:
+        return "bfloat16"
+    return "float16" if arch.torch_dtype == "float32" else arch.torch_dtype
+
+
+def replays_verify(plan: EngineLayout) -> bool:
+    """Whether the plan's speculative verify commits by replay (``KimiK3Recipe.replay_kda``):
+    speculative tokens, and a revision whose replay kernels the GPU's vendor has for the
+    model's activation dtype (:meth:`TokenspeedRevision.replays_verify`)."""
+    deployment = plan.deployment
+    if not deployment.spec_tokens:
+        return False
+    vendor = GPUS[deployment.gpu].vendor
+    return revision_of(deployment).replays_verify(vendor, activation_dtype(plan.model))
+
+
+def replay_row_parts(plan: EngineLayout) -> dict[str, int]:
+    """The bytes of the four tensors of one compact replay row of one KDA layer on one rank
+    (``hybrid_kda.py``'s replay payloads): a bf16 qkv row of the ``C`` conv channels, a bf16
+    ``f_a`` row of the head dim ``d``, a bf16 beta row of the ``h`` heads and an fp32 gate row
+    of ``h x d``, read off the first KDA layer as the recipe reads its shapes."""
+    layer = plan.model.kda_layers[0]
+    heads = layer.num_heads // plan.deployment.attn_tp
+    return {
+        "qkv_bf16": BF16_BYTES * 3 * heads * layer.head_dim,
+        "f_a_bf16": BF16_BYTES * layer.head_dim,
+        "beta_bf16": BF16_BYTES * heads,
+        "gate_fp32": FP32_BYTES * heads * layer.head_dim,
+    }
+
+
+def replay_row_bytes(plan: EngineLayout) -> int:
+    """One compact replay row of one KDA layer on one rank: ``2 C + 2 d + 2 h + 4 h d``
+    (:func:`replay_row_parts`)."""
+    return sum(replay_row_parts(plan).values())
+
+
 def workspace_bytes(plan: ParentPlanLike, max_live: int) -> int:
-    """The verify workspace tokenspeed reserves for speculative decoding: every KDA layer's
-    state for ``max_live * (spec_tokens + 1)`` rows (0 without speculative tokens)."""
+    """The verify workspace tokenspeed reserves for speculative decoding (0 without
+    speculative tokens): the replay commit's conv checkpoint and replay rows where
+    :func:`replays_verify`, else every KDA layer's state for ``max_live * (spec_tokens + 1)``
+    rows (see the module)."""
     spec_tokens = plan.deployment.spec_tokens
     if not spec_tokens:
         return 0
-    return max_live * (spec_tokens + 1) * len(plan.model.kda_layer_ids) * plan.sizes.state_bytes
+    kda = plan.model.kda_layer_ids
+    if not replays_verify(plan):
+        return max_live * (spec_tokens + 1) * len(kda) * plan.sizes.state_bytes
+    conv = sum(
+        size
+        for layer in kda
+        for part, _, size in field_offsets(plan.sizes, layer)
+        if part == "conv"
+    )
+    return max_live * conv + len(kda) * max_live * spec_tokens * replay_row_bytes(plan)
 
 
 def protected_pages(plan: ParentPlanLike, max_live: int, overlap_depth: int) -> int:
@@ -235,6 +320,7 @@ def _figures(
         "overlap_depth": overlap_depth,
         "max_total_tokens": max_total_tokens,
         "workspace_bytes": workspace,
+        "replay_commit": replays_verify(plan),
         "protected_pages": protected,
         "num_parents": num_parents,
         "parent_bytes": parent,

@@ -12,6 +12,7 @@ from .budget import TOKENSPEED_BUDGET
 from .invariants import parent_violations
 from .launch import LAUNCH
 from .layout import ParentPlan, group_tokenspeed, pack_tokenspeed
+from .releases import TOKENSPEED_VERSIONS
 from .rules import KV_CACHE_DTYPES, check_tokenspeed
 from .weights import tokenspeed_weights
 
@@ -22,13 +23,13 @@ TOKENSPEED = register_engine(
             spec_conv_rows=False,  # tokenspeed keeps K - 1 conv rows; drafts verify elsewhere
             kv_dtypes=KV_CACHE_DTYPES,
             package=__package__ or "",
-            draft_kv_dtype="bf16",  # #1152 builds the draft's MLA config in bf16
+            draft_kv_dtype="bf16",  # #1152 and main build the draft's MLA config in bf16
             separate_draft_kv_dtype=True,  # a later branch makes the draft follow the target
             aliases=("parent",),
             conv_layout="DS",  # tokenspeed's conv state is [channels, K - 1]
             launch=LAUNCH,
             listing_order=1,
-            versions=("pr1152",),  # #1152's head, recipe.REVISION
+            versions=TOKENSPEED_VERSIONS,  # #1152's head, then main: releases.REVISIONS
         ),
         plan_type=ParentPlan,
         check=check_tokenspeed,

@@ -1,6 +1,6 @@
-"""tokenspeed's launch flags for a deployment (its ``server_args.py`` at #1152's head): the
-attention TP and DP, expert parallelism, the cache dtype, speculative decoding and prefix
-caching. The memory flag and the workload's limits follow them
+"""tokenspeed's launch flags for a deployment (its ``server_args.py``, the same flags at #1152's
+head and ``main``): the attention TP and DP, expert parallelism, the cache dtype, speculative
+decoding and prefix caching. The memory flag and the workload's limits follow them
 (:mod:`k3layout.layouts.recommend`)."""
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """Engine layout B: tokenspeed's parent arena (``engine="tokenspeed"``), as its Kimi-K3 recipe
-at #1152's head lays it out (:mod:`.recipe`).
+at the followed revision (#1152's head or ``main``, :mod:`.releases`) lays it out
+(:mod:`.recipe`).
 
 Groups: ``full_attention`` (MLA layers in module order, then draft layers) and
 ``linear_attention_0..2``: the KDA layers sorted and split *contiguously* into 3 groups
 (K3: 23, 23, 23). Plane ``slot.j`` holds the layer at position ``j`` of every group, so the
-state rides inside the MLA planes. The packing ``(p_m, p_l)`` is #1152's rule; ``bind(n)``
-and :meth:`ParentPlan.byte_range` give tokenspeed's own addresses.
+state rides inside the MLA planes. The packing ``(p_m, p_l)`` is the revision's rule
+(#1152: grown until a plane holds a state; ``main``: 12 MLA pages); ``bind(n)`` and
+:meth:`ParentPlan.byte_range` give tokenspeed's own addresses.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from .launch import tokenspeed_flags
 from .recipe import (
     DEFAULT_MAX_PADDING,
     MAX_KERNEL_PAGE_ID,
-    REVISION_NAME,
     Arena,
     field_offsets,
     pack,
@@ -43,8 +44,8 @@ from .recipe import (
     plane_order,
     plane_starts,
     recipe_groups,
-    rule_1152,
 )
+from .releases import PR1152, TokenspeedRevision, revision_of
 from .report import ParentReport
 
 
@@ -196,11 +197,14 @@ class Binding(SelfChecked):
 
 class ParentPlan(SelfChecked, LayoutBase):
     """The parent-block layout of one model under one deployment, as tokenspeed's Kimi-K3
-    recipe lays it out (:mod:`k3layout.engines.tokenspeed.recipe`, #1152's head).
+    recipe lays it out (:mod:`k3layout.engines.tokenspeed.recipe`) at the revision the
+    deployment names (``engine_version``: ``pr1152``, #1152's head, or ``main``).
 
     ``groups``, ``num_planes`` (one per MLA layer plus one per draft layer), ``packing``
-    (#1152's rule), each plane's bytes (:attr:`plane_sizes`) and the padding describe one
-    parent; ``stages`` is the one stage (tokenspeed has no pipeline parallelism).
+    (the revision's rule, checked in ``packing_rule``), each plane's bytes
+    (:attr:`plane_sizes`) and the padding describe one parent; ``stages`` is the one stage
+    (tokenspeed has no pipeline parallelism). ``rule_1152`` is the same check where the plan
+    follows #1152 (``None`` under ``main``).
 
     A plan built outside :func:`~k3layout.plan` (by hand, :func:`~k3layout.load_plan`, or
     ``model_copy(update=...)``, which re-validates here) is re-planned from its own ``model``
@@ -211,7 +215,11 @@ class ParentPlan(SelfChecked, LayoutBase):
     report_type: ClassVar[type[ParentReport]] = ParentReport
     packing: Packing
     max_padding: float | None
+    packing_rule: RuleCheck
+    """The followed revision's packing rule, its parent and worst padded group."""
     rule_1152: RuleCheck | None
+    """``packing_rule`` where the plan follows #1152 (``engine_version="pr1152"``); ``None``
+    under another revision (kept under its old name)."""
 
     @model_validator(mode="after")
     def _is_its_own_derivation(self) -> ParentPlan:
@@ -224,8 +232,14 @@ class ParentPlan(SelfChecked, LayoutBase):
 
     @property
     def revision(self) -> str:
-        """The tokenspeed revision this layout follows (#1152's head)."""
-        return REVISION_NAME
+        """The tokenspeed revision this layout follows, in words
+        (:attr:`tokenspeed_revision`'s title)."""
+        return self.tokenspeed_revision.title
+
+    @property
+    def tokenspeed_revision(self) -> TokenspeedRevision:
+        """The tokenspeed revision this layout follows (``deployment.engine_version``)."""
+        return revision_of(self.deployment)
 
     @property
     def page_tokens(self) -> int:
@@ -246,7 +260,8 @@ class ParentPlan(SelfChecked, LayoutBase):
     def arena(self) -> Arena:
         """One parent as the recipe packs it: pages per parent, plane bytes, parent bytes."""
         packing = self.packing
-        return _arena(self.groups, self.sizes, (packing.mla_pages, packing.state_pages), None)
+        pages = (packing.mla_pages, packing.state_pages)
+        return _arena(self.groups, self.sizes, pages, None, self.tokenspeed_revision)
 
     @property
     def plane_sizes(self) -> tuple[int, ...]:
@@ -285,7 +300,8 @@ class ParentPlan(SelfChecked, LayoutBase):
 
     @property
     def packing_by_group(self) -> dict[str, int]:
-        """``p_g`` keyed by group name (``full_attention``: 12, ``linear_attention_*``: 1)."""
+        """``p_g`` keyed by group name (K3 TP 8 fp8: ``full_attention`` 12,
+        ``linear_attention_*`` 1, at either revision)."""
         return {group.name: self.pages_per_parent(group) for group in self.groups}
 
     @property
@@ -312,6 +328,7 @@ class ParentPlan(SelfChecked, LayoutBase):
             "padding_fraction": self.padding_fraction,
             "utilization": self.utilization,
             "max_padding": self.max_padding,
+            "packing_rule": self.packing_rule,
             "rule_1152": self.rule_1152,
         }, "parent_bytes"
 
@@ -649,14 +666,15 @@ class ParentPlan(SelfChecked, LayoutBase):
         widths = sorted(set(self.plane_sizes))
         rows = [
             ("planes", f"{self.num_planes:,}"),
-            ("packing p_m / p_l (#1152)", f"{self.packing.mla_pages} / {self.packing.state_pages}"),
+            ("packing p_m / p_l", f"{self.packing.mla_pages} / {self.packing.state_pages}"),
+            ("packing rule", self.tokenspeed_revision.packing_formula),
             (
                 "plane bytes",
                 ", ".join(f"{w:,} x {self.plane_sizes.count(w)}" for w in widths),
             ),
             ("parent bytes", f"{self.parent_bytes:,}"),
             ("padding limit", "none" if self.max_padding is None else f"{self.max_padding:g}"),
-            ("followed revision", REVISION_NAME),
+            ("followed revision", self.revision),
         ]
         return rows
 
@@ -759,13 +777,15 @@ def _arena(
     sizes: RankSizes,
     pages: tuple[int, int],
     max_padding: float | None,
+    revision: TokenspeedRevision = PR1152,
 ) -> Arena:
-    """The recipe's parent with ``(p_m, p_l)`` pages per parent for attention and state."""
+    """The recipe's parent with ``(p_m, p_l)`` pages per parent for attention and state
+    (``revision``, whose rule gave them, names the rule in a refusal)."""
     mla_pages, state_pages = pages
     by_group = {
         g.name: mla_pages if g.kind == "attention" else state_pages for g in groups if g.layers
     }
-    return pack(groups, sizes, by_group, max_padding)
+    return pack(groups, sizes, by_group, max_padding, revision)
 
 
 def group_tokenspeed(model: HybridModel, sizes: RankSizes) -> tuple[Group, ...]:
@@ -789,12 +809,13 @@ def pack_tokenspeed(
     groups: tuple[Group, ...],
     stages: tuple[Stage, ...],
 ) -> ParentPlan:
-    """#1152's packing, the recipe's planes and its padding check; build the plan."""
+    """The revision's packing, the recipe's planes and its checks; build the plan."""
+    revision = revision_of(deployment)
     page = sizes.attention_page_bytes(PARENT_PAGE_TOKENS)
     state = sizes.state_bytes
-    mla_pages, state_pages = rule_1152(page, state)
+    mla_pages, state_pages = revision.packing(page, state)
     limit = default_max_padding(model, deployment)
-    arena = _arena(groups, sizes, (mla_pages, state_pages), limit)
+    arena = _arena(groups, sizes, (mla_pages, state_pages), limit, revision)
     packing = trusted(
         Packing, mla_pages=mla_pages, state_pages=state_pages, plane_bytes=arena.plane_bytes[0]
     )
@@ -818,7 +839,8 @@ def pack_tokenspeed(
         stages=stages,
         packing=packing,
         max_padding=limit,
-        rule_1152=rule,
+        packing_rule=rule,
+        rule_1152=rule if revision is PR1152 else None,
     )
     result.__dict__["arena"] = arena  # the one just laid out (a cached property)
     return checked_bytes(result, "parent_bytes")

@@ -1,11 +1,14 @@
-"""tokenspeed's Kimi-K3 cache recipe at the revision k3layout follows: #1152's head.
+"""tokenspeed's Kimi-K3 cache recipe at the revisions k3layout follows (:mod:`.releases`):
+#1152's head and ``main``. The mechanics are the same at both (tokenspeed's ``plan.py`` is
+byte-identical); the packing rule is the revision's.
 
 Groups -> pack -> bind, in tokenspeed's own terms (``recipes/kimi_k3.py`` and ``plan.py``):
 
 - **groups**: ``full_attention`` holds the target's MLA layers in module order, then the
   draft's; the KDA layers, sorted, split into 3 equal contiguous runs ``linear_attention_0..2``.
   The layer at position ``j`` of its group uses plane ``slot.j``.
-- **pack**: #1152's rule pins the packing, ``p_m = max(1, ceil(S / page))`` and
+- **pack**: the revision's rule pins the packing (:meth:`TokenspeedRevision.packing`): #1152
+  grows ``p_m = max(1, ceil(S / page))``, ``main`` fixes ``p_m = 12``; the state groups take
   ``p_l = max(1, p_m * page // S)``. Plane ``slot.j`` is the widest ``p_g x`` (the group's
   fields on it, each aligned to its element) over the groups on it, aligned up to 256 and to
   every ``p_g x element``; the parent is the planes' sum aligned to every ``p_g``. An MLA page
@@ -20,7 +23,7 @@ Groups -> pack -> bind, in tokenspeed's own terms (``recipes/kimi_k3.py`` and ``
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import PositiveInt
 
@@ -30,11 +33,16 @@ from ...constants import DEFAULT_MAX_PADDING_FRACTION, PARENT_ALIGNMENT_BYTES, P
 from ...errors import Refusal
 from ...layouts.groups import Group
 from ...sizes import RankSizes
+from .releases import PR1152, TokenspeedRevision
 
-REPOSITORY = "lightseekorg/tokenspeed"
-REVISION = "a6ee91b3e612d111b0ad6361607f221419d139f7"
-"""The tokenspeed commit whose K3 recipe this engine follows: PR #1152's head."""
-REVISION_NAME = "tokenspeed #1152 head a6ee91b3"
+REVISION = PR1152.commit
+"""PR #1152's head, the one revision this engine followed before ``main`` joined (kept for
+compatibility: :data:`~.releases.REVISIONS` holds every followed revision)."""
+REVISION_NAME = PR1152.title
+"""How #1152's head is named (:attr:`TokenspeedRevision.title`)."""
+FIELD_IDS = {"latent": "latent_kv", "conv": "conv_state", "recurrent": "recurrent_state"}
+"""The planner's part names -> the field names tokenspeed's K3 recipe gives them
+(``layer.<i>.<field>``)."""
 
 STATE_GROUPS = 3
 """Kimi-K3's recipe splits the KDA layers into exactly this many state groups."""
@@ -107,9 +115,9 @@ def payload_bytes(sizes: RankSizes, layer: int) -> int:
 
 
 def rule_1152(mla_page_bytes: int, state_bytes: int) -> tuple[int, int]:
-    """#1152's packing: ``(max(1, ceil(S / page)), max(1, p_m * page // S))``."""
-    mla_pages = max(1, -(-state_bytes // mla_page_bytes))
-    return mla_pages, max(1, mla_pages * mla_page_bytes // state_bytes)
+    """#1152's packing: ``(max(1, ceil(S / page)), max(1, p_m * page // S))``
+    (:meth:`TokenspeedRevision.packing` of :data:`~.releases.PR1152`)."""
+    return PR1152.packing(mla_page_bytes, state_bytes)
 
 
 def _lcm(values: Sequence[int]) -> int:
@@ -119,12 +127,22 @@ def _lcm(values: Sequence[int]) -> int:
     return result
 
 
+def field_id(layer: int, part: str) -> str:
+    """tokenspeed's id of ``part`` of module layer ``layer``: ``layer.<i>.<field>``."""
+    return f"layer.{layer}.{FIELD_IDS.get(part, part)}"
+
+
 def pack(
-    groups: tuple[Group, ...], sizes: RankSizes, packing: dict[str, int], max_padding: float | None
+    groups: tuple[Group, ...],
+    sizes: RankSizes,
+    packing: dict[str, int],
+    max_padding: float | None,
+    revision: TokenspeedRevision = PR1152,
 ) -> Arena:
-    """Lay out one parent under ``packing`` (see the module); refuses (``padding_limit``) a
-    group padded past ``max_padding`` and (``exact_stride``) an MLA page that is not
-    ``plane / p_m``, each with tokenspeed's own words."""
+    """Lay out one parent under ``packing`` (see the module); refuses (``layout_unsupported``)
+    an MLA page that is not ``plane / p_m`` and (``padding_limit``) a group padded past
+    ``max_padding``, each with tokenspeed's own words; ``revision`` (whose rule gave
+    ``packing``) only names the rule in them."""
     held = [g for g in groups if g.layers]
     # the fields of each distinct spec, once (the layers share a few)
     table = [_spec_fields(spec, sizes.attn_tp) for spec in sizes.specs]
@@ -143,32 +161,27 @@ def pack(
     num_planes = max(g.plane_of(len(g.layers) - 1) + 1 for g in held)
     required = [0] * num_planes
     needs: list[set[int]] = [{PLANE_ALIGNMENT} for _ in range(num_planes)]
+    on_plane: list[list[tuple[Group, int]]] = [[] for _ in range(num_planes)]
     for group in held:  # a group's layer j is on plane first_plane + j (Group.plane_of)
         count = packing[group.name]
-        for plane, index in enumerate(map(index_of, group.layers), group.first_plane):
+        for plane, layer in enumerate(group.layers, group.first_plane):
+            index = index_of(layer)
             required[plane] = max(required[plane], count * spans[index])
             needs[plane].add(aligned[count, index])
+            on_plane[plane].append((group, layer))
     alignment = [_lcm(sorted(need)) for need in needs]  # a plane's few distinct needs, once
     plane_bytes = tuple(
         -(-need // align) * align for need, align in zip(required, alignment, strict=True)
     )
-    for group in held:
-        if group.kind != "attention":
-            continue
-        for plane, layer in enumerate(group.layers, group.first_plane):
-            stride = plane_bytes[plane] // packing[group.name]
-            page = payloads[index_of(layer)]
-            if stride != page:
-                raise Refusal(
-                    "layout_unsupported",
-                    f"layer {layer}: its MLA page of {page:,} B needs page stride {page:,}, but "
-                    f"plane slot.{plane} of {plane_bytes[plane]:,} B gives {stride:,} "
-                    f"(tokenspeed: cache field 'layer.{layer}.latent_kv' needs page stride "
-                    f"{page} but plane 'slot.{plane}' gives {stride})",
-                    facts={"layer": layer, "plane": plane, "page_bytes": page, "stride": stride},
-                    hint="the KDA state is wider than the MLA pages of its plane: another "
-                    "attention TP or cache dtype changes the ratio",
-                )
+    for plane in plane_order(num_planes):  # tokenspeed checks the planes in this order
+        _check_exact_stride(
+            plane,
+            plane_bytes[plane],
+            on_plane[plane],
+            table=table,
+            index_of=index_of,
+            packing=packing,
+        )
     parent_align = _lcm([PLANE_ALIGNMENT, *packing.values()])
     parent = -(-sum(plane_bytes) // parent_align) * parent_align
     raws = {
@@ -183,8 +196,8 @@ def pack(
             raise Refusal(
                 "padding_limit",
                 f"group {group.name}: padding {padding:.6f} exceeds max_padding "
-                f"{max_padding:g} under #1152's packing "
-                f"{packing[group.name]} pages per parent (tokenspeed: cache group "
+                f"{max_padding:g} at {packing[group.name]} pages per parent (the packing "
+                f"{revision.title} pins; tokenspeed: cache group "
                 f"{group.name!r}: padding fraction {padding:.6f} exceeds limit "
                 f"{max_padding:.6f})",
                 facts={
@@ -192,11 +205,69 @@ def pack(
                     "padding": round(padding, 6),
                     "max_padding": max_padding,
                     "pages_per_parent": packing[group.name],
+                    "revision": revision.title,
                 },
-                hint="tokenspeed's recipe pins #1152's packing: another attention TP or cache "
-                "dtype, or engine=vllm, plans",
+                hint=f"{revision.title}'s recipe pins its packing ({revision.packing_formula}): "
+                "another attention TP or cache dtype, or engine=vllm, plans",
             )
     return arena
+
+
+def _check_exact_stride(
+    plane: int,
+    plane_bytes: int,
+    held: list[tuple[Group, int]],
+    *,
+    table: list[tuple[tuple[str, int, int], ...]],
+    index_of: Callable[[int], int],
+    packing: dict[str, int],
+) -> None:
+    """Refuse an MLA field on ``plane`` whose page stride ``plane / p_m`` is not its payload
+    (tokenspeed's ``_check_exact_page_strides``: its kernel strides by the payload), naming
+    the field that sizes the plane, the widest ``p_g x payload`` on it."""
+    fields = [
+        (packing[group.name] * size, field_id(layer, part), group, layer, part, size)
+        for group, layer in held
+        for part, _, size in table[index_of(layer)]
+    ]
+    for group, layer in sorted(held, key=lambda entry: entry[0].name):
+        if group.kind != "attention":
+            continue
+        stride = plane_bytes // packing[group.name]
+        for part, _, size in table[index_of(layer)]:
+            if stride == size:
+                continue
+            widest = max(fields, key=lambda entry: (entry[0], entry[1]))
+            name, sized_by = field_id(layer, part), widest[1]
+            state_pages = sorted({packing[g.name] for g, _ in held if g.kind != "attention"})
+            if widest[2].kind == "attention":
+                why = (
+                    f"the plane rounds {packing[group.name]} MLA pages up to the alignment "
+                    f"{' and '.join(map(str, state_pages)) or 'its'} state pages per parent "
+                    "ask of it"
+                )
+            else:
+                why = (
+                    f"the KDA state is wider than the {packing[group.name]} MLA pages of its plane"
+                )
+            raise Refusal(
+                "layout_unsupported",
+                f"layer {layer}: its MLA page of {size:,} B needs page stride {size:,}, but "
+                f"plane slot.{plane} of {plane_bytes:,} B gives {stride:,}: {why} "
+                f"(tokenspeed: cache field {name!r} needs page stride {size} but plane "
+                f"'slot.{plane}' gives {stride}; its kernel indexes pages by an implicit "
+                "payload-sized stride and would read the wrong rows. The plane is sized by "
+                f"{sized_by!r}; move one of them to another plane or align their payloads)",
+                facts={
+                    "layer": layer,
+                    "plane": plane,
+                    "page_bytes": size,
+                    "stride": stride,
+                    "sized_by": sized_by,
+                },
+                hint="another attention TP or cache dtype changes the ratio of the KDA state to "
+                "the MLA pages, or engine=vllm plans",
+            )
 
 
 def recipe_groups(model_attention: tuple[int, ...], kda: tuple[int, ...]) -> tuple[Group, ...]:

@@ -26,6 +26,7 @@ class ParentReport(PlanReport):
     padding_fraction: dict[str, float]
     utilization: dict[str, float]
     max_padding: float | None
+    packing_rule: RuleCheck
     rule_1152: RuleCheck | None
     stages: tuple[ParentStageReport, ...]
     capacity: ParentCapacity | None = None

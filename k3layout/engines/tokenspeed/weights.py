@@ -1,5 +1,6 @@
 """The weights one rank of tokenspeed (#1152's head, a6ee91b3) holds, as its model classes lay
-them out.
+them out. They were recorded at #1152's head only: a deployment of ``main``
+(``engine_version="main"``) gets the same weights, which no recording of ``main`` checks.
 
 tokenspeed builds Kimi-K3 as ``KimiK3ForConditionalGeneration`` (its K3 text backbone and,
 unless ``--language-model-only``, the MoonViT tower and projector) and the DSpark draft as

@@ -1,5 +1,9 @@
 """What tokenspeed (#1152's head, a6ee91b3) refuses of a model's weights, in the order its
-constructors meet it, and how it reads a config (its own defaults) and splits a rank."""
+constructors meet it, and how it reads a config (its own defaults) and splits a rank.
+
+The weights were recorded at #1152's head only (``tests/fixtures/tokenspeed-1152/
+weights.json``); a deployment of either followed revision (``engine_version`` ``pr1152`` or
+``main``) gets this same rule, and its refusals name #1152's head, where it was read."""
 
 from __future__ import annotations
 
