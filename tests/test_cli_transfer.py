@@ -92,7 +92,10 @@ def test_the_header_names_both_engines_layouts_and_the_default_prompt_length() -
     assert done.returncode == 0, done.stderr
     header = " ".join(done.stdout.split("\n")[:2])  # the console may wrap the first line
     # vLLM's hybrid allocator on both sides: block 11,392 at TP 1, 1,536 at TP 8
-    assert "prefill vllm (block 11392) pp8xtp1 -> decode vllm (block 1536) tp8xdcp8" in header
+    assert (
+        "prefill vllm 0.34.0 (block 11392) pp8xtp1 -> decode vllm 0.34.0 (block 1536) tp8xdcp8"
+        in header
+    )
     assert "4,096 tokens (default)" in header
     # the TP pairing rule the decode's engine registered
     assert "vLLM 0.33.0 and 0.34.0 NIXL" in done.stdout
@@ -113,6 +116,7 @@ def test_json_names_engines_layouts_rule_and_whether_the_prompt_length_defaulted
     assert (given["prompt_tokens"], given["prompt_tokens_default"]) == (64, False)
     assert (defaulted["prompt_tokens"], defaulted["prompt_tokens_default"]) == (4096, True)
     assert given["prefill_engine"] == given["decode_engine"] == "vllm"
+    assert given["prefill_engine_version"] == given["decode_engine_version"] == "0.34.0"
     assert (given["prefill_layout"], given["decode_layout"]) == ("block 1536", "block 5760")
     assert given["pd_rule"] == "vLLM 0.33.0 and 0.34.0 NIXL"
 

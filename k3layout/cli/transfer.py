@@ -242,8 +242,9 @@ def header(report: TransferReport, prefill_text: str, decode_text: str, decode: 
         " (default)" if report.prompt_tokens_default else ""
     )
     return (
-        f"{report.model} | prefill {report.prefill_engine} ({report.prefill_layout}) "
-        f"{prefill_text} -> decode {report.decode_engine} ({report.decode_layout}) {decode_text} "
+        f"{report.model} | prefill {report.prefill_engine} {report.prefill_engine_version} "
+        f"({report.prefill_layout}) {prefill_text} -> decode {report.decode_engine} "
+        f"{report.decode_engine_version} ({report.decode_layout}) {decode_text} "
         f"(dcp interleave {decode.dcp_interleave}) | {tokens} | {decode.kv_dtype} | "
         f"spec {decode.spec_tokens} | conv {decode.conv_layout}"
         + (" | replayssm" if decode.replayssm else "")

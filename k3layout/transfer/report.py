@@ -33,10 +33,11 @@ class RankPairReport(Frozen):
 class TransferReport(Frozen):
     """Counts and byte totals of a :class:`~k3layout.transfer.TransferPlan`.
 
-    ``prefill_engine`` / ``decode_engine`` name each side's engine and ``prefill_layout`` /
+    ``prefill_engine`` / ``decode_engine`` name each side's engine (``*_engine_version`` its
+    release) and ``prefill_layout`` /
     ``decode_layout`` its layout (the plan's packing label: ``block 1536`` for vLLM's hybrid
     allocator); ``pd_rule`` is the release and connector whose TP rule the decode's engine
-    registered (``vLLM 0.33.0 NIXL``), ``None`` where it registered none.
+    registered (``vLLM 0.33.0 and 0.34.0 NIXL``), ``None`` where it registered none.
     ``prompt_tokens_default`` says the prompt length was not given but defaulted.
     """
 
@@ -44,8 +45,10 @@ class TransferReport(Frozen):
     prompt_tokens: int
     prompt_tokens_default: bool = False
     prefill_engine: str
+    prefill_engine_version: str
     prefill_layout: str
     decode_engine: str
+    decode_engine_version: str
     decode_layout: str
     pd_rule: str | None
     conv_layout: str
@@ -95,8 +98,10 @@ def transfer_report(result: TransferPlan, *, prompt_tokens_default: bool = False
         prompt_tokens=result.prompt_tokens,
         prompt_tokens_default=prompt_tokens_default,
         prefill_engine=result.prefill.engine,
+        prefill_engine_version=result.prefill.version_run,
         prefill_layout=plan(result.model, result.prefill).packing_label,
         decode_engine=result.decode.engine,
+        decode_engine_version=result.decode.version_run,
         decode_layout=plan(result.model, result.decode).packing_label,
         pd_rule=None if rule is None else rule.label,
         conv_layout=result.decode.conv_layout,
