@@ -10,11 +10,12 @@ Environments (under ``.nox/``, made with the standard library's ``venv`` and its
 wheels they share come from pip's cache):
 
 - ``tests``: CPU torch, k3layout with its ``dev`` and ``torch`` extras, vLLM 0.33.0 without its
-  CUDA pins (tests/conformance/vllm-no-deps.txt, then vllm-deps.txt); ``lint`` runs in it too,
+  CUDA pins (tests/conformance/vllm-no-deps.txt, then vllm-deps.txt) and LMCache 0.5.6 beside it
+  (lmcache-no-deps.txt, then lmcache-deps.txt); ``lint`` runs in it too,
   so that mypy sees every package the tests import.
 - ``vllm034``: the same with vLLM 0.34.0 (tests/conformance/vllm-034-no-deps.txt), for the vLLM
-  conformance suites, so that each followed vLLM release's own code is run (the rest of the
-  suite does not depend on the installed vLLM and runs once, in ``tests``).
+  and LMCache conformance suites, so that each followed vLLM release's own code is run (the
+  rest of the suite does not depend on the installed vLLM and runs once, in ``tests``).
 - ``sglang``: SGLang 0.5.23's own pins (they clash with vLLM's), for its conformance suite.
 - ``demo``: k3layout alone.
 
@@ -107,7 +108,15 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[dev,torch]")
     session.install("--no-deps", "-r", "tests/conformance/vllm-no-deps.txt")
     session.install("-r", "tests/conformance/vllm-deps.txt")
+    _install_lmcache(session)
     session.run("python", "-m", "pytest", *session.posargs)
+
+
+def _install_lmcache(session: nox.Session) -> None:
+    """LMCache 0.5.6 beside vLLM, for its connector's conformance suite: the wheel without its
+    CUDA pins, then the pure-Python modules its connector imports."""
+    session.install("--no-deps", "-r", "tests/conformance/lmcache-no-deps.txt")
+    session.install("-r", "tests/conformance/lmcache-deps.txt")
 
 
 @nox.session(venv_backend="none")
@@ -133,6 +142,7 @@ def vllm034(session: nox.Session) -> None:
     session.install("pytest", "hypothesis")
     session.install("--no-deps", "-r", "tests/conformance/vllm-034-no-deps.txt")
     session.install("-r", "tests/conformance/vllm-deps.txt")
+    _install_lmcache(session)
     args = session.posargs if _names_tests(session.posargs) else [*VLLM_SUITE, *session.posargs]
     session.run("python", "-m", "pytest", *args)
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Union
 from pydantic import Field, TypeAdapter
 
 from k3layout.layouts.seams import rules_for
-from k3layout.offload import RideReport
+from k3layout.offload import LMCachePlan, RideReport
 from k3layout.registry import engine_names
 from k3layout.sweep import SweepCell
 from k3layout.transfer import TransferPlan, TransferReport
@@ -38,6 +38,7 @@ SOURCES: dict[str, tuple[str, Any]] = {
     "plan.schema.json": ("A k3layout plan: plan(model, deployment).model_dump_json()", Plan),
     "plan-report.schema.json": ("k3layout plan --json", Report),
     "ride-report.schema.json": ("k3layout ride --json", RideReport),
+    "lmcache-plan.schema.json": ("k3layout ride --connector lmcache --json", LMCachePlan),
     "transfer.schema.json": ("A transfer plan: plan_transfer(...).model_dump_json()", TransferPlan),
     "transfer-report.schema.json": ("k3layout transfer --json", TransferReport),
     "sweep-cells.schema.json": ("k3layout sweep --json", tuple[SweepCell, ...]),

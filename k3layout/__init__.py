@@ -41,7 +41,7 @@ Planning
     plan_tokenspeed, plan_parent, ParentPlan   tokenspeed's parent arena (plan_parent: old name)
     Binding, GroupPages, LayerBinding   a tokenspeed arena bound to ``n`` parents
     EngineLayout, Stage, Group, PlaneMember   what every plan answers: stages, groups, planes
-    Packing, RuleCheck          a packing per plane, and #1152's rule checked
+    Packing, RuleCheck          a packing per plane, and the followed revision's rule checked
     ByteRange                   where a part of a layer's page of a block lives
     RequestCapacity             what a KV budget per rank holds
     recommend, Recommendation   an engine's flags for a workload, and the command that starts it
@@ -60,6 +60,7 @@ Per-rank sizes
 
 Offload (LMCache MP: the KDA state rides the PAGE object)
     plan_ride, RidePlan, RideOptions   the ride of one rank, and the settings it needs
+    plan_lmcache, LMCachePlan, LMCacheOptions   LMCache 0.5.6's own vLLM connector
     plane_order, PlaneOrder     the publish order, aliased planes first
     checkpoint_image, CheckpointImage   one boundary's image
     check_aliasing, vllm_views, TensorView   the aliasing check on addresses
@@ -127,6 +128,8 @@ if TYPE_CHECKING:
     from .offload import (
         CheckpointImage,
         LayerNames,
+        LMCacheOptions,
+        LMCachePlan,
         NamingRule,
         PlaneOrder,
         RideOptions,
@@ -136,6 +139,7 @@ if TYPE_CHECKING:
         checkpoint_image,
         engine_layer_names,
         naming_rule,
+        plan_lmcache,
         plan_ride,
         plane_order,
         vllm_views,
@@ -235,6 +239,9 @@ _LAZY: dict[str, str] = {
     "LayerNames": "offload",
     "NamingRule": "offload",
     "PlaneOrder": "offload",
+    "LMCacheOptions": "offload",
+    "LMCachePlan": "offload",
+    "plan_lmcache": "offload",
     "RideOptions": "offload",
     "RidePlan": "offload",
     "TensorView": "offload",
@@ -296,6 +303,8 @@ __all__ = [
     "Interleave",
     "KDALayer",
     "KvCacheDtype",
+    "LMCacheOptions",
+    "LMCachePlan",
     "Layer",
     "LayerBinding",
     "LayerCacheSpec",
@@ -352,6 +361,7 @@ __all__ = [
     "naming_rule",
     "pairing_refusal",
     "plan",
+    "plan_lmcache",
     "plan_parent",
     "plan_ride",
     "plan_tokenspeed",

@@ -43,6 +43,7 @@ RefusalCode: TypeAlias = Literal[
     "prefix_caching_off",
     "load_failure_policy",
     "chunk_off_grid",
+    "connector_unsupported",
     "aliasing",
     "layer_names",
     # prefill-to-decode transfer

@@ -71,6 +71,8 @@ class EngineFacts:
       (:class:`DeprecationWarning`);
     - ``listing_order``: where it stands in listings (sweeps, ``--engine`` choices);
     - ``launch``: the command that starts it, before the checkpoint (``vllm serve``);
+    - ``kv_connectors``: the KV connectors k3layout plans for the engine (``lmcache``:
+      LMCache's own connector, :mod:`k3layout.offload.lmcache`);
     - ``versions``: the releases (or revisions) of the engine k3layout follows, oldest first;
       each has its own rules in the engine's package, and the last is what a deployment
       naming none plans for (``Deployment.engine_version``);
@@ -98,6 +100,7 @@ class EngineFacts:
     launch: str = ""
     scaled_fp8_latent_majors: tuple[int, ...] = ()
     versions: tuple[str, ...] = ()
+    kv_connectors: tuple[str, ...] = ()
 
 
 class Registered(Protocol):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..layouts import plan
+from ..offload.lmcache import lmcache_flags, lmcache_recommended, lmcache_server_command
 from .common import (
     add_deployment_options,
     add_memory_options,
@@ -39,6 +40,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         kv_help="KV memory per rank the flags may use, in GiB (default: the least the engine's "
         "memory flag holds the workload in, within what its default flag leaves)",
     )
+    parser.add_argument(
+        "--offload",
+        choices=("none", "lmcache"),
+        default="none",
+        help="lmcache: add the flags that start LMCache 0.5.6's vLLM connector, and its "
+        "server's command (vllm)",
+    )
     parser.add_argument("--json", action="store_true", help="print the recommendation as JSON")
     parser.set_defaults(run=run)
 
@@ -50,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
     def action() -> int:
         result = plan(model_from_args(args), deployment_from_args(args))
         answer = result.recommend(args.requests, args.max_model_len)
+        server = None
+        if args.offload == "lmcache":
+            lm = lmcache_recommended(result)
+            answer = answer.model_copy(update={"flags": (*answer.flags, *lmcache_flags(lm))})
+            server = lmcache_server_command(lm)
         if args.json:
             print(answer.model_dump_json(indent=2))
             return 0
@@ -59,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
             f"{result.model.name} | engine {result.engine} {version} | {result.deployment.gpu}"
         )
         print(answer.launch_line)
+        if server is not None:
+            print(server)
         out.print(summary_table(answer.rows()))
         return 0
 

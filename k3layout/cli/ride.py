@@ -1,4 +1,5 @@
-"""``k3layout ride``: the LMCache MP ride of one rank, as tables or ``--json``."""
+"""``k3layout ride``: the LMCache MP ride of one rank, as tables or ``--json``; with
+``--connector lmcache``, LMCache 0.5.6's own vLLM connector instead of ATOM's ride."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from ..errors import Refusal
 from ..layouts import plan
 from ..offload import (
     KvLoadFailurePolicy,
+    LMCacheOptions,
+    LMCachePlan,
     RideOptions,
     RidePlan,
     RideReport,
     engine_layer_names,
+    plan_lmcache,
     plan_ride,
     ride_report,
 )
@@ -41,7 +45,35 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_model_options(parser)
     add_deployment_options(parser)
     parser.add_argument(
+        "--connector",
+        choices=("atom", "lmcache"),
+        default="atom",
+        help="atom: ATOM's plugin, the state riding the PAGE object (the default); lmcache: "
+        "LMCache 0.5.6's own vLLM connector (LMCacheMPConnector)",
+    )
+    parser.add_argument(
         "--chunk", type=int, default=None, help="LMCache chunk tokens (default: the smallest)"
+    )
+    parser.add_argument(
+        "--servers", type=int, default=1, help="LMCache servers (--connector lmcache)"
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="vLLM's --max-num-batched-tokens (--connector lmcache; default vLLM's 2048)",
+    )
+    parser.add_argument(
+        "--pcp",
+        type=int,
+        default=1,
+        help="vLLM's --prefill-context-parallel-size (--connector lmcache)",
+    )
+    parser.add_argument(
+        "--lmcache-gib",
+        type=float,
+        default=None,
+        help="LMCache memory per server in GiB: the prefix tokens it holds (--connector lmcache)",
     )
     parser.add_argument("--stage", type=int, default=0, help="pipeline stage of the rank")
     parser.add_argument(
@@ -89,10 +121,70 @@ def _ride(args: argparse.Namespace) -> RidePlan:
     return plan_ride(result, _options(args), stage=args.stage, published=published)
 
 
+def _lmcache(args: argparse.Namespace) -> LMCachePlan:
+    fields = {
+        "chunk_tokens": args.chunk,
+        "servers": args.servers,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "pcp": args.pcp,
+    }
+    try:
+        options = LMCacheOptions.model_validate(fields)
+    except Refusal as refusal:
+        names = {"chunk_tokens": "--chunk", "max_num_batched_tokens": "--max-num-batched-tokens"}
+        raise option_refusal(refusal, names) from None
+    return plan_lmcache(plan(model_from_args(args), deployment_from_args(args)), options)
+
+
+def show_lmcache(lm: LMCachePlan, server_gib: float | None) -> None:
+    """Print LMCache's plan: its groups, the chunk, and what a cached chunk costs."""
+    out = console()
+    d_version = f"{lm.engine} {lm.engine_version}"
+    out.print(f"LMCache {lm.lmcache} connector | {d_version} | chunk {lm.chunk_tokens:,} tokens")
+    rows = [
+        ("smallest chunk LMCache accepts", thousands(lm.smallest_chunk_tokens)),
+        ("servers x writers each", f"{len(lm.writers_per_server)} x {lm.writers_per_server[0]}"),
+        (
+            "bytes per chunk per rank (by stage)",
+            ", ".join(map(thousands, lm.stage_bytes_per_chunk)),
+        ),
+        ("bytes per chunk per server", ", ".join(map(thousands, lm.bytes_per_chunk_per_server))),
+        ("bytes per cached token (busiest server)", f"{lm.bytes_per_token:,.2f}"),
+    ]
+    if server_gib is not None:
+        held = lm.tokens_fit(int(server_gib * (1 << 30)))
+        rows.append((f"prefix tokens in {server_gib:g} GiB per server", thousands(held)))
+    out.print(summary_table(rows))
+    table = new_table("LMCache groups")
+    for column in ("stage", "vLLM group", "part"):
+        table.add_column(column)
+    for column in ("layers", "recurrent", "tokens/block", "bytes/chunk"):
+        table.add_column(column, justify="right")
+    for stage, groups in enumerate(lm.stages):
+        for g in groups:
+            table.add_row(
+                str(stage),
+                g.vllm_group,
+                g.part,
+                str(len(g.layers)),
+                "yes" if g.recurrent else "no",
+                thousands(g.tokens_per_block),
+                thousands(g.bytes_per_chunk),
+            )
+    out.print(table)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Plan the ride and print it; exit 2 on a refusal."""
+    """Plan the ride (or LMCache's connector) and print it; exit 2 on a refusal."""
 
     def action() -> int:
+        if args.connector == "lmcache":
+            lm = _lmcache(args)
+            if args.json:
+                print(lm.model_dump_json(indent=2))
+            else:
+                show_lmcache(lm, args.lmcache_gib)
+            return 0
         report = ride_report(_ride(args), args.hit)
         if args.json:
             print(report.model_dump_json(indent=2))

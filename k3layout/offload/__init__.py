@@ -28,6 +28,13 @@ from .image import (
     checkpoint_image,
     page_regions,
 )
+from .lmcache import (
+    LMCACHE_VERSION,
+    LMCacheGroup,
+    LMCacheOptions,
+    LMCachePlan,
+    plan_lmcache,
+)
 from .plane_order import PlaneOrder, PlaneShare, plane_order
 from .report import HitReport, RideReport, ride_report
 from .ride import (
@@ -44,12 +51,16 @@ from .ride import (
 from .views import TensorView, vllm_views
 
 __all__ = [
+    "LMCACHE_VERSION",
     "NAMING_RULES",
     "RIDABLE_MODEL_TYPE",
     "CheckpointImage",
     "GroupSpan",
     "HitReport",
     "KvLoadFailurePolicy",
+    "LMCacheGroup",
+    "LMCacheOptions",
+    "LMCachePlan",
     "LayerNames",
     "LoadDestination",
     "MambaCacheMode",
@@ -76,6 +87,7 @@ __all__ = [
     "name_order",
     "naming_rule",
     "page_regions",
+    "plan_lmcache",
     "plan_ride",
     "plane_order",
     "ride_report",

@@ -47,6 +47,7 @@ VLLM = register_engine(
             launch=LAUNCH,
             listing_order=0,
             versions=VLLM_VERSIONS,
+            kv_connectors=("lmcache",),
             layer_naming=LAYER_NAMING,
         ),
         plan_type=VllmPlan,
