@@ -4,12 +4,12 @@ The architecture reads top to bottom: a :class:`HybridModel` and a :class:`Deplo
 per-rank :mod:`~k3layout.sizes`; :func:`plan` lays them out for the engine the deployment names
 and returns a frozen, JSON-serialisable plan, or raises :class:`Refusal`. Three engines:
 
-- ``vllm``: vLLM 0.33's hybrid allocator (a block raised until a page holds a KDA state,
-  groups sharing planes, one backing per rank);
+- ``vllm``: vLLM 0.34's (or 0.33's) hybrid allocator (a block raised until a page holds a KDA
+  state, groups sharing planes, one backing per rank);
 - ``sglang``: SGLang 0.5.23's token pool and state pool, split and counted as SGLang does on
   the GPU ``Deployment.gpu`` names;
-- ``tokenspeed``: tokenspeed's Kimi-K3 recipe at PR #1152's head, its parent arena (``parent``
-  is a deprecated alias).
+- ``tokenspeed``: tokenspeed's Kimi-K3 recipe at its ``main`` or PR #1152's head
+  (``engine_version``), its parent arena (``parent`` is a deprecated alias).
 
 On a plan, :mod:`k3layout.offload` rides the KDA state on the PAGE object (:func:`plan_ride`)
 and :mod:`k3layout.transfer` moves a request from a prefill to a decode (:func:`plan_transfer`).

@@ -8,7 +8,8 @@ TP 8 and fits no small deployment.
   only, so no bf16 Kimi-K3 deployment fits; its recorder's compressed-tensors MXFP4 checkpoint
   (``tests/fixtures/tokenspeed-1152/weights.json``, ``quantizations["ct-mxfp4"]``) at attention
   TP 4 (which divides the vision tower's 12 heads) x attention DP 16 with expert parallelism
-  fits an H200.
+  fits an H200. Its cache is bf16: tokenspeed ``main`` (the default revision) pins 12 MLA pages
+  per plane, which hold a TP 4 KDA state in bf16 but not in fp8 (refused below TP 8).
 """
 
 from __future__ import annotations
@@ -92,7 +93,13 @@ class Case:
 
 
 K3_EP = {"gpu": "b200", "attn_tp": 8, "attn_dp": 16, "expert_parallel": True}
-TOKENSPEED_EP = {"gpu": "h200", "attn_tp": 4, "attn_dp": 16, "expert_parallel": True}
+TOKENSPEED_EP = {
+    "gpu": "h200",
+    "attn_tp": 4,
+    "attn_dp": 16,
+    "expert_parallel": True,
+    "kv_dtype": "bf16",
+}
 
 FITTING: tuple[Case, ...] = (
     Case("vllm-k3-b200-ep128", "kimi-k3", {"engine": "vllm", **K3_EP}, 8, 131_072),

@@ -53,18 +53,21 @@ def test_plan_json_holds_the_documented_fields_for_tokenspeed() -> None:
     data = json.loads(run.stdout)
     assert data["engine"] == "tokenspeed"
     assert data["mla_page_bytes"] == 147_456
-    assert data["parent_bytes"] == 24 * 3 * 147_456
+    # tokenspeed main pins 12 MLA pages per plane: 24 planes of 12 bf16 pages, 4 state pages
+    assert data["parent_bytes"] == 24 * 12 * 147_456 == 42_467_328
     assert data["packing"] == {
-        "full_attention": 3,
-        "linear_attention_0": 1,
-        "linear_attention_1": 1,
-        "linear_attention_2": 1,
+        "full_attention": 12,
+        "linear_attention_0": 4,
+        "linear_attention_1": 4,
+        "linear_attention_2": 4,
     }
     assert round(data["padding_fraction"]["linear_attention_0"], 3) == 0.134
-    assert data["rule_1152"]["chosen"] is True
-    refused = k3layout("plan", "--engine", "tokenspeed", "--attn-tp", "32", "--kv-dtype", "bf16")
+    assert data["packing_rule"]["chosen"] is True
+    assert data["rule_1152"] is None  # the plan follows main, not #1152
+    # K3 without a draft at bf16 TP 6: one state page per 12 MLA pages pads 0.701
+    refused = k3layout("plan", "--engine", "tokenspeed", "--attn-tp", "6", "--kv-dtype", "bf16")
     assert refused.returncode == 2
-    assert "padding fraction 0.512059 exceeds limit 0.250000" in refused.stderr
+    assert "padding fraction 0.701066 exceeds limit 0.250000" in refused.stderr
 
 
 def test_the_old_engine_name_still_plans_and_says_it_is_deprecated() -> None:
@@ -105,12 +108,15 @@ def test_bad_option_values_are_refusals_naming_the_option() -> None:
 
 
 def test_sweep_shows_every_engine_and_the_refused_points() -> None:
-    run = k3layout("sweep", "--tps", "5,8,32", "--json")
+    run = k3layout("sweep", "--tps", "5,6,8,32", "--json")
     assert run.returncode == 0, run.stderr
     cells = {(c["engine"], c["kv_dtype"], c["attn_tp"]): c for c in json.loads(run.stdout)}
-    assert len(cells) == 3 * 2 * 3  # vllm, tokenspeed, sglang x fp8, bf16 x three TPs
+    assert len(cells) == 3 * 2 * 4  # vllm, tokenspeed, sglang x fp8, bf16 x four TPs
     assert cells[("sglang", "fp8", 8)]["packing"] == "page 1"
-    assert cells[("tokenspeed", "bf16", 32)]["refusal"] == "padding_limit"
+    # tokenspeed main: fp8 below TP 8 breaks the exact MLA stride, bf16 TP 6 pads 0.701
+    assert cells[("tokenspeed", "fp8", 6)]["refusal"] == "layout_unsupported"
+    assert cells[("tokenspeed", "bf16", 6)]["refusal"] == "padding_limit"
+    assert cells[("tokenspeed", "bf16", 32)]["packing"] == "12/8"
     assert cells[("tokenspeed", "fp8", 8)]["packing"] == "12/1"
     assert cells[("vllm", "fp8", 8)]["packing"] == "block 1536"
     engines = ("vllm", "tokenspeed", "sglang")

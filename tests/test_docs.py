@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 from pydantic import BaseModel
 
-from k3layout import Deployment, plan, plan_ride, plan_transfer, preset
+from k3layout import Deployment, plan, plan_lmcache, plan_ride, plan_transfer, preset
 from k3layout.layouts.report import report
 from k3layout.offload import ride_report
 from k3layout.sweep import sweep
@@ -155,12 +155,17 @@ def test_the_reports_validate_against_their_schemas() -> None:
         preset("kimi-k3"), Deployment(pp=8), Deployment(attn_tp=8, dcp=8), prompt_tokens=512
     )
     documents: dict[str, list[BaseModel]] = {
-        "plan.schema.json": [plan(k3, deployment), plan(k3, Deployment(engine="tokenspeed"))],
+        "plan.schema.json": [
+            plan(k3, deployment),
+            plan(k3, Deployment(engine="tokenspeed", attn_tp=8)),  # main: rule_1152 null
+            plan(k3, Deployment(engine="tokenspeed", engine_version="pr1152")),
+        ],
         "plan-report.schema.json": [
             report(plan(k3, deployment)),
             report(plan(k3, Deployment(engine="tokenspeed", attn_tp=8))),
         ],
         "ride-report.schema.json": [ride_report(plan_ride(plan(k3, deployment)), 5000)],
+        "lmcache-plan.schema.json": [plan_lmcache(plan(k3, Deployment(attn_tp=8, dcp=8)))],
         "transfer.schema.json": [transfer],
         "transfer-report.schema.json": [transfer_report(transfer)],
     }

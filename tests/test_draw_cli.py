@@ -108,7 +108,8 @@ def test_a_refused_pairing_exits_2_before_drawing(tmp_path: Path) -> None:
 
 
 def test_an_image_of_a_parent_plan_is_refused_with_or_without_matplotlib(tmp_path: Path) -> None:
-    run = k3layout("draw", "image", "--engine", "tokenspeed", "-o", str(tmp_path / "i.png"))
+    out = str(tmp_path / "i.png")
+    run = k3layout("draw", "image", "--engine", "tokenspeed", "--attn-tp", "8", "-o", out)
     assert run.returncode == 2
     assert "refused [engine_mismatch]" in run.stderr
 

@@ -98,11 +98,22 @@ def test_a_kda_page_shades_the_page_minus_the_state_and_an_attention_page_none(
     assert set(unused) == {f"linear_attention_{g}.{j}" for g in range(3) for j in range(23, 29)}
 
 
-@pytest.mark.parametrize(("attn_tp", "kv_dtype"), [(8, "fp8"), (16, "bf16"), (1, "fp8")])
+@pytest.mark.parametrize(
+    ("attn_tp", "kv_dtype", "engine_version"),
+    [
+        (8, "fp8", None),
+        (16, "bf16", None),
+        (32, "bf16", None),  # main: 12 MLA pages, 8 state pages
+        (1, "fp8", "pr1152"),  # #1152: 89 MLA pages, 1 state page (main refuses TP 1)
+    ],
+)
 def test_a_parent_row_shades_exactly_the_groups_padding(
-    k3: HybridModel, attn_tp: int, kv_dtype: KvCacheDtype
+    k3: HybridModel, attn_tp: int, kv_dtype: KvCacheDtype, engine_version: str | None
 ) -> None:
-    result = plan_parent(k3, Deployment(attn_tp=attn_tp, kv_dtype=kv_dtype))
+    deployment = Deployment(
+        engine="tokenspeed", engine_version=engine_version, attn_tp=attn_tp, kv_dtype=kv_dtype
+    )
+    result = plan_parent(k3, deployment)
     figure = draw_planes(result)
     plane = result.packing.plane_bytes
     shaded: dict[str, float] = {}
@@ -119,7 +130,11 @@ def test_a_parent_row_shades_exactly_the_groups_padding(
 
 
 def test_tp96_bf16_draws_one_mla_page_and_2_state_slots_per_plane(k3: HybridModel) -> None:
-    result = plan_parent(k3, Deployment(attn_tp=96, kv_dtype="bf16"))
+    # #1152's 1:2 packing (main refuses TP 96 bf16: 26 state pages break the plane's alignment)
+    deployment = Deployment(
+        engine="tokenspeed", engine_version="pr1152", attn_tp=96, kv_dtype="bf16"
+    )
+    result = plan_parent(k3, deployment)
     cells = {(c.group, c.layer): c for c in plane_cells(result)}
     assert cells[("full_attention", 3)].pages == 1  # one 147,456 B bf16 page = the plane
     assert cells[("linear_attention_0", 0)].pages == 2  # 2 x 67,840 B states

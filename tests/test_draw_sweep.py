@@ -46,8 +46,10 @@ def test_refused_points_print_their_code_and_planned_points_their_padding(
     labels = texts(draw_sweep(sweep(k3, TPS)), "cell")
     # 96 heads do not split over 5 ranks, on either engine and dtype.
     assert labels["vllm.fp8.5"] == labels["tokenspeed.bf16.5"] == "heads\nnot_divisible"
-    # bf16 at attention TP 32: tokenspeed's #1152 packing pads 0.512, over the 0.25 limit.
-    assert labels["tokenspeed.bf16.32"] == "padding\nlimit"
+    # attention TP 1: one KDA state is wider than the 12 MLA pages tokenspeed main pins per plane.
+    assert labels["tokenspeed.fp8.1"] == labels["tokenspeed.bf16.1"] == "layout\nunsupported"
+    # bf16 at attention TP 32: main packs 12 MLA pages with 8 state pages, padding 0.134.
+    assert labels["tokenspeed.bf16.32"] == "0.134"
 
 
 def test_bytes_per_token_is_drawn_when_asked(k3: HybridModel) -> None:

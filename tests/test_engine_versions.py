@@ -16,18 +16,23 @@ from k3layout.engines.vllm.bridge import deployment_from_vllm
 from k3layout.layouts.pipeline import with_engine
 from k3layout.registry import engine_names, facts_of
 
-NEWEST = {"vllm": "0.34.0", "sglang": "0.5.23", "tokenspeed": "pr1152"}
+NEWEST = {"vllm": "0.34.0", "sglang": "0.5.23", "tokenspeed": "main"}
+# tokenspeed main refuses K3 fp8 below attention TP 8 (its fixed 12:1 packing)
+TP = {"vllm": 1, "sglang": 1, "tokenspeed": 8}
 
 
 @pytest.mark.parametrize("engine", sorted(NEWEST))
 def test_a_plan_says_the_release_it_planned_for(engine: str) -> None:
     assert facts_of(engine).versions[-1] == NEWEST[engine]
-    deployment = Deployment(engine=engine, attn_tp=1)
+    deployment = Deployment(engine=engine, attn_tp=TP[engine])
     assert deployment.engine_version is None and deployment.version_run == NEWEST[engine]
     result = plan(preset("kimi-k3"), deployment)
     assert result.deployment.engine_version == NEWEST[engine]
     assert load_plan(result.model_dump_json()) == result
-    named = plan(preset("kimi-k3"), Deployment(engine=engine, engine_version=NEWEST[engine]))
+    named = plan(
+        preset("kimi-k3"),
+        Deployment(engine=engine, engine_version=NEWEST[engine], attn_tp=TP[engine]),
+    )
     assert named == result
 
 
@@ -93,11 +98,11 @@ def test_the_bridge_plans_for_the_running_release(running_vllm: types.ModuleType
 
 
 def test_a_stored_plan_naming_a_release_of_another_engine_is_refused() -> None:
-    stored = plan(preset("kimi-k3"), Deployment(engine="tokenspeed")).model_dump_json()
+    stored = plan(preset("kimi-k3"), Deployment(engine="tokenspeed", attn_tp=8)).model_dump_json()
     with pytest.raises(Refusal) as caught:
         load_plan(stored.replace('"engine":"tokenspeed"', '"engine":"vllm"'))
     assert caught.value.code == "version_unsupported"
-    assert caught.value.facts["engine_version"] == "pr1152"
+    assert caught.value.facts["engine_version"] == NEWEST["tokenspeed"]
 
 
 def test_every_answer_names_the_release_it_is_for() -> None:

@@ -437,7 +437,7 @@ def test_the_cli_plans_on_the_budget_its_options_give(
         "8192",
         "--json",
     )
-    planned_for = case.deployment(gpu_memory_utilization=0.7, engine_version="pr1152")
+    planned_for = case.deployment(gpu_memory_utilization=0.7, engine_version="main")
     assert tokenspeed["deployment"] == planned_for.model_dump(mode="json")
     assert tokenspeed["memory"]["memory_flag"] == ["--gpu-memory-utilization", "0.7"]
     # recommend takes the same options: the GPU's total bounds its budget

@@ -1,4 +1,6 @@
-"""Engine layout B, parent-block packing (SPEC section 4)."""
+"""Engine layout B, parent-block packing (SPEC section 4), as tokenspeed #1152's head packs it
+(``engine_version="pr1152"``: the packing grows with the KDA state; ``main`` pins 12:1 and is
+tested in ``test_tokenspeed_main.py``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ PAGE_BF16 = 128 * 1152  # 147,456
 
 
 def parent(model: HybridModel, **fields: object) -> ParentPlan:
-    return plan_parent(model, Deployment.model_validate({"engine": "tokenspeed", **fields}))
+    """The parent #1152's recipe lays out (these are its facts)."""
+    deployment = {"engine": "tokenspeed", "engine_version": "pr1152", **fields}
+    return plan_parent(model, Deployment.model_validate(deployment))
 
 
 def test_groups_are_full_attention_and_three_contiguous_state_groups(k3: HybridModel) -> None:

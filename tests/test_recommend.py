@@ -193,7 +193,10 @@ def test_every_recommendation_holds_what_it_promises_and_no_less_memory_does(
             assert isinstance(facts["kv_memory_bytes"], int)
             assert facts["needed_bytes"] > facts["kv_memory_bytes"]
             return
-        assert refusal.code in {"padding_limit", "size_limit", "context_too_long"}, refusal
+        allowed = {"padding_limit", "size_limit", "context_too_long"}
+        if (case.engine, kv_dtype) == ("tokenspeed", "fp8"):
+            allowed.add("layout_unsupported")  # main: 12 fp8 MLA pages hold no TP 4 state
+        assert refusal.code in allowed, refusal
         return
     assert got.capacity.max_requests >= requests
     assert got.capacity.tokens_held >= requests * length

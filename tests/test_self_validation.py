@@ -102,7 +102,8 @@ def parent_plan(k3_dspark: HybridModel) -> ParentPlan:
         {"engine": "tokenspeed", "attn_tp": 8, "spec_tokens": 2},
         {"attn_tp": 8, "dcp": 8, "dcp_interleave": 4},
         {"attn_tp": 4, "pp": 4, "kv_dtype": "bf16"},
-        {"engine": "tokenspeed", "attn_tp": 2, "draft_kv_dtype": "fp8"},
+        {"engine": "tokenspeed", "attn_tp": 8, "draft_kv_dtype": "fp8"},
+        {"engine": "tokenspeed", "engine_version": "pr1152", "attn_tp": 2},
         {"attn_tp": 16, "replayssm": True, "spec_tokens": 3},
     ],
 )
@@ -158,13 +159,27 @@ def test_a_changed_packing_is_refused(parent_plan: ParentPlan) -> None:
     refused(lambda: load_plan(tampered(parent_plan, edit)), "plan_mismatch", "packing.mla_pages")
 
 
-def test_a_wrong_rule_1152_is_refused(parent_plan: ParentPlan) -> None:
-    assert parent_plan.rule_1152 is not None
+def test_a_wrong_rule_1152_is_refused(k3_dspark: HybridModel) -> None:
+    # ``rule_1152`` is stored only where the plan follows #1152 (``packing_rule`` otherwise)
+    pr1152 = plan(
+        k3_dspark,
+        K3_TP8.model_validate(
+            {**K3_TP8.model_dump(), "engine": "tokenspeed", "engine_version": "pr1152"}
+        ),
+    )
+    assert isinstance(pr1152, ParentPlan) and pr1152.rule_1152 is not None
 
     def edit(data: dict[str, Any]) -> None:
         data["rule_1152"]["chosen"] = not data["rule_1152"]["chosen"]
 
-    refused(lambda: load_plan(tampered(parent_plan, edit)), "plan_mismatch", "rule_1152.chosen")
+    refused(lambda: load_plan(tampered(pr1152, edit)), "plan_mismatch", "rule_1152.chosen")
+
+
+def test_a_wrong_packing_rule_is_refused(parent_plan: ParentPlan) -> None:
+    def edit(data: dict[str, Any]) -> None:
+        data["packing_rule"]["chosen"] = not data["packing_rule"]["chosen"]
+
+    refused(lambda: load_plan(tampered(parent_plan, edit)), "plan_mismatch", "packing_rule.chosen")
 
 
 def test_a_stored_deployment_the_planner_refuses_is_refused_with_the_planners_code(
@@ -350,7 +365,16 @@ def test_a_binding_checks_every_address(parent_plan: ParentPlan) -> None:
 
 # -- property: every plan round-trips, every tampered integer is refused -------------------------
 
-DERIVED_FIELDS = ("groups", "sizes", "block_tokens", "page_bytes", "stages", "packing", "rule_1152")
+DERIVED_FIELDS = (
+    "groups",
+    "sizes",
+    "block_tokens",
+    "page_bytes",
+    "stages",
+    "packing",
+    "packing_rule",
+    "rule_1152",
+)
 
 
 def integer_paths(data: object, path: tuple[str | int, ...] = ()) -> list[tuple[str | int, ...]]:

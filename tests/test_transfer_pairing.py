@@ -56,11 +56,12 @@ def test_a_rank_outside_its_tp_group_is_an_invalid_argument() -> None:
     assert refused.value.code == "invalid_argument"
 
 
-@pytest.mark.parametrize(("prefill_tp", "decode_tp"), [(2, 3), (4, 2), (8, 1), (3, 4)])
+@pytest.mark.parametrize(("prefill_tp", "decode_tp"), [(16, 24), (16, 8), (48, 8), (24, 32)])
 def test_decode_tp_not_a_multiple_of_prefill_tp_is_refused_naming_both(
     k3: HybridModel, prefill_tp: int, decode_tp: int
 ) -> None:
-    # one producer per consumer: the pairing helpers' mapping and tokenspeed's decode
+    # one producer per consumer: the pairing helpers' mapping and tokenspeed's decode (TPs
+    # tokenspeed main lays K3 fp8 out at, so that each side plans and the pairing refuses)
     for check in (
         lambda: plan_transfer(
             k3,
@@ -233,7 +234,7 @@ def test_a_dcp_prefill_is_refused(k3: HybridModel) -> None:
          {"kind": "KDA", "num_heads": 96, "attn_tp": 5}),
         ({"pp": 100}, {"attn_tp": 8}, "pp_too_deep", {"pp": 100, "num_layers": 93}),
         ({}, {"attn_tp": 8, "dcp": 3}, "dcp_not_dividing_tp", {"dcp": 3, "attn_tp": 8}),
-        ({"engine": "tokenspeed"}, {"attn_tp": 8, "dcp": 8, "engine": "tokenspeed"},
+        ({"engine": "tokenspeed", "attn_tp": 8}, {"attn_tp": 8, "dcp": 8, "engine": "tokenspeed"},
          "dcp_unsupported",
          {"engine": "tokenspeed", "dcp": 8}),
     ],
