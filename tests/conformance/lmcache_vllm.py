@@ -96,29 +96,10 @@ class Deployment:
 def connector_caches(engine: Any, stage: int = 0, device: str = "meta") -> dict[str, Any]:
     """What a worker of ``stage`` of a ``vllm_engine.Engine`` hands its KV connector:
     ``allocate_kv_cache``'s views (``gpu_model_runner.initialize_kv_cache_tensors`` and the V2
-    runner's ``init_kv_cache`` both pass these, not the kernel-block views the layers bind),
-    with the kernel block sizes vLLM's ``prepare_kernel_block_sizes`` gives."""
-    from vllm.config.vllm import set_current_vllm_config  # noqa: PLC0415
-    from vllm.v1.worker.utils import (  # noqa: PLC0415
-        AttentionGroup,
-        allocate_kv_cache,
-        prepare_kernel_block_sizes,
-    )
+    runner's ``init_kv_cache`` both pass these, not the kernel-block views the layers bind)."""
+    import vllm_engine  # noqa: PLC0415 - a sibling harness, imported as the tests import it
 
-    config = engine.kv_cache_configs[stage]
-    worker = engine.workers[stage]
-    layers = worker.compilation_config.static_forward_context
-    groups: list[list[Any]] = []
-    for group_id, group in enumerate(config.kv_cache_groups):
-        names = [name for name in group.layer_names if name in layers]
-        backend = layers[names[0]].get_attn_backend() if names else None
-        groups.append(
-            [AttentionGroup(backend, names, group.kv_cache_spec, group_id)] if names else []
-        )
-    kernel = prepare_kernel_block_sizes(config, groups)
-    layout = worker.cache_config.get_resolved_kv_cache_layout()
-    with set_current_vllm_config(worker):
-        caches: dict[str, Any] = allocate_kv_cache(config, torch.device(device), layout, kernel)
+    caches, _, _ = vllm_engine.allocated(engine, stage, device)
     return caches
 
 

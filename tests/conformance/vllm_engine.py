@@ -423,17 +423,16 @@ def start(case: Case, tmp: Path) -> Engine:
     )
 
 
-def bind(engine: Engine, stage: int = 0, device: str = "meta") -> dict[str, torch.Tensor]:
-    """What a worker of ``stage`` binds to its layers, allocated on ``device`` (``meta``
-    unless a test needs real addresses and a small budget): vLLM's
-    ``allocate_kv_cache`` (one int8 backing, a view per layer) then
-    ``map_kv_caches_to_kernel_blocks`` (attention views in the backend's kernel blocks).
-    Raises what vLLM raises when it cannot bind (a block-outermost block its kernels would
-    have to split)."""
+def allocated(
+    engine: Engine, stage: int = 0, device: str = "meta"
+) -> tuple[dict[str, torch.Tensor], list[list[Any]], list[list[int]]]:
+    """What vLLM's ``allocate_kv_cache`` gives a worker of ``stage`` (one int8 backing, a view
+    per layer), on ``device``, with the worker's attention groups and the kernel block sizes
+    ``prepare_kernel_block_sizes`` gives: what the KV connector is handed, before the layers
+    bind their kernel-block views (:func:`bind`)."""
     from vllm.v1.worker.utils import (  # noqa: PLC0415
         AttentionGroup,
         allocate_kv_cache,
-        map_kv_caches_to_kernel_blocks,
         prepare_kernel_block_sizes,
         select_common_block_size,
     )
@@ -459,7 +458,23 @@ def bind(engine: Engine, stage: int = 0, device: str = "meta") -> dict[str, torc
                     each.kernel_block_size = size
     layout = worker.cache_config.get_resolved_kv_cache_layout()
     with set_current_vllm_config(worker):
-        caches = allocate_kv_cache(config, torch.device(device), layout, kernel)
+        caches: dict[str, torch.Tensor] = allocate_kv_cache(
+            config, torch.device(device), layout, kernel
+        )
+    return caches, groups, kernel
+
+
+def bind(engine: Engine, stage: int = 0, device: str = "meta") -> dict[str, torch.Tensor]:
+    """What a worker of ``stage`` binds to its layers, allocated on ``device`` (``meta``
+    unless a test needs real addresses and a small budget): vLLM's
+    ``allocate_kv_cache`` (one int8 backing, a view per layer) then
+    ``map_kv_caches_to_kernel_blocks`` (attention views in the backend's kernel blocks).
+    Raises what vLLM raises when it cannot bind (a block-outermost block its kernels would
+    have to split)."""
+    from vllm.v1.worker.utils import map_kv_caches_to_kernel_blocks  # noqa: PLC0415
+
+    caches, groups, _ = allocated(engine, stage, device)
+    with set_current_vllm_config(engine.workers[stage]):
         bound: dict[str, torch.Tensor] = map_kv_caches_to_kernel_blocks(
             caches, [each for attention in groups for each in attention]
         )
