@@ -30,6 +30,7 @@ from k3layout import (
     pp_stage_bounds,
     preset,
     rank_sizes,
+    weights_per_rank,
 )
 from k3layout._divisors import divisors, divisors_near, nearest_divisors
 from k3layout.cli import main
@@ -547,3 +548,35 @@ def test_a_transfer_from_a_lifted_padding_limit_plans_at_once() -> None:
         prompt_tokens=56_799,
     )
     assert transfer.num_consumers == 32
+
+
+HUGE = 10**5000
+"""An integer Python will not print in decimal (over 4,300 digits)."""
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda c: c.update(architectures=[HUGE]), "architectures.0"),
+        (
+            lambda c: c.update(
+                quantization_config={
+                    "quant_method": "modelopt",
+                    "quant_algo": "NVFP4",
+                    "group_size": HUGE,
+                }
+            ),
+            "group_size",
+        ),
+        (lambda c: c.update(quantization_config={"quant_method": HUGE}), "quant_method"),
+    ],
+)
+def test_a_huge_integer_in_a_config_is_refused_naming_it(
+    edit: Callable[[dict[str, Any]], None], field: str
+) -> None:
+    # once a ValueError: the loader's message printed the value, which Python will not do
+    data = config()
+    edit(data)
+    with pytest.raises(Refusal) as caught:
+        weights_per_rank(model_from_config(data), Deployment(attn_tp=8))
+    assert field in str(caught.value) and "bits" in str(caught.value)

@@ -33,7 +33,7 @@ from pydantic import (
     ValidationError,
 )
 
-from .._validation import refusal_from_validation
+from .._validation import describe, refusal_from_validation
 from ..cache import DSAIndexer, KDALayer, MLALayer
 from ..constants import MAX_CONV_KERNEL, MAX_MODEL_DIM, MAX_MODULE_LAYERS, MAX_PROMPT_TOKENS
 from ..errors import Refusal
@@ -155,7 +155,7 @@ def _layer_kinds(text: _LayerTypesText, source: str, prefix: str) -> tuple[bool,
             raise _bad(
                 source,
                 f"{field}.{index}",
-                f"{kind!r} is not a layer type of this family",
+                f"{describe(kind)} is not a layer type of this family",
                 f"use one of {', '.join(allowed)}",
             )
     return tuple(kind == KDA_LAYER for kind in text.layer_types)

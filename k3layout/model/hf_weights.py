@@ -16,7 +16,7 @@ from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictStr, ValidationError
 
-from .._validation import refusal_from_validation
+from .._validation import describe, refusal_from_validation
 from ..constants import MAX_MODEL_DIM, MAX_PROMPT_TOKENS
 from ..errors import Refusal
 from .architecture import Architecture, DSparkDraft, Quantization, VisionTower
@@ -158,7 +158,7 @@ def architecture_of(
                 (
                     "architectures",
                     f"config {source}: architectures: missing, and model_type "
-                    f"{model_type!r} names no model class an engine builds",
+                    f"{describe(model_type)} names no model class an engine builds",
                 )
             )
     elif isinstance(architectures, list) and architectures:
@@ -167,7 +167,7 @@ def architecture_of(
                 raise _bad(
                     source,
                     f"architectures.{index}",
-                    f"{item!r} is not a class name",
+                    f"{describe(item)} is not a class name",
                     "give the checkpoint's architectures list",
                 )
         name = architectures[0]
@@ -185,7 +185,7 @@ def architecture_of(
         unsupported.append(
             (
                 field,
-                f"config {source}: {field}: {dtype!r} is not a checkpoint dtype k3layout "
+                f"config {source}: {field}: {describe(dtype)} is not a checkpoint dtype k3layout "
                 "lays out (allowed: bfloat16, float16, float32)",
             )
         )
@@ -241,8 +241,8 @@ def _vision(outer: Mapping[str, object], source: str) -> VisionTower:
             raise _bad(
                 source,
                 f"vision_config.{field}",
-                f"{getattr(fields, field)!r} is not Kimi-K3's vision tower (k3layout lays out "
-                f"{field}={laid_out!r})",
+                f"{describe(getattr(fields, field))} is not Kimi-K3's vision tower (k3layout "
+                f"lays out {field}={laid_out!r})",
                 f"plan a checkpoint whose vision tower has {field}={laid_out!r}",
             )
     return VisionTower(
@@ -287,7 +287,7 @@ def quantization_of(config: object, source: str) -> Quantization:
             raise _bad(
                 source,
                 "quantization_config.quant_algo",
-                f"{algo!r}: modelopt is laid out for NVFP4 only",
+                f"{describe(algo)}: modelopt is laid out for NVFP4 only",
                 _QUANT_HINT,
             )
         group = config.get("group_size", 16)
@@ -300,8 +300,8 @@ def quantization_of(config: object, source: str) -> Quantization:
     raise _bad(
         source,
         "quantization_config.quant_method",
-        f"{method!r} is not a quantization k3layout lays out (allowed: fp8, compressed-tensors, "
-        "mxfp4, modelopt)",
+        f"{describe(method)} is not a quantization k3layout lays out (allowed: fp8, "
+        "compressed-tensors, mxfp4, modelopt)",
         _QUANT_HINT,
     )
 
@@ -316,8 +316,8 @@ def _fp8(config: Mapping[str, object], source: str) -> Quantization:
         raise _bad(
             source,
             "quantization_config.weight_block_size",
-            f"{block!r}: k3layout lays out block-scaled fp8 only (two positive ints, such as "
-            "[128, 128])",
+            f"{describe(block)}: k3layout lays out block-scaled fp8 only (two positive ints, "
+            "such as [128, 128])",
             _QUANT_HINT,
         )
     ignore = _names(config, source, "ignored_layers") + _names(
@@ -357,15 +357,15 @@ def _compressed(config: Mapping[str, object], source: str) -> Quantization:
         raise _bad(
             source,
             "quantization_config.format",
-            f"{fmt!r} with {kind!r} weights: k3layout lays out pack-quantized int4 in groups "
-            "and mxfp4-pack-quantized",
+            f"{describe(fmt)} with {describe(kind)} weights: k3layout lays out pack-quantized "
+            "int4 in groups and mxfp4-pack-quantized",
             _QUANT_HINT,
         )
     if weights.get("actorder") not in (None, False):
         raise _bad(
             source,
             "quantization_config.config_groups.weights.actorder",
-            f"{weights.get('actorder')!r}: act-order int4 is not laid out",
+            f"{describe(weights.get('actorder'))}: act-order int4 is not laid out",
             _QUANT_HINT,
         )
     return Quantization(
@@ -381,7 +381,7 @@ def _group(value: object, source: str) -> int:
         raise _bad(
             source,
             "quantization_config.group_size",
-            f"{value!r} is not a positive group size",
+            f"{describe(value)} is not a positive group size",
             _QUANT_HINT,
         )
     return value
