@@ -92,6 +92,9 @@ class Deployment(Frozen):
       unless ``kv_memory_bytes`` is given); a ``vllm`` setting of 0.34 on. ``use_replayssm`` is
       vLLM's own ``--use-replayssm`` (RecoverSSM with a drafter), not ATOM's records
       (``replayssm``); a ``vllm`` setting, refused where the release refuses it.
+      ``mamba_backend`` is vLLM's ``--mamba-backend`` (``triton``, its default, or
+      ``flashinfer``); with ``use_replayssm`` it picks FlashInfer's ReplaySSM, whose rules
+      differ by release; a ``vllm`` setting.
     - ``mamba_full_memory_ratio``, ``max_running_requests``, ``max_mamba_cache_size``,
       ``max_total_tokens``, ``mamba_track_interval``:
       SGLang's flags of those names (``None``: SGLang's own defaults; for the track interval,
@@ -167,6 +170,12 @@ class Deployment(Frozen):
         description="vLLM's own --use-replayssm (vllm): with speculative tokens KDA's "
         "RecoverSSM, whose verify records live outside the KV cache and whose state keeps no "
         "per-draft-token blocks; refused where the release refuses it",
+    )
+    mamba_backend: Literal["triton", "flashinfer"] = Field(
+        "triton",
+        description="vLLM's --mamba-backend (vllm): triton (its default) or flashinfer; with "
+        "use_replayssm it picks FlashInfer's ReplaySSM, refused where the release refuses it "
+        "(RecoverSSM, any drafter, needs triton)",
     )
     replayssm_cache_len: Annotated[int, Field(gt=0, le=MAX_REPLAY_CACHE_LEN)] = Field(
         REPLAYSSM_DEFAULT_CACHE_LEN,

@@ -226,3 +226,186 @@ def test_only_vllm_takes_its_own_replayssm() -> None:
     with pytest.raises(Refusal) as caught:
         plan(preset("kimi-k3"), Deployment(engine="sglang", use_replayssm=True))
     assert "use_replayssm" in caught.value.message
+
+
+# --mamba-backend flashinfer with --use-replayssm: (model, drafter) -> release -> the rule
+# refused by (None: it plans) at (pp 1 prefix caching, pp 1 without, pp 2 with, pp 2 without)
+FLASHINFER: dict[tuple[str, str | None], dict[str, tuple[str | None, ...]]] = {
+    ("kimi-k3", None): {
+        "0.33.0": ("flashinfer_prefix_caching", "full_rank_gate_without_drafter") * 2,
+        "0.34.0": ("full_rank_gate_without_drafter",) * 2 + ("flashinfer_pipeline",) * 2,
+    },
+    ("kimi-linear-48b", None): {
+        "0.33.0": ("flashinfer_prefix_caching", None) * 2,
+        "0.34.0": (None, None, "flashinfer_pipeline", "flashinfer_pipeline"),
+    },
+    ("kimi-k3", "ngram"): {
+        release: ("recover_backend",) * 2 + ("pipeline",) * 2 for release in VLLM_VERSIONS
+    },
+    ("kimi-linear-48b", "ngram"): {
+        release: ("recover_backend",) * 2 + ("pipeline",) * 2 for release in VLLM_VERSIONS
+    },
+}
+CODES |= {
+    "recover_backend": "kernel_unsupported",
+    "flashinfer_prefix_caching": "kernel_unsupported",
+    "flashinfer_pipeline": "pp_unsupported",
+}
+BACKEND_RULES = ("recover_backend", "flashinfer_prefix_caching", "flashinfer_pipeline")
+
+
+def flashinfer_outcome(model: HybridModel, deployment: Deployment) -> str | None:
+    """:func:`outcome` where a FlashInfer rule's refusal names ``mamba_backend``."""
+    try:
+        planned = plan(model, deployment)
+    except Refusal as refusal:
+        rule = refusal.facts.get("rule")
+        assert isinstance(rule, str), refusal
+        release = RELEASES[str(deployment.engine_version)]
+        assert refusal.code == CODES[rule]
+        field = "mamba_backend" if rule in BACKEND_RULES else "use_replayssm"
+        assert refusal.facts["field"] == field
+        assert refusal.facts["engine_version"] == release.version
+        assert release.replayssm_refused[rule] in refusal.message
+        assert STEPS[rule] in refusal.message and refusal.hint
+        return rule
+    assert (planned.deployment.use_replayssm, planned.deployment.mamba_backend) == (
+        True,
+        "flashinfer",
+    )
+    return None
+
+
+@pytest.mark.parametrize("release", VLLM_VERSIONS)
+@pytest.mark.parametrize(("name", "drafter"), list(FLASHINFER))
+def test_each_release_refuses_flashinfer_replayssm_where_vllm_does(
+    release: str, name: str, drafter: str | None
+) -> None:
+    cases = [(pp, pc) for pp in (1, 2) for pc in (True, False)]
+    expected = FLASHINFER[(name, drafter)][release]
+    for (pp, prefix_caching), rule in zip(cases, expected, strict=True):
+        deployment = Deployment(
+            engine_version=release,
+            attn_tp=8,
+            pp=pp,
+            prefix_caching=prefix_caching,
+            use_replayssm=True,
+            mamba_backend="flashinfer",
+            spec_tokens=0 if drafter is None else 1,
+            speculative_method=drafter,
+        )
+        assert flashinfer_outcome(preset(name), deployment) == rule, (pp, prefix_caching)
+
+
+@pytest.mark.parametrize("release", VLLM_VERSIONS)
+def test_recoverssm_needs_triton_for_every_drafter(release: str, k3_mtp: HybridModel) -> None:
+    for name in ("kimi-k3/ngram", "kimi-k3/mtp", "kimi-k3-dspark/dspark"):
+        model, method = model_of(name, k3_mtp)
+        deployment = Deployment(
+            engine_version=release,
+            attn_tp=8,
+            use_replayssm=True,
+            mamba_backend="flashinfer",
+            spec_tokens=1,
+            speculative_method=method,
+        )
+        assert flashinfer_outcome(model, deployment) == "recover_backend"
+        triton = deployment.model_copy(update={"mamba_backend": "triton"})
+        assert plan(model, triton).deployment.use_replayssm
+
+
+@pytest.mark.parametrize("release", VLLM_VERSIONS)
+@pytest.mark.parametrize("name", ["kimi-k3", "kimi-linear-48b", "glm-5.3-flash"])
+def test_flashinfer_without_replayssm_plans_as_triton(release: str, name: str) -> None:
+    """Without --use-replayssm both releases accept the FlashInfer backend and lay out
+    nothing differently (run: Kimi-K3, Kimi-Linear, GLM-5.3-Flash, drafted or not, PP 2)."""
+    for pp, spec_tokens in ((1, 0), (1, 1), (2, 0)):
+        if name == "glm-5.3-flash" and pp == 2:
+            continue  # refused for its pipeline, whatever the backend
+        triton = Deployment(engine_version=release, attn_tp=8, pp=pp, spec_tokens=spec_tokens)
+        flashinfer = triton.model_copy(update={"mamba_backend": "flashinfer"})
+        ours, theirs = plan(preset(name), flashinfer), plan(preset(name), triton)
+        assert ours.deployment.mamba_backend == "flashinfer"
+        assert (ours.block_tokens, ours.page_bytes) == (theirs.block_tokens, theirs.page_bytes)
+        assert ours.block_bytes == theirs.block_bytes
+
+
+def odd_state_model() -> HybridModel:
+    """A hand-built Kimi-Linear-type model whose KDA state (bf16 conv 1188 B + fp32 recurrent
+    2904 B = 4092 B at TP 1) is no multiple of 16 (4112 B aligned) and whose 128-token
+    attention page (bf16, 16-wide latent) is 4096 B."""
+    kda = KDALayer(num_heads=6, head_dim=11, conv_kernel=4)
+    mla = MLALayer(num_heads=8, kv_lora_rank=8, qk_rope_head_dim=8)
+    return HybridModel(name="odd", model_type="kimi_linear", layers=(kda, kda, mla))
+
+
+@pytest.mark.parametrize("release", VLLM_VERSIONS)
+def test_flashinfer_replayssm_aligns_the_state_where_the_release_raises_the_block(
+    release: str,
+) -> None:
+    from k3layout.engines.vllm.replay import aligned_state_bytes, state_alignment  # noqa: PLC0415
+
+    model = odd_state_model()
+    common = {"engine_version": release, "kv_dtype": "bf16", "prefix_caching": False}
+    triton = Deployment(**common, use_replayssm=True)
+    flashinfer = Deployment(**common, use_replayssm=True, mamba_backend="flashinfer")
+    alignment = RELEASES[release].flashinfer_state_alignment
+    assert alignment == {"0.33.0": 1, "0.34.0": 16}[release]
+    assert state_alignment(flashinfer) == alignment
+    assert state_alignment(triton) == 1
+    assert state_alignment(Deployment(**common, mamba_backend="flashinfer")) == 1
+    planned = plan(model, flashinfer)
+    assert planned.sizes.state_bytes == 4092
+    assert aligned_state_bytes(planned.sizes, 16) == 4112
+    # vLLM 0.34's MambaSpec of these shapes (run): 4092 B, 4112 B at state_alignment 16
+    assert (planned.block_tokens, planned.page_bytes) == (
+        {"0.33.0": (128, 4096), "0.34.0": (256, 8192)}[release]
+    )
+    if release == "0.34.0":  # Triton's ReplaySSM (0.33 refuses it here) keeps the state as is
+        assert plan(model, triton).block_tokens == 128
+
+
+def test_every_kda_state_of_the_presets_is_already_aligned() -> None:
+    from k3layout.engines.vllm.replay import aligned_state_bytes  # noqa: PLC0415
+
+    common = {"engine_version": "0.34.0", "prefix_caching": False, "use_replayssm": True}
+    for attn_tp in (1, 8):
+        linear = Deployment(**common, attn_tp=attn_tp)
+        flashinfer = linear.model_copy(update={"mamba_backend": "flashinfer"})
+        ours, theirs = (
+            plan(preset("kimi-linear-48b"), flashinfer),
+            plan(preset("kimi-linear-48b"), linear),
+        )
+        assert aligned_state_bytes(ours.sizes, 16) == ours.sizes.state_bytes
+        assert (ours.block_tokens, ours.page_bytes) == (theirs.block_tokens, theirs.page_bytes)
+
+
+def test_the_flag_starts_vllm_with_its_mamba_backend() -> None:
+    from k3layout.engines.vllm.launch import vllm_flags  # noqa: PLC0415
+
+    linear = preset("kimi-linear-48b")
+    on = Deployment(attn_tp=8, use_replayssm=True, mamba_backend="flashinfer")
+    assert ("--mamba-backend", "flashinfer") in vllm_flags(on, linear)
+    assert not any(flag == "--mamba-backend" for flag, _ in vllm_flags(Deployment(), linear))
+
+
+def test_the_cli_takes_the_mamba_backend() -> None:
+    import argparse  # noqa: PLC0415
+
+    from k3layout.cli.common import add_deployment_options, deployment_from_args  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser()
+    add_deployment_options(parser)
+    args = parser.parse_args(["--use-replayssm", "--mamba-backend", "flashinfer"])
+    deployment = deployment_from_args(args)
+    assert (deployment.use_replayssm, deployment.mamba_backend) == (True, "flashinfer")
+    assert deployment_from_args(parser.parse_args([])).mamba_backend == "triton"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--mamba-backend", "cpu"])
+
+
+@pytest.mark.parametrize("engine", ["sglang", "tokenspeed"])
+def test_only_vllm_takes_its_mamba_backend(engine: str) -> None:
+    with pytest.raises(Refusal) as caught:
+        plan(preset("kimi-k3"), Deployment(engine=engine, mamba_backend="flashinfer"))
+    assert "mamba_backend" in caught.value.message

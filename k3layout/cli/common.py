@@ -147,6 +147,13 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
         "release refuses it)",
     )
     parser.add_argument(
+        "--mamba-backend",
+        choices=("triton", "flashinfer"),
+        default="triton",
+        help="vLLM's --mamba-backend; with --use-replayssm flashinfer picks FlashInfer's "
+        "ReplaySSM (vllm; refused where the release refuses it; default: triton)",
+    )
+    parser.add_argument(
         "--extensible-kv-cache",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -408,6 +415,7 @@ def deployment_from_args(args: argparse.Namespace, **override: object) -> Deploy
         "prefix_caching": getattr(args, "prefix_caching", True),
         "extensible_kv_cache": getattr(args, "extensible_kv_cache", None),
         "use_replayssm": getattr(args, "use_replayssm", False),
+        "mamba_backend": getattr(args, "mamba_backend", "triton"),
         "kda_prefill_backend": getattr(args, "kda_prefill_backend", "auto"),
         "speculative_method": getattr(args, "speculative_method", None),
         "mamba_cache_mode": getattr(args, "vllm_mamba_cache_mode", None),

@@ -99,10 +99,11 @@ VLLM_SETTINGS: tuple[tuple[str, object], ...] = (
     ("speculative_method", None),
     ("extensible_kv_cache", None),
     ("use_replayssm", False),
+    ("mamba_backend", "triton"),
 )
 """Deployment fields only vLLM takes, at their unset values: its attention backend, cache
 layout, KDA prefill kernel, mamba cache mode, block size, DCP interleave, speculative method,
-extensible KV cache and own ReplaySSM."""
+extensible KV cache, own ReplaySSM and Mamba backend."""
 
 
 def refuse_settings(

@@ -1,6 +1,6 @@
 """``--use-replayssm`` on the installed vLLM release (0.33 or 0.34), run on CPU: k3layout
-refuses ``use_replayssm=True`` exactly where the release refuses it, with its reason, and plans
-where it accepts it (:mod:`k3layout.engines.vllm.replay`).
+refuses ``use_replayssm=True`` (under either ``mamba_backend``) exactly where the release
+refuses it, with its reason, and plans where it accepts it (:mod:`k3layout.engines.vllm.replay`).
 
 Each case is a ``vllm serve`` command line through vLLM's own parser and
 ``create_engine_config`` (``vllm_budget.engine_config``: ``VllmConfig`` runs its
@@ -8,9 +8,13 @@ Each case is a ``vllm serve`` command line through vLLM's own parser and
 stage is built on ``meta`` with vLLM's ``initialize_model`` under ``vllm_weights``' stubs
 (where a full-rank-gate KDA layer refuses ReplaySSM without speculative decoding). The grid:
 Kimi-K3 (no drafter, MTP, DSpark, ngram), Kimi-Linear (no drafter, ngram) and GLM-5.3-Flash (no
-drafter, MTP) x prefix caching on / off x PP 1 / 2, with vLLM's default Mamba backend (Triton),
-the one k3layout plans for. ROCm's model classes are asked directly (this CPU platform
-resolves the CUDA ones).
+drafter, MTP) x prefix caching on / off x PP 1 / 2 under vLLM's default Mamba backend
+(``--mamba-backend triton``); then ``--mamba-backend flashinfer`` (``Deployment.mamba_backend``)
+for Kimi-K3 (no drafter, MTP), Kimi-Linear (no drafter, ngram) x prefix caching x PP and GLM
+(no drafter, PP 1 / 2), and a few FlashInfer cases without ``--use-replayssm``, which both
+releases accept as they accept Triton. GLM's model is not built here (its classes never read
+the Mamba backend; the config step is what refuses it). ROCm's model classes are asked
+directly (this CPU platform resolves the CUDA ones).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from k3layout import Deployment, HybridModel, Refusal, load_config, plan  # noqa
 from k3layout.engines.vllm.releases import RELEASES  # noqa: E402
 from k3layout.engines.vllm.replay import STEPS  # noqa: E402
 
+BACKEND_RULES = ("recover_backend", "flashinfer_prefix_caching", "flashinfer_pipeline")
+"""The rules of ``--mamba-backend flashinfer``, whose refusals name ``mamba_backend``."""
 RELEASE = RELEASES[running()]
 """k3layout's record of the installed release."""
 TP = 4
@@ -49,11 +55,14 @@ class Case:
     drafter: str | None  # mtp, dspark, ngram
     prefix_caching: bool = True
     pp: int = 1
+    backend: str = "triton"  # --mamba-backend
+    replayssm: bool = True  # --use-replayssm
 
     @property
     def id(self) -> str:
         cache = "pc" if self.prefix_caching else "nopc"
-        return f"{self.model}-{self.drafter or 'none'}-{cache}-pp{self.pp}"
+        replay = "" if self.replayssm else "-noreplay"
+        return f"{self.model}-{self.drafter or 'none'}-{cache}-pp{self.pp}-{self.backend}{replay}"
 
 
 CASES = [
@@ -66,6 +75,26 @@ CASES = [
     for prefix_caching in (True, False)
     for pp in (1, 2)
 ] + [Case("glm", drafter, True, pp) for drafter in (None, "mtp") for pp in (1, 2)]
+FLASHINFER = [
+    Case(model, drafter, prefix_caching, pp, "flashinfer")
+    for model, drafters in (("k3", (None, "mtp")), ("linear", (None, "ngram")))
+    for drafter in drafters
+    for prefix_caching in (True, False)
+    for pp in (1, 2)
+] + [Case("glm", None, True, pp, "flashinfer") for pp in (1, 2)]
+"""The FlashInfer Mamba backend: with ``--use-replayssm`` (its own ReplaySSM), and without it
+(where ``--use-replayssm`` is all it changes)."""
+FLASHINFER += [
+    Case(model, drafter, prefix_caching, pp, "flashinfer", replayssm=False)
+    for model, drafter, prefix_caching, pp in (
+        ("k3", None, True, 1),
+        ("k3", "mtp", True, 1),
+        ("k3", None, False, 2),
+        ("linear", None, True, 1),
+        ("glm", None, True, 1),
+    )
+]
+CASES += FLASHINFER
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +126,11 @@ def directory_of(case: Case, models: dict[str, Path]) -> Path:
 
 def argv(case: Case, directory: Path) -> list[str]:
     """The ``vllm serve`` command line of ``case``."""
-    flags = ["--model", str(directory), "--skip-tokenizer-init", "--use-replayssm"]
+    flags = ["--model", str(directory), "--skip-tokenizer-init"]
+    if case.replayssm:
+        flags.append("--use-replayssm")
+    if case.backend != "triton":
+        flags += ["--mamba-backend", case.backend]
     flags += ["-tp", str(TP), "-pp", str(case.pp), "--attention-backend", "TRITON_MLA"]
     if not case.prefix_caching:
         flags.append("--no-enable-prefix-caching")
@@ -122,7 +155,10 @@ def vllms_verdict(case: Case, directory: Path) -> tuple[str, str] | None:
             config = engine_config(argv(case, directory))
     except ValueError as error:  # pydantic's ValidationError is one
         return "config", str(error)
-    assert config.cache_config.use_kda_recoverssm is (case.drafter is not None)
+    assert config.cache_config.use_kda_recoverssm is (case.replayssm and case.drafter is not None)
+    assert config.mamba_config.backend.name.lower() == case.backend
+    if case.model == "glm":  # its model classes never read the Mamba backend (nor build here)
+        return None
     from vllm.model_executor.model_loader.utils import initialize_model  # noqa: PLC0415
     from vllm.utils.torch_utils import set_default_torch_dtype  # noqa: PLC0415
 
@@ -148,7 +184,8 @@ def planned(case: Case, directory: Path) -> Refusal | None:
         "engine_version": running(),
         "attn_tp": TP,
         "pp": case.pp,
-        "use_replayssm": True,
+        "use_replayssm": case.replayssm,
+        "mamba_backend": case.backend,
         "prefix_caching": case.prefix_caching,
     }
     if case.model != "glm":  # the backend and cache dtype of the command line
@@ -156,7 +193,8 @@ def planned(case: Case, directory: Path) -> Refusal | None:
     if case.drafter is not None:
         fields |= {"spec_tokens": SPEC_TOKENS[case.drafter], "speculative_method": case.drafter}
     try:
-        assert plan(model, Deployment.model_validate(fields)).deployment.use_replayssm
+        planned = plan(model, Deployment.model_validate(fields)).deployment
+        assert (planned.use_replayssm, planned.mamba_backend) == (case.replayssm, case.backend)
     except Refusal as refusal:
         return refusal
     return None
@@ -180,7 +218,8 @@ def test_k3layout_refuses_replayssm_where_vllm_does(case: Case, models: dict[str
     quoted = ours.message[ours.message.index("(ValueError: ") + len("(ValueError: ") : -1]
     assert RELEASE.replayssm_refused[rule] in quoted and quoted in message
     assert ("config" if step == "config" else "loads the model") in STEPS[rule]
-    assert ours.facts["field"] == "use_replayssm" and ours.facts["engine_version"] == running()
+    field = "mamba_backend" if rule in BACKEND_RULES else "use_replayssm"
+    assert ours.facts["field"] == field and ours.facts["engine_version"] == running()
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,24 @@ def _get(obj: Any, path: str, default: Any = None) -> Any:
     return default if obj is None else obj
 
 
+def _mamba_backend(vllm_config: Any) -> str:
+    """``mamba_config.backend`` (a ``MambaBackendEnum`` in 0.33 and 0.34: ``triton``,
+    ``flashinfer`` or ``cpu``) as ``Deployment.mamba_backend``; ``triton`` (vLLM's default)
+    where the config has none. Refuses the CPU backend (no GPU plan)."""
+    backend = _get(vllm_config, "mamba_config.backend")
+    if backend is None:
+        return "triton"
+    name = str(getattr(backend, "value", backend)).lower()
+    if name not in ("triton", "flashinfer"):
+        raise _refuse(
+            "mamba_config.backend",
+            f"Mamba backend {name!r} is not one k3layout plans for",
+            "use --mamba-backend triton or flashinfer",
+            allowed=("triton", "flashinfer"),
+        )
+    return name
+
+
 def _refuse(field: str, message: str, hint: str, **facts: Any) -> Refusal:
     return Refusal(
         "invalid_config",
@@ -197,6 +215,7 @@ def deployment_from_vllm(vllm_config: Any, gpu: GpuName | None = None) -> Deploy
         "kv_cache_layout": "LBNHC" if layout in ("NHD", "LBNHC") else layout or None,
         "prefix_caching": bool(need("cache_config.enable_prefix_caching")),
         "use_replayssm": bool(_get(vllm_config, "cache_config.use_replayssm", False)),
+        "mamba_backend": _mamba_backend(vllm_config),
         "kda_prefill_backend": (
             additional.get("kda_prefill_backend", "auto")
             if isinstance(additional, Mapping)

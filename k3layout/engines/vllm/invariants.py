@@ -8,6 +8,7 @@ import math
 from ...constants import MLA_KERNEL_BLOCK_TOKENS
 from .layout import VllmPlan, block_tokens_for
 from .releases import release_of
+from .replay import aligned_state_bytes, state_alignment
 from .rules import backend_of, smallest_kernel_block
 from .sparse import SPARSE_KERNEL_BLOCK, indexer_alignment_tokens
 
@@ -32,6 +33,7 @@ def vllm_violations(result: VllmPlan) -> list[str]:
         deployment.block_tokens,
         backend_of(deployment),
         engine_version=release_of(deployment).version,
+        state_alignment=state_alignment(deployment),
     )
     if result.block_tokens != raised:
         problems.append("block is not the raise of the requested block")
@@ -40,7 +42,8 @@ def vllm_violations(result: VllmPlan) -> list[str]:
     state = sizes.kda_state_bytes
     if state > result.page_bytes:
         problems.append(f"KDA state {state} does not fit the page {result.page_bytes}")
-    if state and (result.block_tokens - align) * sizes.attention_bytes_per_token >= state:
+    raised_state = aligned_state_bytes(sizes, state_alignment(deployment))  # what vLLM raises for
+    if state and (result.block_tokens - align) * sizes.attention_bytes_per_token >= raised_state:
         problems.append("a smaller block would hold the state: the raise is not minimal")
     if result.block_bytes != result.num_planes * result.page_bytes:
         problems.append("block bytes are not planes x page")

@@ -49,6 +49,8 @@ def vllm_flags(d: Deployment, model: HybridModel) -> tuple[tuple[str, str], ...]
         )
     if d.use_replayssm:
         flags.append(("--use-replayssm", ""))
+    if d.mamba_backend != "triton":  # vLLM's default
+        flags.append(("--mamba-backend", d.mamba_backend))
     if d.kda_prefill_backend != "auto":
         flags.append(
             ("--additional-config", json.dumps({"kda_prefill_backend": d.kda_prefill_backend}))

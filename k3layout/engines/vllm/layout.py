@@ -25,7 +25,7 @@ from typing import ClassVar, Literal
 
 from pydantic import PositiveInt, model_validator
 
-from ..._args import expect_args, expect_int
+from ..._args import expect_args, expect_int, expect_positive
 from ..._derivation import SelfChecked, is_deriving
 from ..._frozen import trusted
 from ..._validation import describe
@@ -62,7 +62,7 @@ from .packed import (
     packed_groups,
 )
 from .releases import RELEASES, release_of
-from .replay import check_replayssm
+from .replay import aligned_state_bytes, check_replayssm, state_alignment
 from .report import VllmReport
 from .rules import (
     ATTENTION_BACKENDS,
@@ -477,11 +477,14 @@ def block_tokens_for(
     backend: AttentionBackend = "FLASHMLA",
     *,
     engine_version: str | None = None,
+    state_alignment: int = 1,
 ) -> int:
     """vLLM's block size raise: the smallest multiple of ``A = max(128, requested)`` whose
     attention page holds one KDA state, on whole kernel blocks of ``backend``; without a state
     the requested block, else the preferred one of release ``engine_version`` (default: the
-    newest followed).
+    newest followed). ``state_alignment``: the bytes vLLM rounds each state (conv, recurrent)
+    up to for this raise (:func:`.replay.state_alignment`: 16 under 0.34's FlashInfer
+    ReplaySSM; 1: none).
 
     >>> 128 * math.ceil(832_512 / (128 * 576))  # K3 tp 8, fp8, 2 spec tokens
     1536
@@ -511,7 +514,8 @@ def block_tokens_for(
             facts={"field": "engine_version", "allowed": tuple(RELEASES)},
             hint=f"use one of {', '.join(RELEASES)}",
         )
-    state = 0 if sizes.state is None else sizes.state_bytes
+    expect_positive("state_alignment", state_alignment)
+    state = aligned_state_bytes(sizes, state_alignment)
     return aligned_block_tokens(
         backend, requested, state, sizes.attention_bytes_per_token, release.default_block_tokens
     )
@@ -613,6 +617,7 @@ def pack_vllm(
             deployment.block_tokens,
             backend_of(deployment),
             engine_version=release_of(deployment).version,
+            state_alignment=state_alignment(deployment),
         ),
     )
     block = page // sizes.attention_bytes_per_token

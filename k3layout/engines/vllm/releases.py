@@ -40,7 +40,15 @@ class VllmRelease:
       architecture not in ``replayssm_architectures``), ``without_drafter`` (no speculative
       tokens, with the default Triton Mamba backend and model runner), ``pipeline`` (RecoverSSM
       on more than one stage), ``full_rank_gate_without_drafter`` (a full-rank-gate KDA layer,
-      Kimi-K3's, built without speculative tokens, when the model loads).
+      Kimi-K3's, built without speculative tokens, when the model loads), and with
+      ``--mamba-backend flashinfer``: ``recover_backend`` (RecoverSSM, any drafter, needs
+      Triton), ``flashinfer_prefix_caching`` (FlashInfer's ReplaySSM without a drafter under
+      prefix caching, the ``align`` cache mode), ``flashinfer_pipeline`` (the same on more
+      than one pipeline stage);
+    - ``flashinfer_state_alignment``: the byte alignment of each Mamba state inside a page
+      (``MambaSpec.state_alignment``) under FlashInfer's ReplaySSM (``--use-replayssm`` with
+      ``--mamba-backend flashinfer``), which the hybrid block raise rounds every state to
+      (1: none; 0.33 has no alignment).
     """
 
     version: str
@@ -55,6 +63,7 @@ class VllmRelease:
         default_factory=lambda: MappingProxyType({})
     )
     replayssm_refused: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    flashinfer_state_alignment: int = 1
 
 
 V0_33: Final = VllmRelease(
@@ -86,6 +95,9 @@ V0_33: Final = VllmRelease(
             "pipeline": "RecoverSSM currently requires pipeline_parallel_size=1",
             "full_rank_gate_without_drafter": "Kimi-K3 supports --use-replayssm only with "
             "speculative decoding",
+            "recover_backend": "RecoverSSM requires --mamba-backend triton",
+            "flashinfer_prefix_caching": "FlashInfer ReplaySSM does not support prefix caching "
+            "yet; use --disable-prefix-caching",
         }
     ),
 )
@@ -123,8 +135,12 @@ V0_34: Final = VllmRelease(
             "pipeline": "RecoverSSM currently requires pipeline_parallel_size=1",
             "full_rank_gate_without_drafter": "Kimi-K3 supports --use-replayssm only with "
             "speculative decoding",
+            "recover_backend": "RecoverSSM requires --mamba-backend triton",
+            "flashinfer_pipeline": "FlashInfer ReplaySSM currently requires "
+            "pipeline_parallel_size=1",
         }
     ),
+    flashinfer_state_alignment=16,
 )
 
 RELEASES: Final[Mapping[str, VllmRelease]] = MappingProxyType(
