@@ -208,3 +208,25 @@ def test_recommend_adds_the_flags_that_start_lmcaches_connector() -> None:
     )
     flags = dict(json.loads(at_tp8.stdout)["flags"])
     assert "--kv-transfer-config" in flags and "--max-num-batched-tokens" not in flags
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"chunk_tokens": 10**5000},
+        {"max_num_batched_tokens": 10**30},
+        {"servers": 0},
+        {"pcp": -1},
+        {"chunk_tokens": "1536"},
+    ],
+)
+def test_bad_options_are_refused_naming_the_field(fields: dict[str, Any]) -> None:
+    with pytest.raises(Refusal) as caught:
+        LMCacheOptions.model_validate(fields)
+    assert next(iter(fields)) in str(caught.value)
+
+
+def test_the_cli_refuses_bad_lmcache_options_without_a_traceback() -> None:
+    for argv in (("--chunk", "9" * 40), ("--servers", "0"), ("--lmcache-gib", "-1")):
+        done = k3layout("ride", "--connector", "lmcache", "--attn-tp", "8", *argv)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, argv

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import math
 from functools import cached_property
-from typing import Final
+from typing import Annotated, Final
 
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from .._args import expect_args, expect_bounded_int, expect_non_negative
 from .._frozen import Frozen
-from ..constants import MAX_RANKS
+from ..constants import MAX_PROMPT_TOKENS, MAX_RANKS
 from ..errors import Fact, Refusal
 from ..layouts import EngineLayout, LayoutBase
 from ..layouts.groups import Group
@@ -66,14 +66,14 @@ class LMCacheOptions(Frozen):
     """The connector's settings: ``vllm serve --kv-transfer-config`` (``LMCacheMPConnector``)
     and the LMCache server's ``--chunk-size``."""
 
-    chunk_tokens: PositiveInt | None = Field(
+    chunk_tokens: Annotated[int, Field(gt=0, le=MAX_PROMPT_TOKENS)] | None = Field(
         None,
         description="the server's --chunk-size in tokens; None: the smallest LMCache accepts",
     )
     servers: PositiveInt = Field(
         1, le=MAX_RANKS, description="LMCache servers (lmcache.mp.server_urls)"
     )
-    max_num_batched_tokens: PositiveInt | None = Field(
+    max_num_batched_tokens: Annotated[int, Field(gt=0, le=MAX_PROMPT_TOKENS)] | None = Field(
         None,
         description="vLLM's --max-num-batched-tokens; None: vLLM's default "
         f"({DEFAULT_MAX_NUM_BATCHED_TOKENS})",
