@@ -71,7 +71,9 @@ def outcome(model: HybridModel, deployment: Deployment) -> str | None:
         assert isinstance(rule, str), refusal
         release = RELEASES[str(deployment.engine_version)]
         assert refusal.code == CODES[rule]
-        assert refusal.facts["field"] == "use_replayssm"
+        # a FlashInfer rule names the backend, the others the ReplaySSM switch
+        field = "mamba_backend" if rule in BACKEND_RULES else "use_replayssm"
+        assert refusal.facts["field"] == field
         assert refusal.facts["engine_version"] == release.version
         assert release.replayssm_refused[rule] in refusal.message
         assert STEPS[rule] in refusal.message and refusal.hint
@@ -254,28 +256,6 @@ CODES |= {
 BACKEND_RULES = ("recover_backend", "flashinfer_prefix_caching", "flashinfer_pipeline")
 
 
-def flashinfer_outcome(model: HybridModel, deployment: Deployment) -> str | None:
-    """:func:`outcome` where a FlashInfer rule's refusal names ``mamba_backend``."""
-    try:
-        planned = plan(model, deployment)
-    except Refusal as refusal:
-        rule = refusal.facts.get("rule")
-        assert isinstance(rule, str), refusal
-        release = RELEASES[str(deployment.engine_version)]
-        assert refusal.code == CODES[rule]
-        field = "mamba_backend" if rule in BACKEND_RULES else "use_replayssm"
-        assert refusal.facts["field"] == field
-        assert refusal.facts["engine_version"] == release.version
-        assert release.replayssm_refused[rule] in refusal.message
-        assert STEPS[rule] in refusal.message and refusal.hint
-        return rule
-    assert (planned.deployment.use_replayssm, planned.deployment.mamba_backend) == (
-        True,
-        "flashinfer",
-    )
-    return None
-
-
 @pytest.mark.parametrize("release", VLLM_VERSIONS)
 @pytest.mark.parametrize(("name", "drafter"), list(FLASHINFER))
 def test_each_release_refuses_flashinfer_replayssm_where_vllm_does(
@@ -294,7 +274,7 @@ def test_each_release_refuses_flashinfer_replayssm_where_vllm_does(
             spec_tokens=0 if drafter is None else 1,
             speculative_method=drafter,
         )
-        assert flashinfer_outcome(preset(name), deployment) == rule, (pp, prefix_caching)
+        assert outcome(preset(name), deployment) == rule, (pp, prefix_caching)
 
 
 @pytest.mark.parametrize("release", VLLM_VERSIONS)
@@ -309,7 +289,7 @@ def test_recoverssm_needs_triton_for_every_drafter(release: str, k3_mtp: HybridM
             spec_tokens=1,
             speculative_method=method,
         )
-        assert flashinfer_outcome(model, deployment) == "recover_backend"
+        assert outcome(model, deployment) == "recover_backend"
         triton = deployment.model_copy(update={"mamba_backend": "triton"})
         assert plan(model, triton).deployment.use_replayssm
 
