@@ -66,32 +66,30 @@ def expect_int(name: str, value: object) -> int:
     return number
 
 
+def _expect_at_least(name: str, value: object, low: int, hint: str | None) -> int:
+    """``value`` for parameter ``name`` if it is an ``int`` of ``low`` or more; else refuse
+    (``invalid_argument``), with ``hint`` (default: ``pass {name} >= {low}``)."""
+    number = expect_int(name, value)
+    if number < low:
+        raise Refusal(
+            "invalid_argument",
+            f"{name}={number} must be >= {low}",
+            facts={"field": name},
+            hint=f"pass {name} >= {low}" if hint is None else hint,
+        )
+    return number
+
+
 def expect_positive(name: str, value: object, hint: str | None = None) -> int:
     """``value`` for parameter ``name`` if it is an ``int`` of 1 or more; else refuse
     (``invalid_argument``), with ``hint`` (default: ``pass {name} >= 1``)."""
-    number = expect_int(name, value)
-    if number < 1:
-        raise Refusal(
-            "invalid_argument",
-            f"{name}={number} must be >= 1",
-            facts={"field": name},
-            hint=f"pass {name} >= 1" if hint is None else hint,
-        )
-    return number
+    return _expect_at_least(name, value, 1, hint)
 
 
 def expect_non_negative(name: str, value: object, hint: str | None = None) -> int:
     """``value`` for parameter ``name`` if it is an ``int`` of 0 or more; else refuse
     (``invalid_argument``), with ``hint`` (default: ``pass {name} >= 0``)."""
-    number = expect_int(name, value)
-    if number < 0:
-        raise Refusal(
-            "invalid_argument",
-            f"{name}={number} must be >= 0",
-            facts={"field": name},
-            hint=f"pass {name} >= 0" if hint is None else hint,
-        )
-    return number
+    return _expect_at_least(name, value, 0, hint)
 
 
 def expect_items(name: str, value: object, item_types: Types, *, optional: bool = False) -> None:
