@@ -62,20 +62,6 @@ def _lm(module: str) -> Any:
     return importlib.import_module(f"lmcache.{module}")
 
 
-@contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 @dataclass
 class Deployment:
     """What LMCache's connector sees of one vLLM deployment: the engine core's config, each
@@ -318,6 +304,8 @@ def startup(
     config.kv_transfer_config = KVTransferConfig(
         kv_connector="LMCacheMPConnector", kv_role="kv_both", kv_connector_extra_config=extra
     )
+    from vllm_engine import _environment  # noqa: PLC0415 - a sibling harness
+
     kv_cache_config = scheduler_kv_cache_config(deployment)
     answer = _chunk_size_answer(chunk_size) if server_url is None else _nothing()
     connector = None

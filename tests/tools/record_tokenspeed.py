@@ -936,18 +936,23 @@ def plane_summary(layout: Any) -> dict[str, Any]:
     }
 
 
-def rule_1152(groups: Any, packing: dict[str, int]) -> dict[str, Any]:
-    """The recipe's packing and the two payloads its formula reads."""
+def _packing_inputs(groups: Any, packing: dict[str, int]) -> dict[str, Any]:
+    """The recipe's packing and the two payloads a packing rule reads."""
     fields = {spec.group_id: f for spec, f in groups}
-    mla_page = next(f.payload_bytes for f in fields["full_attention"])
-    state_plane = sum(
-        f.payload_bytes for f in fields["linear_attention_0"] if f.plane_id == "slot.0"
-    )
     return {
-        "mla_page_bytes": mla_page,
-        "linear_plane_bytes": state_plane,
+        "mla_page_bytes": next(f.payload_bytes for f in fields["full_attention"]),
+        "linear_plane_bytes": sum(
+            f.payload_bytes for f in fields["linear_attention_0"] if f.plane_id == "slot.0"
+        ),
         "mla_packing": packing["full_attention"],
         "linear_packing": packing["linear_attention_0"],
+    }
+
+
+def rule_1152(groups: Any, packing: dict[str, int]) -> dict[str, Any]:
+    """The recipe's packing and the two payloads its formula reads."""
+    return {
+        **_packing_inputs(groups, packing),
         "formula": "mla = max(1, ceil(linear_plane / mla_page)); "
         "linear = max(1, mla * mla_page // linear_plane)",
     }
@@ -956,17 +961,10 @@ def rule_1152(groups: Any, packing: dict[str, int]) -> dict[str, Any]:
 def rule_main(groups: Any, packing: dict[str, int]) -> dict[str, Any]:
     """``main``'s packing and the two payloads it reads: a fixed MLA packing, the state groups
     as many pages as fit in that many MLA pages."""
-    fields = {spec.group_id: f for spec, f in groups}
-    mla_page = next(f.payload_bytes for f in fields["full_attention"])
-    state_plane = sum(
-        f.payload_bytes for f in fields["linear_attention_0"] if f.plane_id == "slot.0"
-    )
+    inputs = _packing_inputs(groups, packing)
     return {
-        "mla_page_bytes": mla_page,
-        "linear_plane_bytes": state_plane,
-        "mla_packing": packing["full_attention"],
-        "linear_packing": packing["linear_attention_0"],
-        "mla_plane_bytes": packing["full_attention"] * mla_page,
+        **inputs,
+        "mla_plane_bytes": inputs["mla_packing"] * inputs["mla_page_bytes"],
         "formula": "mla = 12 (fixed); linear = max(1, 12 * mla_page // linear_plane)",
     }
 
