@@ -34,6 +34,7 @@ from timing import median_seconds, run_seconds
 
 from k3layout import (
     Deployment,
+    EngineLayout,
     HybridModel,
     KDALayer,
     MLALayer,
@@ -188,7 +189,7 @@ def first_plan(model: HybridModel, deployment: Deployment) -> object:
     return plan(model, deployment)
 
 
-def cold_ride(vllm_plan: VllmPlan | ParentPlan) -> object:
+def cold_ride(vllm_plan: EngineLayout) -> object:
     """``plan_ride`` with the offload package's memo caches emptied first (a first ride)."""
     for cache in MEMO_CACHES:
         cache.cache_clear()

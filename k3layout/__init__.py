@@ -17,8 +17,13 @@ The planner imports no torch; the adapter lives in ``k3layout.torch``.
 
 Every public name is imported on first use (PEP 562 ``__getattr__``): ``import k3layout``
 loads no submodule, and ``k3layout.plan`` loads the planner but not the offload, transfer or
-torch packages. ``__all__`` lists them, as below; ``help(k3layout.<name>)`` documents one in
-full (``help(k3layout)`` shows this page, not every record's members).
+torch packages. ``__all__`` and ``dir(k3layout)`` list them, as below (``help(k3layout)``
+then documents each; ``help(k3layout.<name>)`` one).
+
+:func:`plan` is typed by the :class:`EngineLayout` protocol, what every engine's plan
+answers; ``plan(model, deployment, engine="vllm")`` (or :func:`plan_vllm`) by the engine's
+own plan type. Plans, capacities and memory budgets show themselves in one line (``repr``)
+and as a table in a notebook (``_repr_html_``) and in rich (``rich.print``).
 
 Model
     HybridModel, Layer          a decoder's layers in module order (target, then draft)
@@ -36,9 +41,12 @@ Deployment
     ConvLayout, CONV_LAYOUTS    the KDA conv state's layouts (SD, DS)
 
 Planning
-    plan, load_plan, Plan       plan a model on a deployment; a stored plan, re-checked
+    plan, Plan                  plan a model on a deployment (any engine's plan)
+    save_plan, load_plan        a plan to a file, and back (from a file, JSON or a dict), re-checked
+    diff, PlanDiff, Difference  every field and derived number two plans differ in
     plan_vllm, VllmPlan         vLLM's hybrid layout
     plan_tokenspeed, plan_parent, ParentPlan   tokenspeed's parent arena (plan_parent: old name)
+    plan_sglang, SglangPlan     SGLang's token pool and state pool
     Binding, GroupPages, LayerBinding   a tokenspeed arena bound to ``n`` parents
     EngineLayout, Stage, Group, PlaneMember   what every plan answers: stages, groups, planes
     Packing, RuleCheck          a packing per plane, and the followed revision's rule checked
@@ -46,6 +54,7 @@ Planning
     RequestCapacity             what a KV budget per rank holds
     recommend, Recommendation   an engine's flags for a workload, and the command that starts it
     Refusal, RefusalCode        the one error: a stable code, the facts, a hint
+    CheckFacts, CHECK_FACT_KEYS, check_facts_violations   the checks' one facts schema
 
 The GPU's memory
     weights_per_rank, WeightsPlan, RankWeights, WeightGroup, WeightTensor   weights per rank
@@ -76,7 +85,7 @@ Prefill-to-decode transfer
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 from ._lazy import lazy_exports
 
@@ -84,6 +93,7 @@ if TYPE_CHECKING:
     from .cache import CachePart, GQALayer, LayerCacheSpec, PartRange, conv_channel_offset
     from .deployment import CONV_LAYOUTS, ConvLayout, Deployment, EngineFlavour
     from .dtypes import DTYPE_BYTES, KV_CACHE_DTYPES, DTypeName, KvCacheDtype
+    from .engines.sglang import SglangPlan, plan_sglang
     from .engines.tokenspeed import (
         Binding,
         GroupPages,
@@ -93,19 +103,28 @@ if TYPE_CHECKING:
         plan_tokenspeed,
     )
     from .engines.vllm import VllmPlan, plan_vllm
-    from .errors import Refusal, RefusalCode
+    from .errors import (
+        CHECK_FACT_KEYS,
+        CheckFacts,
+        Refusal,
+        RefusalCode,
+        check_facts_violations,
+    )
     from .gpus import GPU_NAMES, GPUS, Gpu, GpuName
     from .layouts import (
         ByteRange,
+        Difference,
         EngineLayout,
         Group,
         Packing,
         Plan,
+        PlanDiff,
         PlaneMember,
         RuleCheck,
         Stage,
+        diff,
         load_plan,
-        plan,
+        save_plan,
         with_engine,
     )
     from .layouts.answer import RequestCapacity
@@ -168,6 +187,31 @@ if TYPE_CHECKING:
     )
     from .weights import RankWeights, WeightGroup, WeightsPlan, WeightTensor
 
+    # k3layout.plan as a type checker sees it: the engine's plan type where the call names
+    # the engine, else the protocol every plan answers. The function is
+    # k3layout.layouts.plan (imported on first use, like every name here); the core never
+    # names an engine, so the overloads naming each live on the package's face.
+    @overload
+    def plan(
+        model: HybridModel, deployment: Deployment, *, engine: Literal["vllm"]
+    ) -> VllmPlan: ...
+    @overload
+    def plan(
+        model: HybridModel, deployment: Deployment, *, engine: Literal["tokenspeed", "parent"]
+    ) -> ParentPlan: ...
+    @overload
+    def plan(
+        model: HybridModel, deployment: Deployment, *, engine: Literal["sglang"]
+    ) -> SglangPlan: ...
+    @overload
+    def plan(
+        model: HybridModel, deployment: Deployment, *, engine: EngineFlavour | None = None
+    ) -> EngineLayout: ...
+    def plan(
+        model: HybridModel, deployment: Deployment, *, engine: EngineFlavour | None = None
+    ) -> EngineLayout:
+        """Plan ``model``'s KV cache under ``deployment`` (:func:`k3layout.layouts.plan`)."""
+
 _LAZY: dict[str, str] = {
     "least_budget": "layouts.memory",
     "memory_budget": "layouts.memory",
@@ -199,6 +243,12 @@ _LAZY: dict[str, str] = {
     "DTypeName": "dtypes",
     "KvCacheDtype": "dtypes",
     "Refusal": "errors",
+    "CheckFacts": "errors",
+    "CHECK_FACT_KEYS": "errors",
+    "check_facts_violations": "errors",
+    "diff": "layouts",
+    "Difference": "layouts",
+    "PlanDiff": "layouts",
     "RefusalCode": "errors",
     "Binding": "engines.tokenspeed",
     "Group": "layouts",
@@ -211,7 +261,10 @@ _LAZY: dict[str, str] = {
     "RuleCheck": "layouts",
     "Stage": "layouts",
     "VllmPlan": "engines.vllm",
+    "SglangPlan": "engines.sglang",
+    "plan_sglang": "engines.sglang",
     "load_plan": "layouts",
+    "save_plan": "layouts",
     "plan": "layouts",
     "plan_parent": "engines.tokenspeed",
     "plan_tokenspeed": "engines.tokenspeed",
@@ -275,6 +328,7 @@ _LAZY: dict[str, str] = {
 __version__ = "0.1.0"
 
 __all__ = [
+    "CHECK_FACT_KEYS",
     "CONV_LAYOUTS",
     "DTYPE_BYTES",
     "GPUS",
@@ -285,11 +339,13 @@ __all__ = [
     "Binding",
     "ByteRange",
     "CachePart",
+    "CheckFacts",
     "CheckpointImage",
     "ConvLayout",
     "DSparkDraft",
     "DTypeName",
     "Deployment",
+    "Difference",
     "EngineFacts",
     "EngineFlavour",
     "EngineLayout",
@@ -316,6 +372,7 @@ __all__ = [
     "ParentPlan",
     "PartRange",
     "Plan",
+    "PlanDiff",
     "PlaneMember",
     "PlaneOrder",
     "Quantization",
@@ -334,6 +391,7 @@ __all__ = [
     "RidePlan",
     "RuleCheck",
     "Segment",
+    "SglangPlan",
     "Shard",
     "Stage",
     "TensorView",
@@ -348,9 +406,11 @@ __all__ = [
     "admission_refusal",
     "check_admission",
     "check_aliasing",
+    "check_facts_violations",
     "check_pairing",
     "checkpoint_image",
     "conv_channel_offset",
+    "diff",
     "engine_layer_names",
     "engine_names",
     "least_budget",
@@ -364,6 +424,7 @@ __all__ = [
     "plan_lmcache",
     "plan_parent",
     "plan_ride",
+    "plan_sglang",
     "plan_tokenspeed",
     "plan_transfer",
     "plan_vllm",
@@ -372,6 +433,7 @@ __all__ = [
     "preset",
     "rank_sizes",
     "recommend",
+    "save_plan",
     "transfer_violations",
     "vllm_views",
     "weights_per_rank",
@@ -379,12 +441,4 @@ __all__ = [
 ]
 
 
-__getattr__, _public_dir = lazy_exports(__name__, globals(), _LAZY, __all__)
-
-
-def __dir__() -> list[str]:
-    """The package's own attributes (its submodules, ``__all__``, ``__version__``), not the
-    public names it re-exports: ``pydoc`` documents in full every class and function ``dir()``
-    lists and ``__all__`` names, which made ``help(k3layout)`` some 3,200 lines. The names are
-    in ``__all__`` and indexed in the docstring; each keeps its full ``help()``."""
-    return sorted(set(_public_dir()) - set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY, __all__)

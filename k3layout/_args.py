@@ -111,7 +111,7 @@ def expect_bounded_int(name: str, value: object, bound: int) -> int:
             "size_limit",
             f"{name}={describe(number)} is beyond the bound {bound:,}",
             facts={"field": name, "bound": bound},
-            hint=f"pass {name} between {-bound:,} and {bound:,}",
+            hint=f"pass {name} between 0 and {bound:,}",  # every bounded int is a count
         )
     return number
 

@@ -91,6 +91,13 @@ MAX_PROMPT_TOKENS: Final = 1 << 32
 """Most prompt tokens one transfer may move: above any context length (K3 serves 2**20), and
 keeps a request's byte counts within int64. Beyond it: ``size_limit``."""
 
+MAX_LISTED_ITEMS: Final = 1 << 20
+"""Most items an answer lists one by one (a store's chunk boundaries, a transfer segment's
+copies): 1,048,576, about 100 MB of Python tuples. Far above what a request needs (K3's whole
+context, 2**20 tokens, is 682 boundaries of 1,536 tokens; a DCP 8 transfer of it 131,072
+copies per segment), and a count from a huge token number (``store_boundaries(10**18)``) is
+refused (``size_limit``) before memory runs out."""
+
 MAX_KV_MEMORY_BYTES: Final = 1 << 62
 """Largest KV memory per rank, in bytes, the capacity answers take (4 EiB, far above any GPU):
 keeps their sums within int64 and their ratios finite. Beyond it: ``size_limit``."""

@@ -188,7 +188,8 @@ class Deployment(Frozen):
     )
     attention_backend: AttentionBackend | None = Field(
         None,
-        description="vLLM's MLA backend (--attention-backend); None: the one vLLM's selector "
+        description="vLLM's MLA backend (--attention-backend): a dense one for an MLA layer "
+        "without an indexer, a sparse one for an indexed layer; None: the one vLLM's selector "
         "picks on the GPU for the cache dtype; its kernel block sizes shape the attention "
         "block (vllm)",
     )

@@ -17,6 +17,10 @@ engine really names the layers (:data:`NAMING_RULES`):
   ``language_model.`` for Kimi-K3 (a multimodal wrapper, ``KimiK3ForConditionalGeneration``)
   and empty for Kimi-Linear; a DSpark or MTP draft continues the target's numbering without
   the prefix (``model.layers.93.self_attn``).
+- ``tokenspeed`` (both revisions followed, read off its cache recipe and the field ids it
+  recorded): every layer ``layer.{i}`` by its global id, the prefix of its fields' ids
+  (``layer.3.latent_kv``, ``layer.0.conv_state``); a draft's layers continue the target's
+  ids (``layer.93``).
 - The DSA index region of an attention layer: ``<attention name>.indexer.k_cache``; its
   indexer's tail ring (GLM-5.3-Flash): ``<attention name>.indexer.tail_cache``.
 

@@ -2,21 +2,35 @@
 
 The core never names an engine: it asks this registry for the facts of ``deployment.engine``
 (:class:`EngineFacts`) and, in :mod:`k3layout.layouts.seams`, for the seams it plans with.
-Each package under ``k3layout/engines/`` registers itself on import; the registry imports
-them on first lookup, so a new engine is a new package and nothing else.
+Every engine, k3layout's own three included, is declared under the entry-point group
+``k3layout.engines`` (:data:`ENTRY_POINT_GROUP`) of its distribution's metadata, as pytest's
+plugins are::
+
+    [project.entry-points."k3layout.engines"]
+    myengine = "my_package.engine:MYENGINE"
+
+The name is the engine's, the object its registration (the :class:`Registered` its package
+builds with :func:`~k3layout.layouts.seams.register_engine`). The registry reads the group on
+first lookup and loads each entry, so a new engine is a package of its own that declares
+itself, and nothing in k3layout imports the engines: no import runs back up. An entry that
+does not load, or loads something other than an engine of its name, is refused
+(``engine_plugin``) when that engine is named, and left out of :func:`engine_names` with a
+warning; the other engines plan as before.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Protocol
+from importlib import metadata
+from pathlib import Path
+from typing import Final, Protocol
 
-from .errors import Refusal
+from .errors import Fact, Refusal
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "EngineFacts",
     "LayerNaming",
     "canonical_name",
@@ -110,8 +124,14 @@ class Registered(Protocol):
     def facts(self) -> EngineFacts: ...
 
 
+ENTRY_POINT_GROUP: Final = "k3layout.engines"
+"""The entry-point group every engine is declared under: ``name = "module:object"``, the
+object the engine's registration."""
+
 _ENGINES: dict[str, Registered] = {}
 _ALIASES: dict[str, str] = {}
+_BROKEN: dict[str, Refusal] = {}
+"""The declared engines that did not load, each with its refusal."""
 _discovered: list[bool] = []
 
 
@@ -123,14 +143,82 @@ def register(engine: Registered) -> None:
 
 
 def _discover() -> None:
-    """Import every package under ``k3layout.engines`` once, so each registers itself."""
+    """Load every engine declared under :data:`ENTRY_POINT_GROUP` once (on first lookup)."""
     if _discovered:
         return
-    _discovered.append(True)
-    engines = importlib.import_module("k3layout.engines")
-    for found in pkgutil.iter_modules(engines.__path__):
-        if found.ispkg:
-            importlib.import_module(f"k3layout.engines.{found.name}")
+    _discovered.append(True)  # first, so that an engine's import asking the registry ends here
+    for entry in _declared():
+        try:
+            _load(entry)
+        except Refusal as refusal:
+            _BROKEN[entry.name] = refusal
+            warnings.warn(str(refusal), RuntimeWarning, stacklevel=3)
+
+
+def _declared() -> tuple[metadata.EntryPoint, ...]:
+    """The group's entry points: every installed distribution's, and k3layout's own from its
+    ``pyproject.toml`` when k3layout runs from a source tree whose metadata declares none (not
+    installed, or installed before the group was added)."""
+    found = tuple(metadata.entry_points(group=ENTRY_POINT_GROUP))
+    if any(_distribution_of(entry) == "k3layout" for entry in found):
+        return found
+    named = {entry.name for entry in found}
+    return found + tuple(entry for entry in _source_tree_entries() if entry.name not in named)
+
+
+def _distribution_of(entry: metadata.EntryPoint) -> str | None:
+    dist = getattr(entry, "dist", None)  # Python 3.10+: the distribution declaring it
+    return None if dist is None else str(dist.metadata["Name"])
+
+
+def _source_tree_entries() -> tuple[metadata.EntryPoint, ...]:
+    """k3layout's own declarations, read from the ``pyproject.toml`` above the package (a
+    source checkout); none where there is none (an installed wheel) or TOML is not readable."""
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if sys.version_info < (3, 11) or not pyproject.is_file():
+        return ()
+    import tomllib  # noqa: PLC0415 - only a source checkout without metadata reads it
+
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+    if project.get("name") != "k3layout":
+        return ()
+    declared = project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
+    return tuple(
+        metadata.EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP)
+        for name, value in declared.items()
+    )
+
+
+def _load(entry: metadata.EntryPoint) -> None:
+    """Load ``entry`` and register the engine it names; refuses (``engine_plugin``) one that
+    does not load or is not the registration of an engine named as the entry is."""
+    facts: dict[str, Fact] = {
+        "entry_point": entry.name,
+        "value": entry.value,
+        "group": ENTRY_POINT_GROUP,
+    }
+    owner = _distribution_of(entry) or "the package that declares it"
+    try:
+        loaded = entry.load()
+    except Exception as error:  # a plugin's import may raise anything: it is named, not lost
+        raise Refusal(
+            "engine_plugin",
+            f"engine entry point {entry.name} = {entry.value!r} (group {ENTRY_POINT_GROUP}) "
+            f"does not load: {type(error).__name__}: {error}",
+            facts={**facts, "error": type(error).__name__},
+            hint=f"fix or uninstall {owner}, or name another engine",
+        ) from error
+    engine_facts = getattr(loaded, "facts", None)
+    if not isinstance(engine_facts, EngineFacts) or engine_facts.name != entry.name:
+        raise Refusal(
+            "engine_plugin",
+            f"engine entry point {entry.name} = {entry.value!r} (group {ENTRY_POINT_GROUP}) "
+            f"loads {type(loaded).__name__}, not the registration of an engine named "
+            f"{entry.name!r} (an object whose facts are EngineFacts(name={entry.name!r}))",
+            facts={**facts, "loaded": type(loaded).__name__},
+            hint=f"point the entry point at the engine's registration, in {owner}",
+        )
+    register(loaded)
 
 
 def engine_names() -> tuple[str, ...]:
@@ -147,10 +235,15 @@ def engine_aliases() -> dict[str, str]:
 
 def canonical_name(name: object) -> str:
     """``name``'s engine (an alias resolved); refuses (``invalid_argument``) a name no
-    engine registered."""
+    engine registered, and (``engine_plugin``) one whose entry point does not load."""
     if isinstance(name, str):
         if name not in _ENGINES:
             _discover()
+        if name in _BROKEN and name not in _ENGINES:
+            broken = _BROKEN[name]  # raised afresh each time, with what its import raised
+            raise Refusal(
+                broken.code, broken.message, facts=broken.facts, hint=broken.hint
+            ) from broken.__cause__
         if name in _ENGINES:
             return name
         if name in _ALIASES:

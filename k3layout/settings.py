@@ -9,17 +9,38 @@ from __future__ import annotations
 
 from typing import Final, Literal, TypeAlias
 
-AttentionBackend: TypeAlias = Literal[
+DenseAttentionBackend: TypeAlias = Literal[
     "FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "TRITON_MLA", "FLASH_ATTN_MLA"
 ]
-"""vLLM's dense MLA attention backend (``--attention-backend``)."""
+"""vLLM's dense MLA attention backends (``--attention-backend``): an MLA layer without an
+indexer (Kimi-K3, Kimi-Linear)."""
 
-ATTENTION_BACKENDS: Final[tuple[AttentionBackend, ...]] = (
+SparseAttentionBackend: TypeAlias = Literal[
+    "FLASHINFER_MLA_SPARSE_SM90", "FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE"
+]
+"""vLLM's sparse MLA attention backends k3layout plans: an indexed (DSA) MLA layer of NoPE head
+512 (GLM-5.3-Flash)."""
+
+AttentionBackend: TypeAlias = Literal[DenseAttentionBackend, SparseAttentionBackend]
+"""vLLM's MLA attention backend (``--attention-backend``), dense or sparse."""
+
+DENSE_ATTENTION_BACKENDS: Final[tuple[DenseAttentionBackend, ...]] = (
     "FLASHMLA",
     "CUTLASS_MLA",
     "FLASHINFER_MLA",
     "TRITON_MLA",
     "FLASH_ATTN_MLA",
+)
+
+SPARSE_ATTENTION_BACKENDS: Final[tuple[SparseAttentionBackend, ...]] = (
+    "FLASHINFER_MLA_SPARSE_SM90",
+    "FLASHMLA_SPARSE",
+    "FLASHINFER_MLA_SPARSE",
+)
+
+ATTENTION_BACKENDS: Final[tuple[AttentionBackend, ...]] = (
+    *DENSE_ATTENTION_BACKENDS,
+    *SPARSE_ATTENTION_BACKENDS,
 )
 
 KvCacheLayout: TypeAlias = Literal["LBNHC", "BLHNC"]

@@ -17,7 +17,15 @@ from types import ModuleType
 import pytest
 from pydantic import BaseModel
 
-from k3layout import Deployment, plan, plan_lmcache, plan_ride, plan_transfer, preset
+from k3layout import (
+    Deployment,
+    EngineLayout,
+    plan,
+    plan_lmcache,
+    plan_ride,
+    plan_transfer,
+    preset,
+)
 from k3layout.layouts.report import report
 from k3layout.offload import ride_report
 from k3layout.sweep import sweep
@@ -154,7 +162,7 @@ def test_the_reports_validate_against_their_schemas() -> None:
     transfer = plan_transfer(
         preset("kimi-k3"), Deployment(pp=8), Deployment(attn_tp=8, dcp=8), prompt_tokens=512
     )
-    documents: dict[str, list[BaseModel]] = {
+    documents: dict[str, list[BaseModel | EngineLayout]] = {
         "plan.schema.json": [
             plan(k3, deployment),
             plan(k3, Deployment(engine="tokenspeed", attn_tp=8)),  # main: rule_1152 null

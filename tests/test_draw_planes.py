@@ -10,11 +10,10 @@ from hypothesis import given, settings
 
 from k3layout import (
     Deployment,
+    EngineLayout,
     HybridModel,
     KvCacheDtype,
-    ParentPlan,
     Refusal,
-    VllmPlan,
     plan,
     plan_parent,
     plan_vllm,
@@ -41,7 +40,7 @@ def shaded_bytes(rect_height: float, plane_bytes: int) -> float:
     return rect_height / CELL_SIZE * plane_bytes
 
 
-def drawn_columns(plan_: VllmPlan | ParentPlan, stage: int | None = None) -> dict[int, set[str]]:
+def drawn_columns(plan_: EngineLayout, stage: int | None = None) -> dict[int, set[str]]:
     """Plane -> the ``group.layer`` pages drawn in its column."""
     columns: dict[int, set[str]] = {}
     for key, rect in rectangles(draw_planes(plan_, stage=stage), "page").items():

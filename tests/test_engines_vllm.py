@@ -96,15 +96,21 @@ def test_a_swapped_layer_and_a_shifted_plane_are_refused_naming_them() -> None:
     names[0], names[1] = names[1], names[0]
     with pytest.raises(Refusal) as refused:
         check_kv_cache_config(vllm_config(), config)
-    assert (
-        refused.value.code == "plan_mismatch" and refused.value.facts["field"] == "group 0 layers"
+    assert refused.value.code == "plan_mismatch"
+    facts = refused.value.facts
+    assert (facts["check"], facts["field"], facts["group"]) == (
+        "check_kv_cache_config",
+        "groups",
+        "linear_attention_0",
     )
+    assert "group 0 layers" in str(refused.value)
 
     config = kv_cache_config()
     config.kv_cache_tensors[1].offset = config.kv_cache_tensors[1].block_stride
     with pytest.raises(Refusal) as refused:
         check_kv_cache_config(vllm_config(), config)
     assert refused.value.facts["layer"] == 1
+    assert (refused.value.facts["field"], refused.value.facts["block"]) == ("offset_bytes", 0)
 
 
 @pytest.mark.parametrize(

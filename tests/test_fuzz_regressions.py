@@ -30,12 +30,14 @@ from k3layout import (
     pp_stage_bounds,
     preset,
     rank_sizes,
+    transfer_violations,
     weights_per_rank,
 )
 from k3layout._divisors import divisors, divisors_near, nearest_divisors
 from k3layout.cli import main
 from k3layout.constants import (
     INT64_MAX,
+    MAX_LISTED_ITEMS,
     MAX_MODEL_DIM,
     MAX_MODULE_LAYERS,
     MAX_PADDING_LIMIT,
@@ -43,6 +45,7 @@ from k3layout.constants import (
 )
 from k3layout.engines.vllm import VllmPlan
 from k3layout.names import engine_layer_names
+from k3layout.offload import RidePlan, plan_ride, ride_report
 from k3layout.sweep import default_attn_tps, sweep
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -341,12 +344,12 @@ def k3_model() -> HybridModel:
 def test_wrong_argument_types_are_refused_naming_the_parameter(k3_model: HybridModel) -> None:
     d = Deployment()
     cases: list[tuple[Callable[[], object], str]] = [
-        (lambda: plan("kimi-k3", d), "model"),  # type: ignore[arg-type]
-        (lambda: plan(k3_model, {"attn_tp": 8}), "deployment"),  # type: ignore[arg-type]
+        (lambda: plan("kimi-k3", d), "model"),  # type: ignore[call-overload]
+        (lambda: plan(k3_model, {"attn_tp": 8}), "deployment"),  # type: ignore[call-overload]
         (lambda: rank_sizes(None, d), "model"),  # type: ignore[arg-type]
         (lambda: plan_transfer(k3_model, "pp8", d, prompt_tokens=8), "prefill"),  # type: ignore[arg-type]
         (lambda: plan_transfer(k3_model, d, d, prompt_tokens=True), "prompt_tokens"),
-        (lambda: load_plan(None), "data"),  # type: ignore[arg-type]
+        (lambda: load_plan(None), "source"),  # type: ignore[arg-type]
         (lambda: load_config(None), "path"),  # type: ignore[arg-type]
         (lambda: model_from_config([1, 2]), "config"),  # type: ignore[arg-type]
         (lambda: preset(3), "name"),  # type: ignore[arg-type]
@@ -580,3 +583,65 @@ def test_a_huge_integer_in_a_config_is_refused_naming_it(
     with pytest.raises(Refusal) as caught:
         weights_per_rank(model_from_config(data), Deployment(attn_tp=8))
     assert field in str(caught.value) and "bits" in str(caught.value)
+
+
+# Huge token counts in the ride and the transfer (issue 39, item 9) ----------------------------
+
+
+@pytest.fixture(scope="module")
+def dspark_ride() -> RidePlan:
+    return plan_ride(plan(preset("kimi-k3-dspark"), Deployment(attn_tp=8, spec_tokens=2)))
+
+
+@pytest.mark.parametrize("tokens", [10**18, 2**62, INT64_MAX, 2**33])
+@pytest.mark.parametrize("call", ["store", "store_from_half", "capped_hit", "load", "report"])
+def test_huge_token_counts_in_the_ride_are_answered_or_refused_at_once(
+    dspark_ride: RidePlan, tokens: int, call: str
+) -> None:
+    calls: dict[str, Callable[[], object]] = {
+        "store": lambda: dspark_ride.store_boundaries(tokens),
+        "store_from_half": lambda: dspark_ride.store_boundaries(tokens, tokens // 2),
+        "capped_hit": lambda: dspark_ride.capped_hit(tokens),
+        "load": lambda: dspark_ride.load_destination(tokens),
+        "report": lambda: ride_report(dspark_ride, tokens),
+    }
+    start = time.perf_counter()
+    try:
+        calls[call]()  # once a MemoryError for the stores, after seconds
+    except Refusal as refusal:
+        assert refusal.code == "size_limit"
+        assert refusal.facts["field"] == "num_tokens"
+        assert isinstance(refusal.facts["bound"], int) and refusal.facts["bound"] < tokens
+    assert time.perf_counter() - start < QUICK_S
+
+
+@pytest.mark.parametrize("tokens", [INT64_MAX + 1, 10**30])
+def test_token_counts_beyond_int64_are_refused_naming_the_argument(
+    dspark_ride: RidePlan, tokens: int
+) -> None:
+    for call, field in (
+        (lambda: dspark_ride.store_boundaries(tokens), "num_tokens"),
+        (lambda: dspark_ride.store_boundaries(5000, tokens), "start_tokens"),
+        (lambda: dspark_ride.capped_hit(tokens), "hit_tokens"),
+        (lambda: dspark_ride.load_destination(tokens), "computed_tokens"),
+    ):
+        refusal = refused(call)
+        assert (refusal.code, refusal.facts) == ("size_limit", {"field": field, "bound": INT64_MAX})
+
+
+def test_a_transfer_of_2_to_the_32_tokens_is_checked_without_listing_its_copies() -> None:
+    # DCP 8 at interleave 1: each decode rank owns every 8th token, 2**29 strided copies per
+    # segment; the invariants once listed them all (a MemoryError after seconds)
+    transfer = plan_transfer(
+        preset("kimi-k3"), Deployment(pp=8), Deployment(attn_tp=8, dcp=8), prompt_tokens=2**32
+    )
+    start = time.perf_counter()
+    assert transfer_violations(transfer) == []
+    assert time.perf_counter() - start < 5 * QUICK_S
+    widest = max((s for pair in transfer.pairs for s in pair.segments), key=lambda s: s.num_copies)
+    assert widest.num_copies == 2**32 // 8
+    refusal = refused(widest.copies)
+    assert (refusal.code, refusal.facts) == (
+        "size_limit",
+        {"field": "num_copies", "bound": MAX_LISTED_ITEMS},
+    )

@@ -1,7 +1,8 @@
 """GLM-5.3-Flash (``glm5_next``): its config loader, its cache parts (pooled indexer keys, the
-tail ring) and vLLM 0.33's packed layout of it, against the figures vLLM's own code gave on
-CPU (``tests/fixtures/glm-5.3-flash/vllm-0.33-notes.md``; the conformance suite runs vLLM
-again: ``tests/conformance/test_conformance_glm.py``)."""
+tail ring) and vLLM's packed layout of it (0.33.0 and 0.34.0 alike), its sparse MLA backends
+and the pages it keeps, against the figures vLLM's own code gave on CPU
+(``tests/fixtures/glm-5.3-flash/vllm-0.33-notes.md``; the conformance suites run vLLM again:
+``tests/conformance/test_conformance_glm.py``, ``test_conformance_glm_backends.py``)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,15 @@ from k3layout import (
     model_from_config,
     plan,
     plan_ride,
+    plan_sglang,
     plan_transfer,
+    plan_vllm,
     preset,
     weights_per_rank,
 )
 from k3layout.cache import DSAIndexer, ring_spec, ring_tokens
+from k3layout.engines.vllm.report import VllmReport
+from k3layout.layouts.report import REPORT_ADAPTER, report
 from k3layout.transfer import transfer_violations
 
 FIXTURE = Path(__file__).parent / "fixtures" / "glm-5.3-flash" / "config.json"
@@ -177,7 +182,7 @@ VLLM_GOLDEN = [
 def test_vllm_packed_layout(case: tuple[Any, ...]) -> None:
     gpu, kv, tp, spec, mtp, block, page, groups, stride, blocks = case
     deployment = Deployment(attn_tp=tp, gpu=gpu, kv_dtype=kv, spec_tokens=spec)
-    result = plan(glm(mtp), deployment)
+    result = plan_vllm(glm(mtp), deployment)
     assert (result.block_tokens, result.page_bytes) == (block, page)
     assert tuple(len(g.layers) for g in result.groups) == groups
     assert (result.block_bytes, result.num_blocks(40 << 30)) == (stride, blocks)
@@ -189,12 +194,12 @@ def test_vllm_packed_layout(case: tuple[Any, ...]) -> None:
     [("h200", 8192, 256.79), ("h200", 131072, 49.28), ("b200", 131072, 47.19)],
 )
 def test_vllm_max_concurrency(gpu: str, length: int, concurrency: float) -> None:
-    result = plan(preset("glm-5.3-flash"), Deployment(attn_tp=8, gpu=gpu))
+    result = plan_vllm(preset("glm-5.3-flash"), Deployment(attn_tp=8, gpu=gpu))
     assert round(result.capacity(40 << 30, length).max_concurrency, 2) == concurrency
 
 
 def test_mtp_concurrency() -> None:
-    result = plan(glm(1), Deployment(attn_tp=8, spec_tokens=2))
+    result = plan_vllm(glm(1), Deployment(attn_tp=8, spec_tokens=2))
     assert round(result.capacity(40 << 30, 131072).max_concurrency, 2) == 43.87
 
 
@@ -221,6 +226,103 @@ def test_refusals(deployment: Deployment, code: str) -> None:
     assert caught.value.code == code
 
 
+# vLLM's selector for an indexed layer of head 512 (0.33.0 and 0.34.0 agree; run for every
+# backend and cache dtype by tests/conformance/test_conformance_glm_backends.py): gpu, dcp ->
+# the cache dtypes each sparse backend is planned for.
+SPARSE_TAKES = {
+    ("h200", 1): {
+        "FLASHINFER_MLA_SPARSE_SM90": {"fp8", "bf16"},
+        "FLASHMLA_SPARSE": {"bf16", "fp8_ds_mla"},
+        "FLASHINFER_MLA_SPARSE": set(),
+    },
+    ("h200", 2): {  # SM90 FlashInfer takes no DCP
+        "FLASHINFER_MLA_SPARSE_SM90": set(),
+        "FLASHMLA_SPARSE": {"bf16", "fp8_ds_mla"},
+        "FLASHINFER_MLA_SPARSE": set(),
+    },
+    ("b200", 1): {
+        "FLASHINFER_MLA_SPARSE_SM90": set(),
+        "FLASHMLA_SPARSE": set(),  # head 512 only on SM90
+        "FLASHINFER_MLA_SPARSE": {"fp8", "bf16"},
+    },
+}
+
+
+@pytest.mark.parametrize(("gpu", "dcp"), list(SPARSE_TAKES), ids=str)
+def test_a_named_sparse_backend_is_planned_where_vllm_takes_it(gpu: str, dcp: int) -> None:
+    model = preset("glm-5.3-flash")
+    for backend, takes in SPARSE_TAKES[(gpu, dcp)].items():
+        for dtype in ("fp8", "bf16", "fp8_ds_mla"):
+            fields = {"attn_tp": 8, "gpu": gpu, "kv_dtype": dtype, "dcp": dcp}
+            deployment = Deployment.model_validate({**fields, "attention_backend": backend})
+            if dtype in takes:
+                named = plan_vllm(model, deployment)
+                assert named.attention_backend == backend
+                auto = plan_vllm(model, Deployment.model_validate(fields))
+                # the same layout as vLLM's own pick (FLASHMLA_SPARSE bf16 aligns its latent
+                # blocks to one row, as SM90 FlashInfer does)
+                assert (named.block_tokens, named.block_bytes, named.groups) == (
+                    auto.block_tokens,
+                    auto.block_bytes,
+                    auto.groups,
+                )
+                continue
+            with pytest.raises(Refusal) as caught:
+                plan(model, deployment)
+            assert caught.value.code == "kernel_unsupported"
+            assert caught.value.facts == {
+                "attention_backend": backend,
+                "kv_dtype": dtype,
+                "gpu": gpu,
+                "dcp": dcp,
+                "field": "attention_backend",
+            }
+            # the hint names every backend vLLM takes for the dtype here
+            for other, other_takes in SPARSE_TAKES[(gpu, dcp)].items():
+                if dtype in other_takes:
+                    assert other in (caught.value.hint or "")
+
+
+def test_flashmla_sparse_with_fp8_is_refused_naming_what_works() -> None:
+    deployment = Deployment(attn_tp=8, kv_dtype="fp8", attention_backend="FLASHMLA_SPARSE")
+    with pytest.raises(Refusal) as caught:
+        plan(preset("glm-5.3-flash"), deployment)
+    hint = caught.value.hint or ""
+    assert "'bf16' or 'fp8_ds_mla' with FLASHMLA_SPARSE" in hint
+    assert "FLASHINFER_MLA_SPARSE_SM90" in hint
+    bf16 = plan_vllm(
+        preset("glm-5.3-flash"),
+        Deployment(attn_tp=8, kv_dtype="bf16", attention_backend="FLASHMLA_SPARSE"),
+    )
+    assert (bf16.attention_backend, bf16.block_tokens) == ("FLASHMLA_SPARSE", 1024)
+    assert dict(bf16.launch_flags())["--attention-backend"] == "FLASHMLA_SPARSE"
+
+
+def test_every_page_vllm_keeps_is_reported() -> None:
+    """fp8_ds_mla at TP 8: vLLM's groups keep four page sizes (its KVCacheConfig specs), each
+    reported once with the group kind and the parts it holds."""
+    result = plan_vllm(preset("glm-5.3-flash"), Deployment(attn_tp=8, kv_dtype="fp8_ds_mla"))
+    block = 1536
+    assert [(p.kind, p.parts, p.page_bytes) for p in result.pages] == [
+        ("kda", ("conv", "recurrent"), block * 512),  # padded to the latent's 1-byte elements
+        ("attention", ("index",), block // 16 * 132),  # one 132-byte key per 16-token pool
+        ("attention", ("latent",), block * (512 + 4 * 4 + 64 * 2)),  # 656-byte rows
+        ("ring", ("k", "score"), 2 * 16 * 128 * 2),  # a 16-token ring of k and score, bf16
+    ]
+    written = report(result)
+    assert isinstance(written, VllmReport) and written.pages == result.pages
+    read = REPORT_ADAPTER.validate_json(written.model_dump_json())
+    assert isinstance(read, VllmReport) and read.pages == result.pages
+    # a page of every layer's cache: each part's byte range lies in one of them
+    for group in result.groups:
+        for layer in group.layers[:1]:
+            for part in result.group_spec(group).part_names:
+                size = result.byte_range(layer, part, 0, 1).size_bytes
+                assert any(
+                    part in p.parts and size <= p.page_bytes for p in result.pages
+                ), (group.name, part)
+
+
 # SGLang 0.5.23's own configurator on CPU (the notes' table): gpu, dtype, attention TP, PP,
 # attention DP -> cell per stage, max_total_num_tokens, max_mamba_cache_size,
 # max_running_requests of 40 GiB per rank at the model's context.
@@ -239,7 +341,7 @@ SGLANG_GOLDEN = [
 def test_sglang_pools(case: tuple[Any, ...]) -> None:
     gpu, kv, tp, pp, dp, cells, tokens, slots, requests = case
     deployment = Deployment(engine="sglang", gpu=gpu, kv_dtype=kv, attn_tp=tp, pp=pp, attn_dp=dp)
-    result = plan(preset("glm-5.3-flash"), deployment)
+    result = plan_sglang(preset("glm-5.3-flash"), deployment)
     assert result.page_tokens == 1024
     assert tuple(result.cell_bytes(stage.index) for stage in result.stages) == cells
     capacity = result.capacity(40 << 30)
@@ -286,7 +388,7 @@ def test_sglang_refuses_an_index_key_width_its_dsa_pool_does_not_take(width: int
         "index_head_dim",
         (128,),
     )
-    assert plan(model, Deployment(attn_tp=8)).packed  # vLLM takes it
+    assert plan_vllm(model, Deployment(attn_tp=8)).packed  # vLLM takes it
 
 
 def test_the_ride_refuses_the_model_as_atoms_gate_does() -> None:

@@ -82,11 +82,12 @@ def test_text_converts_only_where_text_enters() -> None:
 PLAN = plan(preset("kimi-k3"), Deployment(attn_tp=8))
 
 CALLS: dict[str, typing.Callable[[object], object]] = {
-    "memory_for": lambda v: PLAN.memory_for(v, max_model_len=8192),
-    "memory_for.max_model_len": lambda v: PLAN.memory_for(4, max_model_len=v),
-    "capacity": lambda v: PLAN.capacity(v, max_model_len=8192),
-    "capacity.max_model_len": lambda v: PLAN.capacity(40 << 30, max_model_len=v),
-    "recommend": lambda v: PLAN.recommend(v, 8192),
+    # each value of the wrong type on purpose: the plan refuses what its signature rules out
+    "memory_for": lambda v: PLAN.memory_for(v, max_model_len=8192),  # type: ignore[arg-type]
+    "memory_for.max_model_len": lambda v: PLAN.memory_for(4, max_model_len=v),  # type: ignore[arg-type]
+    "capacity": lambda v: PLAN.capacity(v, max_model_len=8192),  # type: ignore[arg-type]
+    "capacity.max_model_len": lambda v: PLAN.capacity(40 << 30, max_model_len=v),  # type: ignore[arg-type]
+    "recommend": lambda v: PLAN.recommend(v, 8192),  # type: ignore[arg-type]
 }
 
 

@@ -70,23 +70,20 @@ def test_the_seed_first_boot_name_order_is_refused_at_group_0_layer_18_plane_23(
     facts = refused.facts
     # The exact check names the first layer off its plane: layer 0 (attention layer 3) sits on
     # plane 5 + 5 = 10 (draft 0..4, then 11, 15, 19, 23, 27 sort ahead of 3).
-    assert (facts["group"], facts["layer"], facts["found_plane"], facts["expected_plane"]) == (
-        0,
+    assert (facts["group"], facts["position"], facts["found_plane"], facts["plane"]) == (
+        "linear_attention_0",
         0,
         10,
         0,
     )
+    assert (facts["layer"], facts["layer_name"]) == (0, "model.layers.0.self_attn")
+    assert (facts["expected"], facts["actual"]) == (0, 10)
     # ...and every layer that starts outside the image: layers 18..22 of each of the 3 groups.
-    assert (
-        facts["first_outside_group"],
-        facts["first_outside_layer"],
-        facts["first_outside_plane"],
-    ) == (0, 18, 23)
     assert facts["outside_image"] == tuple(
         kda_name(k3_plan, g, j) for g in range(3) for j in range(18, 23)
     )
-    assert facts["num_image_planes"] == 23
-    assert facts["num_kda_layers"] == 69
+    assert "break the rule" in refused.message and "of 69 KDA layers" in refused.message
+    assert "15 start outside the image's 23 planes" in refused.message
     assert "KDA group 0 layer 18 starts on plane 23" in refused.message
     assert "KDA group 0 layer 0 (model.layers.0.self_attn) starts on plane 10" in refused.message
 
@@ -97,10 +94,11 @@ def test_a_kda_layer_on_a_plane_outside_the_image_is_refused(k3_plan: VllmPlan) 
     moved = kda_name(k3_plan, 1, 3)
     views[moved] = views[published[25]]  # a draft layer's plane, not in the image
     refused = refusal(k3_plan, views, published)
-    assert refused.facts["group"] == 1
-    assert refused.facts["layer"] == 3
+    assert refused.facts["group"] == "linear_attention_1"
+    assert refused.facts["position"] == 3
+    assert refused.facts["layer"] == 4 * 3 + 1  # the strided groups: layer 3 of group 1
     assert refused.facts["found_plane"] == 25
-    assert refused.facts["expected_plane"] == 3
+    assert refused.facts["plane"] == 3
     assert refused.facts["outside_image"] == (moved,)
     assert refused.facts["num_misplaced"] == 1
     assert "KDA group 1 layer 3" in refused.message and "plane 25" in refused.message
@@ -112,8 +110,8 @@ def test_permuted_layers_within_a_group_are_refused(k3_plan: VllmPlan) -> None:
     first, second = kda_name(k3_plan, 0, 0), kda_name(k3_plan, 0, 1)
     views[first], views[second] = views[second], views[first]
     refused = refusal(k3_plan, views, published)
-    assert (refused.facts["group"], refused.facts["layer"]) == (0, 0)
-    assert (refused.facts["found_plane"], refused.facts["expected_plane"]) == (1, 0)
+    assert (refused.facts["group"], refused.facts["position"]) == ("linear_attention_0", 0)
+    assert (refused.facts["found_plane"], refused.facts["plane"]) == (1, 0)
     assert refused.facts["num_misplaced"] == 2
     assert refused.facts["outside_image"] == ()  # a loose check passes this layout
 
@@ -126,8 +124,8 @@ def test_layers_swapped_between_two_groups_are_refused(k3_plan: VllmPlan) -> Non
     a, b = kda_name(k3_plan, 0, 2), kda_name(k3_plan, 2, 7)
     views[a], views[b] = views[b], views[a]
     refused = refusal(k3_plan, views, published)
-    assert (refused.facts["group"], refused.facts["layer"]) == (0, 2)
-    assert (refused.facts["found_plane"], refused.facts["expected_plane"]) == (7, 2)
+    assert (refused.facts["group"], refused.facts["position"]) == ("linear_attention_0", 2)
+    assert (refused.facts["found_plane"], refused.facts["plane"]) == (7, 2)
     problems = aliasing_problems(k3_plan, views, published)
     assert [(p.unit, p.layer, p.found_plane, p.expected_plane) for p in problems] == [
         (0, 2, 7, 2),
@@ -143,8 +141,8 @@ def test_a_group_aliasing_a_shifted_run_of_planes_is_refused(k3_plan: VllmPlan) 
     for j in range(23):
         views[kda_name(k3_plan, 1, j)] = views[published[j + 1]]
     refused = refusal(k3_plan, views, published)
-    assert (refused.facts["group"], refused.facts["layer"], refused.facts["found_plane"]) == (
-        1,
+    assert (refused.facts["group"], refused.facts["position"], refused.facts["found_plane"]) == (
+        "linear_attention_1",
         0,
         1,
     )
@@ -164,12 +162,8 @@ def test_a_stride_that_is_not_the_page_is_refused(k3_plan: VllmPlan) -> None:
     )
     refused = refusal(k3_plan, views, published)
     assert refused.facts["misplaced_by"] == "stride"
-    assert (refused.facts["group"], refused.facts["layer"]) == (2, 4)
-    assert (refused.facts["found_plane"], refused.facts["expected_plane"]) == (4, 4)
-    assert (refused.facts["block_stride_bytes"], refused.facts["page_bytes"]) == (
-        832_512,
-        884_736,
-    )
+    assert (refused.facts["group"], refused.facts["position"]) == ("linear_attention_2", 4)
+    assert (refused.facts["found_plane"], refused.facts["plane"]) == (4, 4)
     assert "strides by 832512 B, not the page (884736 B)" in refused.message
 
 
@@ -185,7 +179,7 @@ def test_a_state_inside_its_plane_but_not_at_its_start_is_refused(k3_plan: VllmP
     )
     refused = refusal(k3_plan, views, published)
     assert refused.facts["misplaced_by"] == "offset"
-    assert (refused.facts["found_plane"], refused.facts["expected_plane"]) == (9, 9)
+    assert (refused.facts["found_plane"], refused.facts["plane"]) == (9, 9)
 
 
 def test_a_state_on_no_published_plane_is_refused(k3_plan: VllmPlan) -> None:
@@ -225,10 +219,18 @@ def test_an_attention_plane_with_another_stride_is_refused(k3_plan: VllmPlan) ->
     )
     refused = refusal(k3_plan, views, published)
     assert refused.facts == {
-        "attention_layer": published[28],
+        "check": "check_aliasing",
+        "field": "block_stride_bytes",
+        "stage": 0,
+        "layer": 92,  # published last: the target's last attention layer (not aliased)
+        "layer_name": published[28],
+        "group": "full_attention",
+        "position": 23,
         "plane": 28,
-        "block_stride_bytes": 73_728,
-        "page_bytes": 884_736,
+        "part": None,
+        "block": None,
+        "expected": 884_736,
+        "actual": 73_728,
     }
 
 
@@ -238,7 +240,10 @@ def test_missing_views_are_refused_by_name(k3_plan: VllmPlan) -> None:
     with pytest.raises(Refusal) as refused:
         check_aliasing(k3_plan, views, plane_order(k3_plan).order)
     assert refused.value.code == "layer_names"
-    assert refused.value.facts == {"stage": 0, "missing": ("model.layers.0.self_attn",)}
+    facts = refused.value.facts
+    assert (facts["check"], facts["field"], facts["stage"]) == ("check_aliasing", "names", 0)
+    assert facts["missing"] == ("model.layers.0.self_attn",)
+    assert facts["layer_name"] == "model.layers.0.self_attn"
 
 
 def test_plane_bases_must_match_the_planes(k3_plan: VllmPlan) -> None:
@@ -276,12 +281,18 @@ def test_matching_on_addresses_refuses_a_state_on_no_attention_plane(k3_plan: Vl
         plane_order(k3_plan, views=views)
     assert refused.value.code == "aliasing"
     assert refused.value.facts == {
+        "check": "plane_order",
+        "field": "plane",
         "stage": 0,
-        "group": "linear_attention_0",
-        "layer": 4,
+        "layer": 16,  # layer 4 of the strided group 0: module layer 4 x 4
         "layer_name": name,
-        "base_address": 7,
-        "expected_attention_layer": "model.layers.19.self_attn.attn",  # 4 x 4 + 3
+        "group": "linear_attention_0",
+        "position": 4,
+        "plane": 4,
+        "part": None,
+        "block": None,
+        "expected": "model.layers.19.self_attn.attn",  # 4 x 4 + 3
+        "actual": None,
     }
 
 
@@ -291,5 +302,6 @@ def test_matching_on_addresses_refuses_two_positions_on_one_plane(k3_plan: VllmP
     with pytest.raises(Refusal) as refused:
         plane_order(k3_plan, views=views)
     assert refused.value.code == "aliasing"
-    assert (refused.value.facts["layer"], refused.value.facts["other_layer"]) == (1, 0)
-    assert refused.value.facts["attention_layer"] == "model.layers.3.self_attn.attn"
+    facts = refused.value.facts
+    assert (facts["position"], facts["other_layer"]) == (1, kda_name(k3_plan, 0, 0))
+    assert facts["actual"] == "model.layers.3.self_attn.attn"

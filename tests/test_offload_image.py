@@ -144,12 +144,18 @@ def test_a_stage_whose_kda_group_outgrows_its_attention_planes_is_refused(
         checkpoint_image(p, stage=0)
     assert refused.value.code == "aliasing"
     assert refused.value.facts == {
+        "check": "plane_order",
+        "field": "planes",
         "stage": 0,
+        "layer": first.group("linear_attention_0").layers[attention],
+        "layer_name": None,
         "group": "linear_attention_0",
-        "layer": attention,
-        "module_layer": first.group("linear_attention_0").layers[attention],
+        "position": attention,
         "plane": attention,
-        "num_attention_planes": attention,
+        "part": None,
+        "block": None,
+        "expected": attention + 1,  # attention planes the stage would need
+        "actual": attention,
     }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from k3layout import (
@@ -15,6 +17,7 @@ from k3layout import (
     plan_parent,
     plan_vllm,
 )
+from k3layout.constants import INT64_MAX, MAX_LISTED_ITEMS, MAX_PROMPT_TOKENS
 from k3layout.offload import RideOptions, RidePlan, plan_ride
 
 K3_BLOCK = 128 * 12  # 128 x ceil(832,512 / (128 x 576)): the block that holds one state
@@ -111,6 +114,55 @@ def test_store_boundaries_are_the_chunk_multiples_stored(k3_dspark: HybridModel)
     assert ride.store_boundaries(5000) == (1536, 3072, 4608)
     assert ride.store_boundaries(5000, start_tokens=3072) == (4608,)
     assert ride.store_boundaries(1535) == ()
+
+
+@pytest.mark.parametrize("num_tokens", [10**18, 2**40, INT64_MAX])
+def test_a_store_of_more_boundaries_than_are_listed_is_refused_naming_the_bound(
+    k3_dspark: HybridModel, num_tokens: int
+) -> None:
+    ride = plan_ride(k3_plan(k3_dspark))
+    start = time.perf_counter()
+    with pytest.raises(Refusal) as caught:
+        ride.store_boundaries(num_tokens)
+    assert time.perf_counter() - start < 1.0  # refused by arithmetic, not by running out
+    # the last token count under the bound: MAX_LISTED_ITEMS chunk boundaries from token 0
+    bound = (1 + MAX_LISTED_ITEMS) * K3_BLOCK - 1
+    assert caught.value.code == "size_limit"
+    assert caught.value.facts == {
+        "field": "num_tokens",
+        "bound": bound,
+        "start_tokens": 0,
+        "chunk_tokens": K3_BLOCK,
+        "max_boundaries": MAX_LISTED_ITEMS,
+    }
+
+
+def test_the_store_bound_counts_boundaries_from_the_start(k3_dspark: HybridModel) -> None:
+    ride = plan_ride(k3_plan(k3_dspark))
+    start = 10**18  # a huge start with a short store lists its few boundaries
+    first = (start // K3_BLOCK + 1) * K3_BLOCK
+    assert ride.store_boundaries(first + K3_BLOCK, start) == (first, first + K3_BLOCK)
+    with pytest.raises(Refusal) as caught:
+        ride.store_boundaries(INT64_MAX, start)
+    assert caught.value.facts["bound"] == first + MAX_LISTED_ITEMS * K3_BLOCK - 1
+    # the bound is exact: at it, MAX_LISTED_ITEMS boundaries; one chunk more is refused
+    bound = (1 + MAX_LISTED_ITEMS) * K3_BLOCK - 1
+    assert len(ride.store_boundaries(bound)) == MAX_LISTED_ITEMS
+    with pytest.raises(Refusal):
+        ride.store_boundaries(bound + 1)
+
+
+def test_a_chunk_beyond_a_requests_tokens_is_refused_by_the_options() -> None:
+    for chunk in (10**18, MAX_PROMPT_TOKENS + 1):
+        with pytest.raises(Refusal) as caught:
+            RideOptions(chunk_tokens=chunk)
+        assert caught.value.code == "size_limit"
+        assert caught.value.facts == {
+            "record": "RideOptions",
+            "field": "chunk_tokens",
+            "bound": MAX_PROMPT_TOKENS,
+        }
+    assert RideOptions(chunk_tokens=MAX_PROMPT_TOKENS).chunk_tokens == MAX_PROMPT_TOKENS
 
 
 def test_negative_token_counts_are_refused(k3_dspark: HybridModel) -> None:

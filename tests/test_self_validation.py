@@ -28,6 +28,7 @@ from k3layout import (
     Binding,
     CheckpointImage,
     Deployment,
+    EngineLayout,
     HybridModel,
     ParentPlan,
     PlaneOrder,
@@ -71,7 +72,7 @@ def refused(action: Callable[[], object], code: str, field: str | None = None) -
     return refusal
 
 
-def tampered(result: VllmPlan | ParentPlan, edit: Callable[[dict[str, Any]], None]) -> str:
+def tampered(result: EngineLayout, edit: Callable[[dict[str, Any]], None]) -> str:
     """The plan's JSON with ``edit`` applied to its data."""
     data = json.loads(result.model_dump_json())
     edit(data)

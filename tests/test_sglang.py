@@ -33,6 +33,7 @@ from k3layout.engines.sglang import (
     plan_sglang,
 )
 from k3layout.engines.sglang.pools import pool_tensors
+from k3layout.errors import check_facts_violations
 from k3layout.layouts.invariants import plan_invariant_violations
 
 GIB = 1 << 30
@@ -252,12 +253,38 @@ def test_byte_ranges_sit_inside_the_pool_tensor_that_holds_each_part() -> None:
 
 
 class FakeTensor:
-    """What the bridge reads of a tensor: dtype, shape, stride() (contiguous unless given)."""
+    """What the bridge reads of a tensor: dtype, shape, stride() (contiguous unless given),
+    and where its bytes are: its own allocation, 1 MiB apart from every other (unless an
+    address and a storage offset are given)."""
 
-    def __init__(self, dtype: str, shape: tuple[int, ...], strides: tuple[int, ...] | None = None):
+    allocated = 0
+
+    def __init__(
+        self,
+        dtype: str,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...] | None = None,
+        *,
+        address: int | None = None,
+        offset: int = 0,
+    ):
         self.dtype = f"torch.{dtype}"
         self.shape = shape
         self._strides = strides
+        self._offset = offset
+        if address is None:
+            FakeTensor.allocated += 1 << 40  # far apart: no two fakes share a byte
+            address = FakeTensor.allocated
+        self._address = address
+
+    def element_size(self) -> int:
+        return {"uint8": 1, "bfloat16": 2, "float32": 4}[self.dtype.removeprefix("torch.")]
+
+    def storage_offset(self) -> int:
+        return self._offset
+
+    def data_ptr(self) -> int:
+        return self._address + self._offset * self.element_size()
 
     def stride(self) -> tuple[int, ...]:
         if self._strides is not None:
@@ -292,26 +319,95 @@ def test_check_pools_passes_sglangs_own_layout_and_blames_the_layer_of_a_wrong_t
     assert check_pools(p, req, tok) is p
     tok.full_kv_pool.kv_buffer[2] = FakeTensor("bfloat16", (65, 1, MLA_ROW))
     caught = refused(lambda: check_pools(p, req, tok))
-    assert (caught.code, caught.facts["layer"], caught.facts["field"]) == (
-        "plan_mismatch",
-        11,  # the third MLA layer
-        "kv_buffer[2] dtype",
-    )
+    assert check_facts_violations(caught.facts) == []
+    assert caught.code == "plan_mismatch"
+    assert caught.facts == {
+        "check": "check_pools",
+        "field": "dtype",
+        "stage": 0,
+        "layer": 11,  # the third MLA layer
+        "layer_name": "kv_buffer[2]",
+        "group": "full_attention",
+        "position": 2,
+        "plane": None,
+        "part": "kv_buffer",
+        "block": None,
+        "expected": "uint8",
+        "actual": "bfloat16",
+    }
     req, tok = pools_of(p)
     del tok.full_kv_pool.kv_buffer[-1]
-    assert refused(lambda: check_pools(p, req, tok)).facts["layer"] == 92
+    caught = refused(lambda: check_pools(p, req, tok))
+    assert (caught.facts["layer"], caught.facts["field"]) == (92, "count")
+    assert (caught.facts["expected"], caught.facts["actual"]) == (24, 23)
     req, tok = pools_of(p)
     req.mamba_pool.mamba_cache.temporal = FakeTensor("bfloat16", (69, 12, 12, 128, 128))
-    assert refused(lambda: check_pools(p, req, tok)).facts["field"] == "temporal dtype"
+    caught = refused(lambda: check_pools(p, req, tok))
+    assert (caught.facts["layer_name"], caught.facts["field"]) == ("temporal", "dtype")
     req, tok = pools_of(p)
     conv = req.mamba_pool.mamba_cache.conv[0]
     req.mamba_pool.mamba_cache.conv = [FakeTensor("bfloat16", conv.shape, (1, *conv.stride()[1:]))]
-    assert refused(lambda: check_pools(p, req, tok)).facts["field"] == "conv[0] strides"
+    caught = refused(lambda: check_pools(p, req, tok))
+    assert (caught.facts["layer_name"], caught.facts["field"]) == ("conv[0]", "strides")
     req, tok = pools_of(sglang(attn_tp=4))  # a pool built for another TP
-    assert refused(lambda: check_pools(p, req, tok)).facts["field"] == "conv[0] shape"
+    caught = refused(lambda: check_pools(p, req, tok))
+    assert (caught.facts["layer_name"], caught.facts["field"]) == ("conv[0]", "shape")
+    assert caught.facts["expected"] == (69, 12, 3, 3 * 96 * 128 // 8)
     req, tok = pools_of(p)
     req.mamba_pool.mamba_layer_ids = list(p.model.kda_layer_ids[1:])
-    assert refused(lambda: check_pools(p, req, tok)).facts["layer"] == 0
+    caught = refused(lambda: check_pools(p, req, tok))
+    assert (caught.facts["layer"], caught.facts["field"]) == (0, "layers")
+
+
+def test_check_pools_refuses_one_tensor_bound_to_two_mla_layers() -> None:
+    """kv_buffer[0] passed twice: every shape, dtype and stride is right, and two MLA layers
+    (3 and 7) would write the same KV. Refused as an overlap, naming the later layer."""
+    p = sglang(attn_tp=8)
+    req, tok = pools_of(p)
+    tok.full_kv_pool.kv_buffer[1] = tok.full_kv_pool.kv_buffer[0]
+    caught = refused(lambda: check_pools(p, req, tok))
+    assert check_facts_violations(caught.facts) == []
+    assert (caught.facts["field"], caught.facts["layer"], caught.facts["layer_name"]) == (
+        "overlap",
+        7,
+        "kv_buffer[1]",
+    )
+    assert caught.facts["other_layer"] == "kv_buffer[0]"
+    assert caught.facts["actual"] == 65 * MLA_ROW  # every byte shared
+    assert "would write the same bytes" in str(caught)
+
+
+def test_check_pools_refuses_pools_that_overlap_or_start_inside_another_allocation() -> None:
+    p = sglang(attn_tp=8)
+    req, tok = pools_of(p)
+    first = tok.full_kv_pool.kv_buffer[0]
+    # kv_buffer[5] laid over the last row of kv_buffer[0]
+    overlapping = FakeTensor("uint8", first.shape, address=first.data_ptr() + 64 * MLA_ROW)
+    tok.full_kv_pool.kv_buffer[5] = overlapping
+    caught = refused(lambda: check_pools(p, req, tok))
+    assert (caught.facts["field"], caught.facts["layer_name"], caught.facts["actual"]) == (
+        "overlap",
+        "kv_buffer[5]",
+        MLA_ROW,
+    )
+    req, tok = pools_of(p)
+    temporal = req.mamba_pool.mamba_cache.temporal
+    # the state cut 16 floats into a storage of its own: not where SGLang's allocation starts
+    req.mamba_pool.mamba_cache.temporal = FakeTensor("float32", temporal.shape, offset=16)
+    caught = refused(lambda: check_pools(p, req, tok))
+    assert (caught.facts["field"], caught.facts["expected"], caught.facts["actual"]) == (
+        "offset_bytes",
+        0,
+        64,
+    )
+    # the conv state and the recurrent state in one storage, the second over the first
+    req, tok = pools_of(p)
+    conv = req.mamba_pool.mamba_cache.conv[0]
+    req.mamba_pool.mamba_cache.temporal = FakeTensor(
+        "float32", temporal.shape, address=conv.data_ptr()
+    )
+    caught = refused(lambda: check_pools(p, req, tok))
+    assert (caught.facts["field"], caught.facts["other_layer"]) == ("overlap", "conv[0]")
 
 
 def test_the_bridge_reads_sglangs_server_args_and_model_config() -> None:

@@ -22,6 +22,7 @@ from k3layout import (
     VllmPlan,
     load_plan,
     plan,
+    plan_vllm,
     rank_sizes,
 )
 from k3layout._frozen import (
@@ -215,9 +216,9 @@ def test_planning_again_returns_the_plan_made_and_equals_a_first_plan(engine: st
 
 def test_an_equal_model_built_anew_or_another_deployment_is_planned_anew() -> None:
     model = _k3_model()
-    base = plan(model, Deployment(attn_tp=8))
-    assert plan(_k3_model(), Deployment(attn_tp=8)) is not base
-    other = plan(model, Deployment(attn_tp=8, kv_dtype="bf16"))
+    base = plan_vllm(model, Deployment(attn_tp=8))
+    assert plan_vllm(_k3_model(), Deployment(attn_tp=8)) is not base
+    other = plan_vllm(model, Deployment(attn_tp=8, kv_dtype="bf16"))
     assert other is not base and other.block_tokens * 2 == base.block_tokens
 
 

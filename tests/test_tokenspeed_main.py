@@ -12,7 +12,18 @@ import json
 
 import pytest
 
-from k3layout import Deployment, HybridModel, ParentPlan, Refusal, load_plan, plan, preset
+from k3layout import (
+    Deployment,
+    HybridModel,
+    ParentPlan,
+    Refusal,
+    load_plan,
+    plan,
+    plan_sglang,
+    plan_tokenspeed,
+    plan_vllm,
+    preset,
+)
 from k3layout.engines.tokenspeed import REVISION, REVISION_NAME
 from k3layout.engines.tokenspeed.capacity import (
     activation_dtype,
@@ -211,3 +222,31 @@ def test_the_replay_commit_needs_both_the_vendor_and_the_activation_dtype() -> N
     assert not MAIN.replays_verify("nvidia", "float32")
     assert not MAIN.replays_verify("amd", "bfloat16")
     assert not any(PR1152.replays_verify(v, "bfloat16") for v in ("nvidia", "amd"))
+
+
+@pytest.mark.parametrize("revision", ["pr1152", "main"])
+def test_state_groups_longer_than_the_attention_layers_are_refused_as_the_recipe_does(
+    revision: str,
+) -> None:
+    """The recipe's check_layout (both revisions): one plane per MLA layer plus one per draft
+    layer. One MLA layer, a one-layer MLA draft and 33 KDA layers (3 state groups of 11) would
+    lay out 11 planes for 2 attention layers: refused, and vLLM and SGLang plan it."""
+    k3 = preset("kimi-k3")
+    mla, kda = k3.layers[3], k3.layers[0]
+    model = HybridModel(
+        name="long-state",
+        model_type="kimi_linear",
+        layers=(mla, *(kda,) * 33),
+        draft_layers=(mla,),
+        drafter="dspark",
+    )
+    with pytest.raises(Refusal) as refused:
+        plan_tokenspeed(model, Deployment(engine="tokenspeed", engine_version=revision, attn_tp=8))
+    assert refused.value.code == "layout_unsupported"
+    assert (refused.value.facts["num_planes"], refused.value.facts["expected_planes"]) == (
+        33 // 3,
+        1 + 1,
+    )
+    assert "Kimi-K3 LCM requires one target plane per MLA layer" in str(refused.value)
+    plan_vllm(model, Deployment(attn_tp=8, spec_tokens=1))  # the hint's engines plan it
+    plan_sglang(model, Deployment(engine="sglang", attn_tp=8))

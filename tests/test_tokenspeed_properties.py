@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k3layout import Deployment, ParentPlan, Refusal, load_plan, plan, preset
+from k3layout import Deployment, ParentPlan, Refusal, load_plan, plan, plan_tokenspeed, preset
 from k3layout.engines.tokenspeed.releases import TOKENSPEED_VERSIONS
 
 K3_TPS = [tp for tp in range(1, 97) if 96 % tp == 0]
@@ -249,7 +249,7 @@ def test_the_draft_cache_dtype_is_an_engine_rule() -> None:
     # tokenspeed #1152 keeps the draft bf16; vLLM and SGLang keep the target's dtype
     assert Deployment(engine="tokenspeed").draft_cache_dtype == "bf16"
     assert Deployment(engine="vllm").draft_cache_dtype == "fp8"
-    followed = plan(dspark, Deployment(engine="tokenspeed", attn_tp=8, draft_kv_dtype="fp8"))
+    followed = plan_tokenspeed(dspark, Deployment(attn_tp=8, draft_kv_dtype="fp8"))
     assert set(followed.plane_sizes) == {884_736}
     for engine in ("vllm", "sglang"):
         with pytest.raises(Refusal) as caught:

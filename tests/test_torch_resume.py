@@ -175,8 +175,8 @@ def test_planes_published_in_name_order_resume_wrong_and_validation_refuses_them
     assert refused.value.code == "aliasing"
     facts = refused.value.facts
     # KDA layer 0 of group 0 rides layer 3's plane, published third (plane 2) instead of first
-    assert (facts["group"], facts["layer"], facts["found_plane"], facts["expected_plane"]) == (
-        0,
+    assert (facts["group"], facts["position"], facts["found_plane"], facts["plane"]) == (
+        "linear_attention_0",
         0,
         2,
         0,

@@ -53,13 +53,33 @@ def recut(cache: Allocation, name: str, plane: int, shift: int = 0) -> tuple[tor
     return tuple(cut(moved, part) for part in cache.spec.layer(name).parts)
 
 
-def where(name: str, group: str, position: int, plane: int | None = None) -> dict[str, object]:
-    """The facts every layer refusal carries."""
+def where(
+    name: str,
+    group: str,
+    position: int,
+    plane: int | None = None,
+    *,
+    field: str,
+    expected: object,
+    actual: object,
+    part: str | None = None,
+    block: int | None = None,
+) -> dict[str, object]:
+    """The facts a layer's refusal carries, in the checks' one schema (CheckFacts): the
+    module layer is read off the name (``model.layers.<i>...``)."""
     return {
+        "check": "validate",
+        "field": field,
+        "stage": 0,
+        "layer": int(name.split(".")[2]),
         "layer_name": name,
         "group": group,
         "position": position,
         "plane": position if plane is None else plane,
+        "part": part,
+        "block": block,
+        "expected": expected,
+        "actual": actual,
     }
 
 
@@ -84,11 +104,22 @@ def test_a_missing_and_an_extra_layer_are_named(k3_plan: VllmPlan, cache: Alloca
     registered["model.layers.99.self_attn"] = torch.zeros(1)
     refused = refusal(lambda: validate(k3_plan, registered))
     assert refused.code == "tensor_mismatch"
-    assert refused.facts == {
-        "stage": 0,
-        "missing": ("model.layers.5.self_attn",),
-        "extra": ("model.layers.99.self_attn",),
-    }
+    facts = refused.facts
+    assert (facts["field"], facts["missing"], facts["extra"]) == (
+        "names",
+        ("model.layers.5.self_attn",),
+        ("model.layers.99.self_attn",),
+    )
+    # the first missing layer, named as every layer refusal names one: module layer 5 is layer
+    # 1 of KDA group 1 (the groups are strided: 1, 5, 9, ...)
+    assert (facts["layer"], facts["layer_name"], facts["group"], facts["position"]) == (
+        5,
+        "model.layers.5.self_attn",
+        "linear_attention_1",
+        1,
+    )
+    assert facts["expected"] == cache.spec.names
+    assert isinstance(facts["actual"], tuple) and "model.layers.99.self_attn" in facts["actual"]
 
 
 def test_a_kda_layer_needs_its_two_tensors(k3_plan: VllmPlan, cache: Allocation) -> None:
@@ -98,16 +129,16 @@ def test_a_kda_layer_needs_its_two_tensors(k3_plan: VllmPlan, cache: Allocation)
     refused = refusal(lambda: validate(k3_plan, registered))
     assert refused.code == "tensor_mismatch"
     # module layer 4 is layer 1 of KDA group 0 (the groups are strided: 0, 4, 8, ...)
-    assert refused.facts == {
-        **where("model.layers.4.self_attn", "linear_attention_0", 1),
-        "num_tensors": 1,
-        "expected_tensors": 2,
-    }
+    assert refused.facts == where(
+        "model.layers.4.self_attn", "linear_attention_0", 1, field="count", expected=2, actual=1
+    )
     # the old three-part conv state: four tensors where the plan has (conv, recurrent)
     registered["model.layers.4.self_attn"] = (conv, conv, conv, state)
-    assert refusal(lambda: validate(k3_plan, registered)).facts["num_tensors"] == 4
+    assert refusal(lambda: validate(k3_plan, registered)).facts["actual"] == 4
     registered["model.layers.4.self_attn"] = ("conv", "state")  # type: ignore[assignment]
-    assert refusal(lambda: validate(k3_plan, registered)).facts["type"] == "tuple"
+    refused = refusal(lambda: validate(k3_plan, registered))
+    assert (refused.facts["field"], refused.facts["actual"]) == ("type", "tuple")
+    assert "(conv, recurrent)" in str(refused)  # the parts the plan cuts, not four
 
 
 def test_a_dtype_that_is_not_the_plans(k3_plan: VllmPlan, cache: Allocation) -> None:
@@ -117,12 +148,15 @@ def test_a_dtype_that_is_not_the_plans(k3_plan: VllmPlan, cache: Allocation) -> 
     registered["model.layers.7.self_attn.attn"] = latent.view(torch.uint8)  # fp8 bytes as uint8
     refused = refusal(lambda: validate(k3_plan, registered))
     assert refused.code == "tensor_mismatch"
-    assert refused.facts == {
-        **where("model.layers.7.self_attn.attn", "full_attention", 1),
-        "part": "latent",
-        "dtype": "torch.uint8",
-        "expected_dtype": "torch.float8_e4m3fn",
-    }
+    assert refused.facts == where(
+        "model.layers.7.self_attn.attn",
+        "full_attention",
+        1,
+        field="dtype",
+        part="latent",
+        expected="torch.float8_e4m3fn",
+        actual="torch.uint8",
+    )
 
 
 def test_a_conv_state_in_the_other_layout_is_a_shape_mismatch(
@@ -134,16 +168,19 @@ def test_a_conv_state_in_the_other_layout_is_a_shape_mismatch(
     refused = refusal(lambda: validate(k3_plan, ds.registered))
     assert refused.code == "tensor_mismatch"
     rows, channels = 4 - 1 + 2, 3 * 96 // 8 * 128  # one tensor: q|k|v channels
-    assert refused.facts == {
-        **where("model.layers.0.self_attn", "linear_attention_0", 0),
-        "part": "conv",
-        "shape": (1, channels, rows),
-        "expected_shape": (1, rows, channels),
-    }
+    assert refused.facts == where(
+        "model.layers.0.self_attn",
+        "linear_attention_0",
+        0,
+        field="shape",
+        part="conv",
+        expected=(1, rows, channels),
+        actual=(1, channels, rows),
+    )
     validate(ds_plan, ds.registered)
     # ...and SD views where the plan is DS, the other way round
     refused = refusal(lambda: validate(ds_plan, cache.registered))
-    assert (refused.facts["shape"], refused.facts["expected_shape"]) == (
+    assert (refused.facts["actual"], refused.facts["expected"]) == (
         (1, rows, channels),
         (1, channels, rows),
     )
@@ -158,12 +195,15 @@ def test_a_wrong_stride_is_refused(k3_plan: VllmPlan) -> None:
     refused = refusal(lambda: validate(k3_plan, registered))
     assert refused.code == "tensor_mismatch"
     page = 1536 * 576
-    assert refused.facts == {
-        **where("model.layers.8.self_attn", "linear_attention_0", 2),
-        "part": "recurrent",
-        "strides": (96 // 8 * 128 * 128, 128 * 128, 128, 1),
-        "expected_strides": (page // 4, 128 * 128, 128, 1),
-    }
+    assert refused.facts == where(
+        "model.layers.8.self_attn",
+        "linear_attention_0",
+        2,
+        field="strides",
+        part="recurrent",
+        expected=(page // 4, 128 * 128, 128, 1),
+        actual=(96 // 8 * 128 * 128, 128 * 128, 128, 1),
+    )
 
 
 def test_a_kda_layer_cut_from_the_wrong_plane_names_both_planes(
@@ -173,12 +213,19 @@ def test_a_kda_layer_cut_from_the_wrong_plane_names_both_planes(
     registered["model.layers.5.self_attn"] = recut(cache, "model.layers.5.self_attn", plane=2)
     refused = refusal(lambda: validate(k3_plan, registered))
     assert refused.code == "aliasing"
+    span = cache.spec.plane_span_bytes  # one block of 884,736 B per plane
     assert refused.facts == {
-        **where("model.layers.5.self_attn", "linear_attention_1", 1),
-        "part": "conv",
+        **where(
+            "model.layers.5.self_attn",
+            "linear_attention_1",
+            1,
+            field="offset_bytes",
+            part="conv",
+            block=0,
+            expected=1 * span,
+            actual=2 * span,
+        ),
         "found_plane": 2,
-        "offset_bytes": 0,
-        "expected_offset_bytes": 0,
     }
     assert "plane 2" in str(refused) and "plane 1" in str(refused)
 
@@ -188,7 +235,9 @@ def test_a_state_shifted_inside_its_plane_is_refused(k3_plan: VllmPlan, cache: A
     registered["model.layers.6.self_attn"] = recut(cache, "model.layers.6.self_attn", 1, shift=64)
     refused = refusal(lambda: validate(k3_plan, registered))
     assert refused.code == "aliasing"
-    assert (refused.facts["found_plane"], refused.facts["offset_bytes"]) == (1, 64)
+    span = cache.spec.plane_span_bytes
+    assert (refused.facts["found_plane"], refused.facts["actual"]) == (1, span + 64)
+    assert refused.facts["expected"] == span
 
 
 def test_permuted_layers_of_a_group_are_refused_at_the_first(
@@ -202,6 +251,10 @@ def test_permuted_layers_of_a_group_are_refused_at_the_first(
     assert refused.code == "aliasing"
     assert refused.facts["layer_name"] == "model.layers.6.self_attn"
     assert (refused.facts["plane"], refused.facts["found_plane"]) == (1, 2)
+    # a permutation of layers across planes is named as one, both layers it moves
+    assert refused.facts["field"] == "layer_order"
+    assert refused.facts["moved"] == ("model.layers.6.self_attn", "model.layers.10.self_attn")
+    assert "another order" in str(refused)
 
 
 def test_swapped_groups_are_refused_against_the_engines_groups(
@@ -213,15 +266,14 @@ def test_swapped_groups_are_refused_against_the_engines_groups(
     groups[0], groups[1] = groups[1], groups[0]
     refused = refusal(lambda: validate(k3_plan, cache.registered, groups=groups))
     assert refused.code == "aliasing"
-    assert refused.facts == {
-        "stage": 0,
-        "group": "linear_attention_0",
-        "group_index": 0,
-        "position": 0,
-        "plane": 0,
-        "found": "model.layers.1.self_attn",
-        "expected": "model.layers.0.self_attn",
-    }
+    assert refused.facts == where(
+        "model.layers.0.self_attn",
+        "linear_attention_0",
+        0,
+        field="groups",
+        expected="model.layers.0.self_attn",
+        actual="model.layers.1.self_attn",
+    )
 
 
 def test_two_attention_layers_on_one_plane_are_refused(
@@ -233,11 +285,17 @@ def test_two_attention_layers_on_one_plane_are_refused(
     assert refused.code == "aliasing"
     # plane 1's KDA layers say where it is: layer 7 is named, found on plane 0
     assert refused.facts == {
-        **where("model.layers.7.self_attn.attn", "full_attention", 1),
-        "part": "latent",
+        **where(
+            "model.layers.7.self_attn.attn",
+            "full_attention",
+            1,
+            field="offset_bytes",
+            part="latent",
+            block=0,
+            expected=cache.spec.plane_span_bytes,
+            actual=0,
+        ),
         "found_plane": 0,
-        "offset_bytes": 0,
-        "expected_offset_bytes": 0,
     }
 
 
@@ -250,8 +308,8 @@ def test_planes_published_in_name_order_are_refused_by_the_rides_check(
     refused = refusal(lambda: validate(k3_plan, cache.registered, published=published))
     assert refused.code == "aliasing"
     facts = refused.facts
-    assert (facts["group"], facts["layer"], facts["found_plane"], facts["expected_plane"]) == (
-        0,
+    assert (facts["group"], facts["position"], facts["found_plane"], facts["plane"]) == (
+        "linear_attention_0",
         0,
         10,
         0,
@@ -272,7 +330,8 @@ def test_a_stage_whose_state_cannot_ride_validates_without_a_publish_order() -> 
         )
     )
     assert refused.code == "aliasing"
-    assert (refused.facts["layer"], refused.facts["num_attention_planes"]) == (2, 2)
+    facts = refused.facts
+    assert (facts["position"], facts["expected"], facts["actual"]) == (2, 3, 2)
 
 
 def test_the_parent_arena_validates_and_refuses_a_misplaced_state() -> None:
@@ -314,10 +373,18 @@ def test_a_key_that_is_not_a_layer_name_is_refused_by_name(
     registered[7] = registered.pop("model.layers.7.self_attn.attn")
     registered[None] = registered.pop("model.layers.11.self_attn.attn")
     refused = refusal(lambda: validate(k3_plan, registered))  # type: ignore[arg-type]
-    assert (refused.code, refused.facts) == ("tensor_mismatch", {"key": "7", "type": "int"})
+    assert refused.code == "tensor_mismatch"
+    facts = refused.facts
+    assert (facts["field"], facts["layer_name"], facts["expected"], facts["actual"]) == (
+        "names",
+        "7",
+        "str",
+        "int",
+    )
     assert "7" in str(refused)
     refused = refusal(lambda: validate(k3_plan, list(cache.registered)))  # type: ignore[arg-type]
-    assert (refused.code, refused.facts) == ("invalid_argument", {"type": "list"})
+    assert refused.code == "invalid_argument"
+    assert (refused.facts["field"], refused.facts["actual"]) == ("type", "list")
 
 
 def per_plane_registration(p: VllmPlan) -> tuple[Allocation, Registered]:
@@ -344,20 +411,32 @@ CORRUPTION_PLANS = {
 }
 
 
-@pytest.mark.parametrize("layout", ["one backing", "a tensor per plane"])
+def test_a_tensor_per_plane_is_refused_for_its_first_layer_off_the_backing() -> None:
+    """The plan's byte ranges count from the start of one backing per rank (what vLLM and
+    tokenspeed allocate, and what the ride, the images and transfers read): planes cut from
+    tensors of their own are refused, naming the first layer off the backing most layers
+    view (module layer 4: layer 1 of KDA group 0, on plane 1)."""
+    p = plan_vllm(preset("kimi-linear-48b"), Deployment(attn_tp=8))
+    _, registered = per_plane_registration(p)
+    refused = refusal(partial(validate, p, registered))
+    assert refused.code == "aliasing"
+    facts = refused.facts
+    assert (facts["field"], facts["layer_name"], facts["plane"]) == (
+        "storage",
+        "model.layers.4.self_attn",
+        1,
+    )
+    assert (facts["expected"], facts["actual"]) == (1, 7)  # one backing; seven planes
+
+
 @pytest.mark.parametrize("case", sorted(CORRUPTION_PLANS))
-def test_a_corrupted_layer_is_the_layer_the_refusal_names(case: str, layout: str) -> None:
+def test_a_corrupted_layer_is_the_layer_the_refusal_names(case: str) -> None:
     """Each layer in turn, shifted inside its plane or cut from the next plane: the refusal
     names it, never the attention layer or the KDA riders sharing its plane."""
     model, deployment = CORRUPTION_PLANS[case]
     p = plan_vllm(preset(model), deployment)
-    if layout == "one backing":
-        cache = allocate(p, num_blocks=2)
-        registered: Registered = dict(cache.registered)
-    else:
-        if case != "kimi-linear-48b TP8":
-            pytest.skip("a plane of one layer, on its own tensor, has no other layer to agree")
-        cache, registered = per_plane_registration(p)
+    cache = allocate(p, num_blocks=2)
+    registered: Registered = dict(cache.registered)
     validate(p, registered)
     spec = cache.spec
     for layer in spec.layers:
@@ -382,7 +461,7 @@ def test_a_first_layer_of_another_block_count_is_the_one_named(k3_plan: VllmPlan
     refused = refusal(lambda: validate(k3_plan, registered))
     assert refused.code == "tensor_mismatch"
     assert refused.facts["layer_name"] == "model.layers.0.self_attn"
-    shape, expected = refused.facts["shape"], refused.facts["expected_shape"]
+    shape, expected = refused.facts["actual"], refused.facts["expected"]
     assert isinstance(shape, tuple) and isinstance(expected, tuple)
     assert (shape[0], expected[0]) == (2, 1)
 

@@ -95,9 +95,9 @@ def _check_packed_views(result: VllmPlan, num_blocks: int) -> None:
 
 def test_bad_arguments_are_refused() -> None:
     parent = plan(preset("kimi-k3"), Deployment(engine="tokenspeed", attn_tp=8))
-    for args in ((parent, 4), (plan(preset("kimi-k3"), Deployment()), 0)):
+    for args in ((parent, 4), (plan_vllm(preset("kimi-k3"), Deployment()), 0)):
         try:
-            vllm_bound_views(*args)
+            vllm_bound_views(*args)  # a tokenspeed plan, refused
         except Refusal as refused:
             assert refused.code == "invalid_argument"
         else:

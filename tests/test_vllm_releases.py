@@ -20,6 +20,7 @@ from k3layout import (
     memory_budget,
     model_from_config,
     plan,
+    plan_vllm,
     preset,
     weights_per_rank,
 )
@@ -133,11 +134,11 @@ def test_the_switch_is_a_serve_flag(switch: bool, flag: str) -> None:
 @pytest.mark.parametrize(("release", "block"), [("0.33.0", 16), ("0.34.0", 64)])
 def test_a_kda_only_stage_keeps_the_releases_default_block(release: str, block: int) -> None:
     linear = preset("kimi-linear-48b")
-    p = plan(linear, Deployment(pp=2, pp_partition=(3, 24), engine_version=release))
+    p = plan_vllm(linear, Deployment(pp=2, pp_partition=(3, 24), engine_version=release))
     stage0 = [g for g in p.groups if set(g.layers) <= {0, 1, 2}]
     assert stage0 and {p.span_tokens(g) for g in stage0} == {block}
     # the page and the groups do not change (the notes: 10 groups, block 3,840)
-    other = plan(linear, Deployment(pp=2, pp_partition=(3, 24)))
+    other = plan_vllm(linear, Deployment(pp=2, pp_partition=(3, 24)))
     assert (p.page_bytes, len(p.groups), p.block_tokens) == (
         other.page_bytes,
         len(other.groups),
@@ -163,7 +164,8 @@ def test_kimi_linear_mtp_is_refused_with_the_releases_reason(
         plan(linear, Deployment(spec_tokens=1, engine_version=release))
     assert caught.value.code == "draft_unsupported" and why in caught.value.message
     assert caught.value.facts["engine_version"] == release
-    assert plan(linear, Deployment(spec_tokens=1, speculative_method="ngram")).block_tokens > 0
+    ngram = Deployment(spec_tokens=1, speculative_method="ngram")
+    assert plan_vllm(linear, ngram).block_tokens > 0
 
 
 # --- GLM-5.3-Flash's KDA short convolutions --------------------------------------------------

@@ -10,7 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from k3layout import Deployment, HybridModel, KDALayer, MLALayer, Refusal, load_config, plan, preset
+from k3layout import (
+    Deployment,
+    HybridModel,
+    KDALayer,
+    MLALayer,
+    Refusal,
+    load_config,
+    plan,
+    plan_vllm,
+    preset,
+)
 from k3layout.engines.vllm.releases import RELEASES, VLLM_VERSIONS
 from k3layout.engines.vllm.replay import (
     STEPS,
@@ -304,7 +314,7 @@ def test_flashinfer_without_replayssm_plans_as_triton(release: str, name: str) -
             continue  # refused for its pipeline, whatever the backend
         triton = Deployment(engine_version=release, attn_tp=8, pp=pp, spec_tokens=spec_tokens)
         flashinfer = triton.model_copy(update={"mamba_backend": "flashinfer"})
-        ours, theirs = plan(preset(name), flashinfer), plan(preset(name), triton)
+        ours, theirs = plan_vllm(preset(name), flashinfer), plan_vllm(preset(name), triton)
         assert ours.deployment.mamba_backend == "flashinfer"
         assert (ours.block_tokens, ours.page_bytes) == (theirs.block_tokens, theirs.page_bytes)
         assert ours.block_bytes == theirs.block_bytes
@@ -334,7 +344,7 @@ def test_flashinfer_replayssm_aligns_the_state_where_the_release_raises_the_bloc
     assert state_alignment(flashinfer) == alignment
     assert state_alignment(triton) == 1
     assert state_alignment(Deployment(**common, mamba_backend="flashinfer")) == 1
-    planned = plan(model, flashinfer)
+    planned = plan_vllm(model, flashinfer)
     assert planned.sizes.state_bytes == 4092
     assert aligned_state_bytes(planned.sizes, 16) == 4112
     # vLLM 0.34's MambaSpec of these shapes (run): 4092 B, 4112 B at state_alignment 16
@@ -342,7 +352,7 @@ def test_flashinfer_replayssm_aligns_the_state_where_the_release_raises_the_bloc
         {"0.33.0": (128, 4096), "0.34.0": (256, 8192)}[release]
     )
     if release == "0.34.0":  # Triton's ReplaySSM (0.33 refuses it here) keeps the state as is
-        assert plan(model, triton).block_tokens == 128
+        assert plan_vllm(model, triton).block_tokens == 128
 
 
 def test_every_kda_state_of_the_presets_is_already_aligned() -> None:
@@ -353,8 +363,8 @@ def test_every_kda_state_of_the_presets_is_already_aligned() -> None:
         linear = Deployment(**common, attn_tp=attn_tp)
         flashinfer = linear.model_copy(update={"mamba_backend": "flashinfer"})
         ours, theirs = (
-            plan(preset("kimi-linear-48b"), flashinfer),
-            plan(preset("kimi-linear-48b"), linear),
+            plan_vllm(preset("kimi-linear-48b"), flashinfer),
+            plan_vllm(preset("kimi-linear-48b"), linear),
         )
         assert aligned_state_bytes(ours.sizes, 16) == ours.sizes.state_bytes
         assert (ours.block_tokens, ours.page_bytes) == (theirs.block_tokens, theirs.page_bytes)

@@ -1,19 +1,23 @@
-"""vLLM 0.33's rules in the planner: attention backends' kernel blocks, the block raise on
-them, block-outermost layouts, the cache dtypes its dense MLA backends take, and refusals
-of vLLM settings on the tokenspeed engine. ``tests/conformance`` runs vLLM itself on the same."""
+"""vLLM's rules in the planner (0.33.0 and 0.34.0): attention backends' kernel blocks, the block
+raise on them, block-outermost layouts, the cache dtypes its dense MLA backends take, a sparse
+backend named for MLA without an indexer, the pages shared planes keep, and refusals of vLLM
+settings on the tokenspeed engine. ``tests/conformance`` runs vLLM itself on the same."""
 
 from __future__ import annotations
 
 import pytest
 
 from k3layout import Deployment, HybridModel, MLALayer, Refusal, plan, plan_vllm, preset
+from k3layout.engines.vllm.report import VllmReport
 from k3layout.engines.vllm.rules import (
-    ATTENTION_BACKENDS,
+    DENSE_ATTENTION_BACKENDS,
+    SPARSE_ATTENTION_BACKENDS,
     aligned_block_tokens,
     kernel_block_tokens,
     preferred_block_tokens,
     smallest_kernel_block,
 )
+from k3layout.layouts.report import report
 
 K3_TP8_STATE = 3 * 4608 * 2 + 12 * 128 * 128 * 4  # conv (K-1 rows x q|k|v bf16) + fp32 state
 
@@ -29,14 +33,14 @@ def runs(backend: str, **fields: object) -> Deployment:
 
 
 def test_kernel_blocks_are_each_backends_own() -> None:
-    assert {b: smallest_kernel_block(b) for b in ATTENTION_BACKENDS} == {
+    assert {b: smallest_kernel_block(b) for b in DENSE_ATTENTION_BACKENDS} == {
         "FLASHMLA": 64,
         "CUTLASS_MLA": 128,
         "FLASHINFER_MLA": 32,
         "TRITON_MLA": 16,
         "FLASH_ATTN_MLA": 16,
     }
-    assert [kernel_block_tokens(b, 1536) for b in ATTENTION_BACKENDS] == [
+    assert [kernel_block_tokens(b, 1536) for b in DENSE_ATTENTION_BACKENDS] == [
         64,
         128,
         64,
@@ -44,11 +48,26 @@ def test_kernel_blocks_are_each_backends_own() -> None:
         1536,
     ]
     # vLLM 0.33's default block is 16 and 0.34's 64: a backend that takes it keeps it
-    assert [preferred_block_tokens(b, 16) for b in ATTENTION_BACKENDS] == [64, 128, 32, 16, 16]
-    assert [preferred_block_tokens(b, 64) for b in ATTENTION_BACKENDS] == [64, 128, 64, 64, 64]
+    assert [preferred_block_tokens(b, 16) for b in DENSE_ATTENTION_BACKENDS] == [
+        64,
+        128,
+        32,
+        16,
+        16,
+    ]
+    assert [preferred_block_tokens(b, 64) for b in DENSE_ATTENTION_BACKENDS] == [
+        64,
+        128,
+        64,
+        64,
+        64,
+    ]
+    # the sparse ones (an indexed layer's): FlashInfer's and FlashMLA's on SM90, FlashInfer's
+    # on SM100
+    assert [smallest_kernel_block(b) for b in SPARSE_ATTENTION_BACKENDS] == [64, 64, 32]
 
 
-@pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
+@pytest.mark.parametrize("backend", DENSE_ATTENTION_BACKENDS)
 def test_every_backend_raises_k3_tp8_to_1536(k3: HybridModel, backend: str) -> None:
     p = plan_vllm(k3, runs(backend, attn_tp=8))
     per_token = 576 if p.deployment.kv_dtype == "fp8" else 1152
@@ -146,6 +165,35 @@ def test_a_backend_runs_only_on_the_gpus_vllms_selector_takes_it_on(k3: HybridMo
         ("mi355x", "fp8"): "TRITON_MLA",
         ("mi355x", "bf16"): "TRITON_MLA",
     }
+
+
+@pytest.mark.parametrize("backend", SPARSE_ATTENTION_BACKENDS)
+def test_a_sparse_backend_is_refused_for_mla_without_an_indexer(
+    k3: HybridModel, backend: str
+) -> None:
+    """vLLM's selector says ``non-sparse not supported`` (on every GPU and cache dtype)."""
+    for gpu, dtype in (("h200", "bf16"), ("b200", "fp8"), ("h200", "fp8_ds_mla")):
+        deployment = Deployment.model_validate(
+            {"attention_backend": backend, "gpu": gpu, "kv_dtype": dtype, "attn_tp": 8}
+        )
+        with pytest.raises(Refusal) as refused:
+            plan(k3, deployment)
+        assert refused.value.code == "kernel_unsupported"
+        assert refused.value.facts == {"attention_backend": backend, "field": "attention_backend"}
+        assert "FLASHMLA" in (refused.value.hint or "")  # a dense backend
+
+
+def test_shared_planes_keep_one_page_size(k3_dspark: HybridModel) -> None:
+    """Every layer's page on shared planes is the attention page, the KDA state padded to it:
+    the plan reports it once per group kind, with the parts it holds."""
+    p = plan_vllm(k3_dspark, Deployment(attn_tp=8, spec_tokens=2))
+    page = 1536 * 576  # the raised block x the fp8 latent row
+    assert [(x.kind, x.parts, x.page_bytes) for x in p.pages] == [
+        ("kda", ("conv", "recurrent"), page),
+        ("attention", ("latent",), page),
+    ]
+    written = report(p)
+    assert isinstance(written, VllmReport) and written.pages == p.pages
 
 
 def test_vllms_dense_mla_backends_refuse_fp8_ds_mla(k3: HybridModel) -> None:
@@ -272,12 +320,12 @@ def test_a_method_the_model_has_no_draft_for_is_refused_naming_both(
 
 def test_ngram_builds_no_draft_and_the_model_drafter_is_the_default() -> None:
     dspark = preset("kimi-k3-dspark")
-    ngram = plan(dspark, Deployment(attn_tp=8, spec_tokens=2, speculative_method="ngram"))
-    target = plan(dspark.without_draft(), Deployment(attn_tp=8, spec_tokens=2))
+    ngram = plan_vllm(dspark, Deployment(attn_tp=8, spec_tokens=2, speculative_method="ngram"))
+    target = plan_vllm(dspark.without_draft(), Deployment(attn_tp=8, spec_tokens=2))
     assert ngram.model == dspark.without_draft()
     assert (ngram.block_tokens, ngram.num_planes) == (target.block_tokens, target.num_planes)
-    named = plan(dspark, Deployment(attn_tp=8, spec_tokens=2, speculative_method="dspark"))
-    default = plan(dspark, Deployment(attn_tp=8, spec_tokens=2))
+    named = plan_vllm(dspark, Deployment(attn_tp=8, spec_tokens=2, speculative_method="dspark"))
+    default = plan_vllm(dspark, Deployment(attn_tp=8, spec_tokens=2))
     assert (named.num_planes, named.page_bytes) == (default.num_planes, default.page_bytes)
     assert named.num_planes > ngram.num_planes  # the draft's MLA layers join the planes
 

@@ -111,4 +111,5 @@ def small_plans(
     except Refusal:
         assume(False)
         raise
+    assert isinstance(result, VllmPlan | ParentPlan)  # the engines drawn
     return result, draw(st.integers(0, pp - 1))

@@ -122,8 +122,9 @@ def add_deployment_options(parser: argparse.ArgumentParser, *, engine: bool = Tr
         "--attention-backend",
         choices=ATTENTION_BACKENDS,
         default=None,
-        help="vLLM's MLA attention backend (its kernel blocks shape the block; vllm); "
-        "default: the one vLLM picks on --gpu for the cache dtype",
+        help="vLLM's MLA attention backend (its kernel blocks shape the block; vllm): a dense "
+        "one for an MLA layer without an indexer (Kimi-K3), a *_SPARSE one for an indexed "
+        "layer (GLM-5.3-Flash); default: the one vLLM picks on --gpu for the cache dtype",
     )
     parser.add_argument(
         "--kv-cache-layout",

@@ -5,6 +5,7 @@
 - :mod:`.tokenspeed`: tokenspeed's parent-block packing (``engine="tokenspeed"``);
 - :mod:`.sglang`: SGLang 0.5.23's token pool and state pool, capacity, P/D and bridge.
 
-A bridge reads the engine's objects by their attributes and never imports the engine. A new
-engine is a new package here: the registry finds it.
+A bridge reads the engine's objects by their attributes and never imports the engine. Each is
+declared under the ``k3layout.engines`` entry points (``pyproject.toml``), which the registry
+reads: a new engine is a package, here or in another distribution, that declares itself there.
 """

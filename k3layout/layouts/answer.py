@@ -25,12 +25,14 @@ from typing import Protocol
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from .._args import expect_int, expect_positive
+from .._display import Displayed
 from .._frozen import Frozen
 from .._search import last_holding, unless_too_small
 from ..constants import INT64_MAX, MAX_KV_MEMORY_BYTES, MAX_PROMPT_TOKENS
 from ..deployment import Deployment
 from ..errors import Refusal
 from ..limits import check_bound, check_range
+from ..memory.records import GIB
 from ..model import HybridModel
 from ..sizes import RankSizes
 from .groups import Group, Stage
@@ -52,8 +54,9 @@ class EngineLayout(Protocol):
     def stages(self) -> tuple[Stage, ...]: ...
 
 
-class RequestCapacity(Frozen):
-    """What a KV budget per rank holds, in the fields every engine answers."""
+class RequestCapacity(Displayed, Frozen):
+    """What a KV budget per rank holds, in the fields every engine answers (shown in one line,
+    or as a table of :meth:`rows`: :mod:`k3layout._display`)."""
 
     kv_memory_bytes: NonNegativeInt = Field(
         description="KV-cache memory per rank (every rank of every pipeline stage has it)"
@@ -83,6 +86,19 @@ class RequestCapacity(Frozen):
     def rows(self) -> list[tuple[str, str]]:
         """The capacity as (label, value) rows: each engine's own figures, then the answer."""
         return self.answer_rows()
+
+    def display_head(self) -> str:
+        """``2 requests of 1,048,576 tokens in 40.00 GiB per rank, KDA share 0.003, waste
+        0.182``: the answer every engine gives."""
+        return (
+            f"{self.max_requests:,} requests of {self.max_model_len:,} tokens in "
+            f"{self.kv_memory_bytes / GIB:,.2f} GiB per rank, KDA share {self.kda_share:.3f}, "
+            f"waste {self.waste_fraction:.3f}"
+        )
+
+    def display_rows(self) -> list[tuple[str, str]]:
+        """The table: :meth:`rows`."""
+        return self.rows()
 
     def answer_rows(self) -> list[tuple[str, str]]:
         """The common fields as (label, value) rows, each saying what it counts."""

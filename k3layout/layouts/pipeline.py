@@ -15,10 +15,8 @@ from pydantic import BeforeValidator, SerializeAsAny, TypeAdapter
 from .._args import expect_args
 from .._derivation import deriving
 from .._divisors import divisors_near
-from .._validation import validate_json
 from ..deployment import Deployment, EngineFlavour
 from ..errors import Refusal
-from ..limits import checked_bytes
 from ..model import HybridModel
 from ..registry import canonical_name
 from ..sizes import rank_sizes
@@ -58,22 +56,33 @@ def check_parallelism(model: HybridModel, deployment: Deployment) -> None:
         )
 
 
-def plan(model: HybridModel, deployment: Deployment) -> Any:
-    """Plan ``model``'s KV cache under ``deployment`` for ``deployment.engine``.
+def plan(
+    model: HybridModel, deployment: Deployment, *, engine: EngineFlavour | None = None
+) -> EngineLayout:
+    """Plan ``model``'s KV cache under ``deployment`` for ``deployment.engine``, or for
+    ``engine`` where given (the same deployment for that engine: :func:`with_engine`).
 
-    Typed ``Any`` for the engine's own plan type (``VllmPlan``, ``ParentPlan``,
-    ``SglangPlan``): which one follows from the deployment's ``engine`` at run time; each
-    engine package has a ``plan_<engine>`` typed by its plan.
-
-    Returns a frozen, JSON-serialisable plan, or raises :class:`~k3layout.Refusal`.
+    Returns a frozen, JSON-serialisable plan of the engine's own type (``VllmPlan``,
+    ``ParentPlan``, ``SglangPlan``), or raises :class:`~k3layout.Refusal`. A type checker
+    sees the :class:`~k3layout.EngineLayout` protocol, what every engine's plan answers; with
+    ``engine="vllm"`` (``"tokenspeed"``, ``"sglang"``) it sees that engine's plan type, as
+    ``k3layout``'s own signature says (the core names no engine), and so does
+    ``plan_<engine>``.
 
     >>> from k3layout import Deployment, plan, preset
-    >>> p = plan(preset("kimi-k3-dspark"), Deployment(attn_tp=8, spec_tokens=2))
+    >>> p = plan(preset("kimi-k3-dspark"), Deployment(attn_tp=8, spec_tokens=2), engine="vllm")
     >>> p.block_tokens, p.page_bytes, p.num_planes, p.block_bytes
     (1536, 884736, 29, 25657344)
     """
-    expect_args(("model", model, HybridModel), ("deployment", deployment, Deployment))
-    return run_pipeline(model, deployment, rules_for(deployment.engine))
+    expect_args(
+        ("model", model, HybridModel),
+        ("deployment", deployment, Deployment),
+        ("engine", engine, (str, type(None))),
+    )
+    if engine is not None:
+        deployment = with_engine(deployment, engine)
+    result: EngineLayout = run_pipeline(model, deployment, rules_for(deployment.engine))
+    return result
 
 
 PLANS_KEPT = 256
@@ -147,12 +156,3 @@ def with_engine(deployment: Deployment, engine: EngineFlavour) -> Deployment:
     fields = {name: getattr(deployment, name) for name in Deployment.model_fields}
     # a release is one engine's: the other engine plans for its own newest
     return Deployment.model_validate({**fields, "engine": engine, "engine_version": None})
-
-
-def load_plan(data: str | bytes) -> Any:
-    """A plan back from its JSON (``plan.model_dump_json()``), re-planned from its own model and
-    deployment: a stored number the planner would not give is refused (``plan_mismatch``);
-    bad JSON, a bad field or byte counts beyond int64 are refused naming the field."""
-    expect_args(("data", data, (str, bytes, bytearray)))
-    loaded = validate_json(PLAN_ADAPTER, data, "plan")
-    return checked_bytes(loaded, "block_bytes", "parent_bytes")

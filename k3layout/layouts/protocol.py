@@ -9,11 +9,12 @@ the per-rank cache specs (:attr:`LayoutBase.sizes`) derived from the model.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from pydantic import NonNegativeInt
 
 from .._args import expect, expect_int
+from .._display import Displayed
 from .._validation import describe
 from ..cache import LayerCacheSpec, PartRange
 from ..deployment import Deployment, EngineFlavour
@@ -21,9 +22,11 @@ from ..errors import Refusal
 from ..memory import MemoryBudget
 from ..model import HybridModel
 from ..sizes import RankSizes, rank_sizes
-from .answer import least_memory
+from .answer import RequestCapacity, least_memory
+from .display import plan_head, plan_rows
 from .groups import Group, GroupedLayout, GroupKind, PlaneMember, Stage, stage_at
 from .memory import memory_budget
+from .recommendation import Recommendation
 
 
 class ByteRange(PartRange):
@@ -35,8 +38,9 @@ class ByteRange(PartRange):
     block: NonNegativeInt
 
 
-class LayoutBase(GroupedLayout):
-    """The fields and answers both engine layouts share."""
+class LayoutBase(Displayed, GroupedLayout):
+    """The fields and answers every engine layout shares, and its short views (``repr``, a
+    notebook's HTML table, rich's table: :mod:`k3layout.layouts.display`)."""
 
     engine: str
     model: HybridModel
@@ -53,6 +57,22 @@ class LayoutBase(GroupedLayout):
     def stage(self, index: int) -> Stage:
         """Pipeline stage ``index`` (refuses an index that is not a stage)."""
         return stage_at(self.stages, index)
+
+    def display_head(self) -> str:
+        """The one-line view: the inputs and the engine's unit of allocation."""
+        return plan_head(self)
+
+    def display_rows(self) -> list[tuple[str, str]]:
+        """The table: the inputs, the engine's summary and the groups."""
+        return plan_rows(self)
+
+    def summary(self) -> list[tuple[str, str]]:
+        """The layout's numbers as (label, value) rows (each engine says)."""
+        raise NotImplementedError
+
+    def block_caption(self, num_planes: int) -> str:
+        """The engine's unit of allocation over ``num_planes`` planes, in one line."""
+        raise NotImplementedError
 
     def groups_of(self, kind: GroupKind, stage: int | None = None) -> tuple[Group, ...]:
         """The groups of ``kind`` that hold layers (of the whole model, or of ``stage``)."""
@@ -303,7 +323,12 @@ class EngineLayout(Protocol):
     - ``blocks_in(budget)`` / ``blocks_bytes(n)``: capacity both ways, in the engine's block of
       allocation (vLLM blocks, parents);
     - ``byte_range(layer, part, block, num_blocks)``: where any part of any layer's page lies
-      in a rank's allocation.
+      in a rank's allocation;
+    - ``capacity(budget, max_model_len)``, ``memory()``, ``memory_for(n)``, ``recommend(n)``:
+      what a budget holds, the GPU's budget, the least memory for ``n`` requests, the flags;
+    - ``model_dump_json()``: the plan as JSON (a plan is a frozen record, compared and hashed
+      by value; :func:`~k3layout.save_plan`). :func:`k3layout.plan` returns this type, and
+      ``plan(..., engine=<name>)`` the engine's own plan type.
     """
 
     report_type: ClassVar[type[Any]]
@@ -375,13 +400,20 @@ class EngineLayout(Protocol):
     def capacity_summary(self, budget_bytes: int, max_live: int = 1) -> list[tuple[str, str]]: ...
     def capacity(
         self, kv_memory_bytes: int | None = None, max_model_len: int | None = None
-    ) -> Any: ...
+    ) -> RequestCapacity: ...
     def memory(self) -> MemoryBudget: ...
     def launch_flags(self) -> tuple[tuple[str, str], ...]: ...
     def launch_env(self) -> tuple[tuple[str, str], ...]: ...
     def memory_for(self, requests: int, max_model_len: int | None = None) -> int: ...
     def recommend(
         self, requests: int, max_model_len: int | None = None, kv_memory_bytes: int | None = None
-    ) -> Any: ...
+    ) -> Recommendation: ...
     def group_columns(self) -> dict[str, dict[str, str]]: ...
     def report_fields(self) -> tuple[dict[str, object], str]: ...
+    # A plan is a frozen pydantic record: it compares and hashes by value, and round-trips
+    # through JSON (k3layout.save_plan / load_plan).
+    def model_dump(self, *, mode: Literal["json", "python"] | str = "python") -> dict[str, Any]: ...
+    def model_dump_json(self, *, indent: int | None = None) -> str: ...
+    def display_head(self) -> str: ...
+    def display_rows(self) -> list[tuple[str, str]]: ...
+    def _repr_html_(self) -> str: ...

@@ -2,21 +2,18 @@
 ``requests`` requests of ``max_model_len`` tokens at once.
 
 Each engine recommends in its own CLI's spelling (its plan's ``recommend``); what is shared
-lives here: the :class:`Recommendation` value and the budget rule. Given a KV budget per rank,
-the flags use it, and a budget that cannot hold the workload is refused (``budget_too_small``)
-naming the most requests it holds and the memory the workload needs. Without a budget, the
-recommendation takes the least memory that holds the workload (``memory_for``).
+lives here: the budget rule, and the :class:`Recommendation` value (:mod:`.recommendation`).
+Given a KV budget per rank, the flags use it, and a budget that cannot hold the workload is
+refused (``budget_too_small``) naming the most requests it holds and the memory the workload
+needs. Without a budget, the recommendation takes the least memory that holds the workload
+(``memory_for``).
 """
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 
-from pydantic import Field, NonNegativeInt, PositiveInt, SerializeAsAny
-
 from .._args import expect_args
-from .._frozen import Frozen
 from .._search import last_holding, unless_too_small
 from ..deployment import Deployment
 from ..errors import Refusal
@@ -27,79 +24,20 @@ from .answer import RequestCapacity, check_budget, check_requests
 from .memory import least_budget, memory_budget
 from .pipeline import plan
 from .protocol import EngineLayout
+from .recommendation import DRAFT_PATH, MODEL_PATH, Recommendation
 
-MODEL_PATH = "MODEL"
-"""Where the launch line names the checkpoint (its directory or hub id)."""
-
-DRAFT_PATH = "DRAFT"
-"""Where the launch line names a DSpark draft checkpoint."""
-
-
-class Recommendation(Frozen):
-    """An engine's flags for a workload, the capacity they give and the memory left over."""
-
-    engine: str = Field(description="the engine the flags are for")
-    engine_version: str = Field(description="the engine release the flags are for")
-    requests: PositiveInt = Field(description="requests of max_model_len tokens held at once")
-    max_model_len: PositiveInt = Field(description="tokens of one request")
-    kv_memory_bytes: NonNegativeInt = Field(
-        description="the KV memory per rank the flags give: the given budget, the memory "
-        "flag's, else the least that holds the workload"
-    )
-    needed_bytes: NonNegativeInt = Field(
-        description="the least KV memory per rank that holds the workload with these flags"
-    )
-    unused_bytes: NonNegativeInt = Field(
-        description="kv_memory_bytes - needed_bytes: memory the workload leaves unused"
-    )
-    flags: tuple[tuple[str, str], ...] = Field(
-        description="the engine's own flags, as its command line spells them, with values "
-        "(an empty value: a switch)"
-    )
-    env: tuple[tuple[str, str], ...] = Field(
-        (), description="environment variables the engine reads the deployment's settings from"
-    )
-    launch: str = Field("", description="the command that starts the engine (before the model)")
-    memory: MemoryBudget | None = Field(
-        None,
-        description="the GPU's budget the flags give: weights, the engine's reserve and KV "
-        "(None: the engine's weights are not modelled; the KV budget was given)",
-    )
-    capacity: SerializeAsAny[RequestCapacity] = Field(
-        description="the capacity the flags give in kv_memory_bytes (the engine's own figures "
-        "and the common answer)"
-    )
-
-    @property
-    def command_line(self) -> str:
-        """The flags as a ready command-line fragment (``--max-num-seqs 64 ...``)."""
-        return " ".join(
-            flag if value == "" else f"{flag} {shlex.quote(value)}" for flag, value in self.flags
-        )
-
-    @property
-    def launch_line(self) -> str:
-        """The whole command: environment, the engine's launcher, the checkpoint
-        (:data:`MODEL_PATH`; a draft: :data:`DRAFT_PATH`) and the flags."""
-        env = " ".join(f"{name}={shlex.quote(value)}" for name, value in self.env)
-        return " ".join(part for part in (env, self.launch, self.command_line) if part)
-
-    def rows(self) -> list[tuple[str, str]]:
-        """The recommendation as (label, value) rows, each saying what it counts."""
-        rows = [
-            ("engine", f"{self.engine} {self.engine_version}"),
-            ("workload", f"{self.requests:,} requests x {self.max_model_len:,} tokens"),
-            ("KV memory per rank", gib(self.kv_memory_bytes)),
-            ("least KV memory for the workload", gib(self.needed_bytes)),
-            ("KV memory left unused", gib(self.unused_bytes)),
-        ]
-        if self.memory is not None:
-            rows += [
-                (label, value)
-                for label, value in self.memory.rows()
-                if label != "KV memory per rank"
-            ]
-        return [*rows, *self.capacity.rows()]
+__all__ = [  # the record and the launch line's placeholders, re-exported for the engines
+    "DRAFT_PATH",
+    "MODEL_PATH",
+    "Recommendation",
+    "advise",
+    "budget_for",
+    "check_workload",
+    "gpu_budget",
+    "most_held",
+    "most_served",
+    "recommend",
+]
 
 
 def check_workload(requests: int, kv_memory_bytes: int | None) -> None:

@@ -21,7 +21,7 @@ def check_plan(stored: LayoutBase) -> None:
     """Refuse ``stored`` unless it is ``plan(stored.model, stored.deployment)``, field by field."""
     derived = plan(stored.model, stored.deployment)
     thing = f"{stored.engine} plan of {stored.model.name}"
-    if type(derived) is not type(stored):  # the deployment names another engine
+    if not isinstance(derived, type(stored)):  # the deployment names another engine
         raise Refusal(
             "plan_mismatch",
             f"{thing}: engine is not what the planner derives from the plan's own inputs "

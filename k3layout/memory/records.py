@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, NonNegativeInt, PositiveInt
 
+from .._display import Displayed
 from .._frozen import Frozen
 
 GIB = 1 << 30
@@ -20,7 +21,7 @@ class ReserveTerm(Frozen):
     derivation: str = Field(description="how the figure is derived (or 'given')")
 
 
-class MemoryBudget(Frozen):
+class MemoryBudget(Displayed, Frozen):
     """How an engine turns one GPU into a KV budget (the heaviest pipeline stage's rank).
 
     ``kv_memory_bytes`` is the engine's own rule applied to ``gpu_memory_bytes`` (the total
@@ -65,6 +66,20 @@ class MemoryBudget(Frozen):
         """What the GPU keeps beyond ``used_bytes`` (never negative: a budget over the GPU is
         refused)."""
         return self.gpu_memory_bytes - self.used_bytes
+
+    def display_head(self) -> str:
+        """``vllm on h200, --gpu-memory-utilization 1: weights 22.47 + reserve 4.00 + KV
+        113.35 of 139.80 GiB``: the flag and the sum the budget is."""
+        flag, value = self.memory_flag
+        return (
+            f"{self.engine} on {self.gpu}, {flag} {value}: weights {self.weights_bytes / GIB:,.2f}"
+            f" + reserve {self.reserve_bytes / GIB:,.2f} + KV {self.kv_memory_bytes / GIB:,.2f}"
+            f" of {self.gpu_memory_bytes / GIB:,.2f} GiB"
+        )
+
+    def display_rows(self) -> list[tuple[str, str]]:
+        """The table: :meth:`rows`."""
+        return self.rows()
 
     def rows(self) -> list[tuple[str, str]]:
         """The budget as (label, value) rows, in GiB with the exact bytes."""

@@ -27,12 +27,14 @@ from pydantic import NonNegativeInt
 from .._args import expect_args, expect_bounded_int, expect_items, expect_mapping
 from .._frozen import Frozen
 from ..constants import MAX_RANKS
-from ..errors import Refusal
+from ..errors import CheckName, check_refusal
 from ..layouts import EngineLayout, LayoutBase
 from ..names import LayerNames, engine_layer_names
 from .plane_order import check_permutation, stage_attention_names
 from .stage import image_attention_layers, page_bytes, ridable
 from .views import TensorView, views_of
+
+CHECK: CheckName = "check_aliasing"
 
 MisplacedBy: TypeAlias = Literal["plane", "offset", "outside", "stride", "extent"]
 """How a KDA layer breaks the rule: on another ``plane``; inside its plane at an ``offset``;
@@ -120,29 +122,34 @@ def _problems(
     names = names or engine_layer_names(plan.model)
     names.check_covers(plan.model)
     on_stage = plan.stage(stage)
-    check_permutation(published, stage_attention_names(on_stage, names), stage)
-    image_attention_layers(on_stage)  # every image plane has an attention layer
+    check_permutation(published, stage_attention_names(on_stage, names), stage, CHECK)
+    image_attention_layers(on_stage, CHECK)  # every image plane has an attention layer
     page = page_bytes(plan)
-    planes = views_of(views, published, stage)
+    planes = views_of(views, published, stage, CHECK)
     for index, (name, plane) in enumerate(zip(published, planes, strict=True)):
         if plane.block_stride_bytes != page:
-            raise Refusal(
+            group, position = plan.group_of(names.layer_of(name), stage)
+            raise check_refusal(
                 "aliasing",
                 f"attention layer {name} (plane {index}) strides by "
                 f"{plane.block_stride_bytes} B per block, not the page ({page} B)",
-                facts={
-                    "attention_layer": name,
-                    "plane": index,
-                    "block_stride_bytes": plane.block_stride_bytes,
-                    "page_bytes": page,
-                },
+                check=CHECK,
+                field="block_stride_bytes",
+                stage=stage,
+                expected=page,
+                actual=plane.block_stride_bytes,
+                layer=names.layer_of(name),
+                layer_name=name,
+                group=group.name,
+                position=position,
+                plane=index,
                 hint="register each attention layer as num_blocks x page",
             )
     problems: list[Misplaced] = []
     for unit, group in enumerate(on_stage.groups_of("kda")):
         layer_names = tuple(names.name(layer) for layer in group.layers)
         for j, (module_layer, view) in enumerate(
-            zip(group.layers, views_of(views, layer_names, stage), strict=True)
+            zip(group.layers, views_of(views, layer_names, stage, CHECK), strict=True)
         ):
             found, offset = _locate(view, planes, j)
             by: MisplacedBy | None = None
@@ -222,29 +229,24 @@ def check_aliasing(
             f", {len(outside)} start outside the image's {num_image} planes, "
             f"the first: {outside[0].where}"
         )
-    raise Refusal(
+    raise check_refusal(
         "aliasing",
         message,
-        facts={
-            "stage": stage,
-            "group": first.unit,
-            "group_name": first.group,
-            "layer": first.layer,
-            "module_layer": first.module_layer,
-            "layer_name": first.layer_name,
-            "found_plane": first.found_plane,
-            "expected_plane": first.expected_plane,
-            "misplaced_by": first.by,
-            "block_stride_bytes": first.block_stride_bytes,
-            "page_bytes": page_bytes(plan),
-            "num_misplaced": len(problems),
-            "num_kda_layers": total,
-            "num_image_planes": num_image,
-            "outside_image": tuple(p.layer_name for p in outside),
-            "first_outside_group": outside[0].unit if outside else None,
-            "first_outside_layer": outside[0].layer if outside else None,
-            "first_outside_plane": outside[0].found_plane if outside else None,
-        },
+        check=CHECK,
+        field="plane",
+        stage=stage,
+        expected=first.expected_plane,
+        actual=first.found_plane,
+        layer=first.module_layer,
+        layer_name=first.layer_name,
+        group=first.group,
+        position=first.layer,
+        plane=first.expected_plane,
+        block=0,
+        found_plane=first.found_plane,
+        misplaced_by=first.by,
+        num_misplaced=len(problems),
+        outside_image=tuple(p.layer_name for p in outside),
         hint="publish the aliased attention layers first, in KDA-layer order (plane_order), "
         "and register each KDA layer's state at its plane's start with the page as stride",
     )

@@ -30,8 +30,8 @@ from .._args import expect_args, expect_bounded_int, expect_items, expect_mappin
 from .._derivation import SelfChecked, is_deriving, mismatch
 from .._frozen import Frozen, trusted
 from ..constants import MAX_RANKS
-from ..errors import Refusal
-from ..layouts import EngineLayout, GroupKind, LayoutBase, PlaneMember, Stage
+from ..errors import CheckName, Refusal, check_refusal
+from ..layouts import EngineLayout, Group, GroupKind, LayoutBase, PlaneMember, Stage
 from ..names import LayerNames, engine_layer_names, sorted_names
 from .stage import image_attention_layers, ridable
 from .views import TensorView, views_of
@@ -149,27 +149,64 @@ def stage_attention_names(stage: Stage, names: LayerNames) -> tuple[str, ...]:
     return tuple(every_name[layer] for layer in layers)
 
 
-def check_permutation(given: Sequence[str], expected: Sequence[str], stage: int) -> None:
-    """Refuse (``layer_names``) a publish order that is not the stage's attention layers."""
+def check_permutation(
+    given: Sequence[str], expected: Sequence[str], stage: int, check: CheckName
+) -> None:
+    """Refuse (``layer_names``) a publish order that is not the stage's attention layers,
+    with the facts of ``check``."""
     expected_set, given_set = set(expected), set(given)
     unknown = tuple(name for name in dict.fromkeys(given) if name not in expected_set)
     missing = tuple(name for name in expected if name not in given_set)
     repeated = tuple(sorted(name for name, count in Counter(given).items() if count > 1))
     if unknown or missing or repeated:
-        raise Refusal(
+        raise check_refusal(
             "layer_names",
             f"stage {stage}: the publish order must list each of the {len(expected)} attention "
             f"layers once (unknown {list(unknown)}, missing {list(missing)}, "
             f"repeated {list(repeated)})",
-            facts={
-                "stage": stage,
-                "unknown": unknown,
-                "missing": missing,
-                "repeated": repeated,
-                "num_attention_layers": len(expected),
-            },
+            check=check,
+            field="names",
+            stage=stage,
+            expected=tuple(expected),
+            actual=tuple(given),
+            layer_name=(missing or unknown or repeated)[0],
+            missing=missing,
+            extra=unknown,
+            repeated=repeated,
             hint="publish every attention layer of the stage exactly once, by its engine name",
         )
+
+
+def _rider_refusal(
+    stage: int,
+    rider: Group,
+    j: int,
+    name: str,
+    message: str,
+    *,
+    expected: str,
+    actual: str | None,
+    other_layer: str | None = None,
+) -> Refusal:
+    """KDA layer ``j`` of group ``rider`` does not start on the plane of the attention layer
+    the plan aliases it with (``expected``; ``actual``: the one it starts on, if any)."""
+    return check_refusal(
+        "aliasing",
+        f"stage {stage}: KDA group {rider.name} layer {j} ({name}) {message}",
+        check="plane_order",
+        field="plane",
+        stage=stage,
+        expected=expected,
+        actual=actual,
+        layer=rider.layers[j],
+        layer_name=name,
+        group=rider.name,
+        position=j,
+        plane=j,
+        extra_facts={"other_layer": other_layer} if other_layer else None,
+        hint="register every KDA layer's state on the plane of the attention layer it "
+        "aliases (vLLM's hybrid allocator does): layer j of every group on plane j",
+    )
 
 
 def aliased_by_address(
@@ -182,44 +219,37 @@ def aliased_by_address(
     """For every image plane ``j``, the attention layer that starts where KDA layer ``j`` of the
     first group that has one starts (the planned one when several do); refuses ``aliasing``
     when none does."""
-    attention = views_of(views, given, stage.index)
+    attention = views_of(views, given, stage.index, "plane_order")
     aliased: list[str] = []
     for j, expected in enumerate(planned):
         rider = next(group for group in stage.groups_of("kda") if j < len(group.layers))
         rider_name = names.name(rider.layers[j])
-        base = views_of(views, (rider_name,), stage.index)[0].base_address
+        base = views_of(views, (rider_name,), stage.index, "plane_order")[0].base_address
         matches = [n for n, v in zip(given, attention, strict=True) if v.base_address == base]
         if not matches:
-            raise Refusal(
-                "aliasing",
-                f"stage {stage.index}: KDA group {rider.name} layer {j} ({rider_name}) starts "
-                f"at {base:#x}, where no attention layer starts (expected {expected}'s plane)",
-                facts={
-                    "stage": stage.index,
-                    "group": rider.name,
-                    "layer": j,
-                    "layer_name": rider_name,
-                    "base_address": base,
-                    "expected_attention_layer": expected,
-                },
-                hint="register every KDA layer's state on the plane of the attention layer it "
-                "aliases (vLLM's hybrid allocator does)",
+            raise _rider_refusal(
+                stage.index,
+                rider,
+                j,
+                rider_name,
+                f"starts at {base:#x}, where no attention layer starts (expected {expected}'s "
+                "plane)",
+                expected=expected,
+                actual=None,
             )
         chosen = expected if expected in matches else matches[0]
         if chosen in aliased:
-            raise Refusal(
-                "aliasing",
-                f"stage {stage.index}: KDA group {rider.name} layer {j} ({rider_name}) starts "
-                f"on the plane of {chosen}, which layer {aliased.index(chosen)} already rides",
-                facts={
-                    "stage": stage.index,
-                    "group": rider.name,
-                    "layer": j,
-                    "layer_name": rider_name,
-                    "attention_layer": chosen,
-                    "other_layer": aliased.index(chosen),
-                },
-                hint="give every KDA layer position its own plane (layer j on plane j)",
+            other = aliased.index(chosen)
+            first = next(group for group in stage.groups_of("kda") if other < len(group.layers))
+            raise _rider_refusal(
+                stage.index,
+                rider,
+                j,
+                rider_name,
+                f"starts on the plane of {chosen}, which layer {other} already rides",
+                expected=expected,
+                actual=chosen,
+                other_layer=names.name(first.layers[other]),
             )
         aliased.append(chosen)
     return tuple(aliased)
@@ -312,9 +342,9 @@ def plane_order(
     on_stage = plan.stage(stage)
     registered = stage_attention_names(on_stage, names)
     given = sorted_names(registered) if published is None else tuple(published)
-    check_permutation(given, registered, stage)
+    check_permutation(given, registered, stage, "plane_order")
     every_name = names.names  # covers every module layer (checked above)
-    aliased = tuple(every_name[layer] for layer in image_attention_layers(on_stage))
+    aliased = tuple(every_name[layer] for layer in image_attention_layers(on_stage, "plane_order"))
     if views is not None:
         aliased = aliased_by_address(on_stage, names, given, views, aliased)
     aliased_set = set(aliased)

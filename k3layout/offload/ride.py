@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Final, Literal, TypeAlias
+from typing import Annotated, Final, Literal, TypeAlias
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
@@ -29,7 +29,7 @@ from .._args import expect, expect_args, expect_bounded_int, expect_int, expect_
 from .._derivation import SelfChecked, check_derivation, deriving, is_deriving
 from .._frozen import Frozen, trusted
 from .._validation import describe
-from ..constants import MAX_RANKS
+from ..constants import MAX_LISTED_ITEMS, MAX_PROMPT_TOKENS, MAX_RANKS
 from ..errors import Refusal
 from ..layouts import EngineLayout, GroupKind, LayoutBase, Plan
 from ..limits import check_int64
@@ -52,7 +52,7 @@ class RideOptions(Frozen):
     chunk; the other defaults are the settings the ride needs (vLLM's own defaults differ:
     ``mamba_cache_mode`` follows prefix caching and ``kv_load_failure_policy`` is ``fail``)."""
 
-    chunk_tokens: PositiveInt | None = Field(
+    chunk_tokens: Annotated[int, Field(gt=0, le=MAX_PROMPT_TOKENS)] | None = Field(
         None,
         description="LMCache chunk in tokens, a multiple of every group's span (attention "
         "block x dcp, KDA block); None: the smallest such chunk",
@@ -186,8 +186,28 @@ class RidePlan(SelfChecked):
         multiples in that range (the state after each is stored with its chunk)."""
         _check_tokens("num_tokens", num_tokens)
         _check_tokens("start_tokens", start_tokens)
-        first = start_tokens // self.chunk_tokens * self.chunk_tokens + self.chunk_tokens
-        return tuple(range(first, num_tokens + 1, self.chunk_tokens))
+        chunk = self.chunk_tokens
+        first = start_tokens // chunk + 1  # boundaries counted in chunks
+        # A tuple of every boundary: bounded, so a huge count is refused, not a MemoryError.
+        if num_tokens // chunk - first + 1 > MAX_LISTED_ITEMS:
+            bound = (first + MAX_LISTED_ITEMS) * chunk - 1  # the last token count under it
+            raise Refusal(
+                "size_limit",
+                f"num_tokens={num_tokens:,} is above the bound {bound:,}: a store from "
+                f"start_tokens={start_tokens:,} lists at most {MAX_LISTED_ITEMS:,} boundaries "
+                f"of {chunk:,} tokens",
+                facts={
+                    "field": "num_tokens",
+                    "bound": bound,
+                    "start_tokens": start_tokens,
+                    "chunk_tokens": chunk,
+                    "max_boundaries": MAX_LISTED_ITEMS,
+                },
+                hint=f"store at most {MAX_LISTED_ITEMS * chunk:,} tokens at a time "
+                f"(num_tokens <= {bound:,}), or ask capped_hit / load_destination of one "
+                "token count",
+            )
+        return tuple(range(first * chunk, num_tokens + 1, chunk))
 
 
 def _check_tokens(name: str, tokens: int) -> None:

@@ -9,7 +9,7 @@ state on planes no attention layer publishes, and is refused.
 
 from __future__ import annotations
 
-from ..errors import Refusal
+from ..errors import CheckName, Refusal, check_refusal
 from ..layouts import EngineLayout, Stage
 from ..layouts.protocol import check_planes
 
@@ -48,7 +48,7 @@ def num_image_planes(stage: Stage) -> int:
     return max((len(group.layers) for group in stage.groups_of("kda")), default=0)
 
 
-def image_attention_layers(stage: Stage) -> tuple[int, ...]:
+def image_attention_layers(stage: Stage, check: CheckName = "plane_order") -> tuple[int, ...]:
     """For every image plane ``j``, the module layer of the attention layer that publishes it:
     layer ``j`` of the first attention group that has one.
 
@@ -65,19 +65,20 @@ def image_attention_layers(stage: Stage) -> tuple[int, ...]:
         if owner is None:
             rider = next(group for group in stage.groups_of("kda") if plane < len(group.layers))
             num_attention = max((len(group.layers) for group in attention), default=0)
-            raise Refusal(
+            raise check_refusal(
                 "aliasing",
                 f"stage {stage.index}: KDA group {rider.name} layer {plane} (module layer "
                 f"{rider.layers[plane]}) sits on plane {plane}, which no attention layer of the "
                 f"stage publishes (the stage has {num_attention} attention planes)",
-                facts={
-                    "stage": stage.index,
-                    "group": rider.name,
-                    "layer": plane,
-                    "module_layer": rider.layers[plane],
-                    "plane": plane,
-                    "num_attention_planes": num_attention,
-                },
+                check=check,
+                field="planes",
+                stage=stage.index,
+                expected=plane + 1,
+                actual=num_attention,
+                layer=rider.layers[plane],
+                group=rider.name,
+                position=plane,
+                plane=plane,
                 hint="split the pipeline so that every stage holds at least as many attention "
                 "layers as its longest KDA group (Kimi-K3 at pp=1 does)",
             )

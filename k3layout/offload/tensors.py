@@ -299,9 +299,10 @@ def cache_spec(
         raise Refusal(
             "engine_mismatch",
             f"engine={plan.engine} keeps its pools in tensors of their own; the adapter lays "
-            "out planes shared by groups in one backing per rank (vllm, parent)",
+            "out planes shared by groups in one backing per rank (vllm, tokenspeed)",
             facts={"engine": plan.engine},
-            hint="describe SGLang's pools with k3layout.engines.sglang.pools.pool_tensors",
+            hint="check the pools such an engine allocated with its bridge (SGLang: "
+            "k3layout.engines.sglang.check_pools; their tensors: pools.pool_tensors)",
         )
     names = names or engine_layer_names(plan.model)
     names.check_covers(plan.model)

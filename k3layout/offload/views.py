@@ -15,7 +15,7 @@ from pydantic import NonNegativeInt
 from .._args import expect_args, expect_bounded_int, expect_items
 from .._frozen import Frozen
 from ..constants import INT64_MAX, MAX_RANKS
-from ..errors import Refusal
+from ..errors import CheckName, Refusal, check_refusal
 from ..layouts import EngineLayout, LayoutBase
 from ..names import LayerNames, engine_layer_names
 from .stage import page_bytes, ridable
@@ -87,16 +87,23 @@ def vllm_views(
 
 
 def views_of(
-    views: Mapping[str, TensorView], wanted: Sequence[str], stage: int
+    views: Mapping[str, TensorView], wanted: Sequence[str], stage: int, check: CheckName
 ) -> tuple[TensorView, ...]:
-    """The views of ``wanted`` layers, refusing (``layer_names``) the ones not given."""
+    """The views of ``wanted`` layers, refusing (``layer_names``) the ones not given, with
+    the facts of ``check``."""
     missing = tuple(name for name in wanted if name not in views)
     if missing:
-        raise Refusal(
+        raise check_refusal(
             "layer_names",
             f"stage {stage}: no tensor view for {len(missing)} layers ({', '.join(missing[:4])}"
             f"{', ...' if len(missing) > 4 else ''})",
-            facts={"stage": stage, "missing": missing},
+            check=check,
+            field="names",
+            stage=stage,
+            expected=tuple(wanted),
+            actual=tuple(name for name in wanted if name in views),
+            layer_name=missing[0],
+            missing=missing,
             hint="pass a view for every attention and KDA layer of the stage, by engine name",
         )
     return tuple(views[name] for name in wanted)

@@ -1,30 +1,32 @@
 """Validate the tensors an engine registered against the plan, before anything runs.
 
 Per registered name the engine hands one tensor (an attention layer, a DSA index region) or a
-KDA layer's tuple ``(conv_q, conv_k, conv_v, recurrent)``. :func:`validate` reads each tensor's
-address (``data_ptr``), strides and sizes and checks, in order:
+KDA layer's tuple ``(conv, recurrent)`` (the registered dict: the adapter's parts, under ATOM's
+names by default), or the one view vLLM binds per layer (vLLM's bound dict, under vLLM's
+names: a raw ``int8`` KDA page, MLA kernel blocks; recognised by its names and cut into the
+same parts). :func:`validate` reads each tensor's storage, storage offset, strides and sizes
+(:mod:`.placement`) and checks, in order:
 
 1. the names: every layer of the stage, no other (``tensor_mismatch``, naming both lists);
 2. the engine's KV-cache groups, when given: the plan's groups, in order (``aliasing``);
 3. every tensor: count, dtype, shape and strides as the plan cuts them (``tensor_mismatch``);
-4. every address: each layer at its plane's base plus its part's offset, planes disjoint
-   (``aliasing``). A plane's base is where most layers say it is, so the refusal names the
-   layer that is wrong, never the layers that agree with the plan: on one backing (vLLM
-   0.33, the parent arena) plane ``j`` starts ``j`` plane spans after the start most layers
-   agree on; on a tensor per plane, where most of the plane's layers agree;
+4. every address: every part views the rank's one backing and starts at the plan's
+   ``byte_range`` from its start (``aliasing``). Planes, or layers across planes, in another
+   order are named as that (the order and the first layers it moves); a layer off alone is
+   named by itself, never the layers that agree with the plan;
 5. ``vllm``: the ride's aliasing check on the publish order (``aliasing``): KDA layer ``j`` of
    every group starts at published plane ``j`` (:func:`~k3layout.offload.check_aliasing`).
 
-Every refusal names the layer, its group and its plane. The result, a :class:`LiveLayout`, is
-what the image and transfer helpers take as proof the layout was checked.
+Every refusal carries the checks' one facts schema (:class:`~k3layout.errors.CheckFacts`):
+the module layer, its group's name, its position and plane, the part, expected and actual.
+The result, a :class:`LiveLayout`, is what the image and transfer helpers take as proof the
+layout was checked.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from itertools import pairwise
-from typing import Literal
+from collections.abc import Sequence
 
 import torch
 from pydantic import NonNegativeInt
@@ -34,13 +36,22 @@ from .._frozen import Frozen
 from ..engines.vllm import BoundView, VllmPlan, vllm_bound_views
 from ..engines.vllm.caches import check_bound_views
 from ..engines.vllm.packed import packed_cache_part
-from ..errors import Fact, Refusal
+from ..errors import Refusal
 from ..layouts import EngineLayout, LayoutBase, Plan
 from ..offload import LayerNames, TensorView, check_aliasing, engine_layer_names, plane_order
 from ..offload.stage import num_image_planes, ridable
 from ._checks import expect_registered, tensor_parts
-from .allocation import TORCH_DTYPES, Registered, _cut, _plane_view
-from .specs import CacheSpec, LayerSpec, PartSpec, cache_spec
+from .allocation import Registered, _cut, _plane_view
+from .placement import (
+    Parts,
+    check_addresses,
+    check_groups,
+    check_keys,
+    check_names,
+    check_part,
+    layer_tensors,
+)
+from .specs import CacheSpec, LayerSpec, cache_spec
 
 
 class LiveLayout(Frozen):
@@ -101,23 +112,6 @@ def _tensor_view(parts: tuple[torch.Tensor, ...]) -> TensorView:
     )
 
 
-def _refuse(
-    code: Literal["aliasing", "tensor_mismatch"],
-    layer: LayerSpec,
-    message: str,
-    hint: str,
-    **facts: Fact,
-) -> Refusal:
-    """A refusal naming ``layer``: its name, group, position in the group and plane."""
-    where: dict[str, Fact] = {
-        "layer_name": layer.name,
-        "group": layer.group,
-        "position": layer.position,
-        "plane": layer.plane,
-    }
-    return Refusal(code, f"{layer.where}: {message}", facts={**where, **facts}, hint=hint)
-
-
 def _binds_as_vllm(plan: VllmPlan, registered: Registered, stage: int) -> bool:
     """Whether ``registered`` is vLLM's own binding (its names, one view per layer) rather
     than the adapter's parts under the default names: whichever names it shares more of."""
@@ -143,7 +137,7 @@ def _from_vllm_binding(
         if name in probe and isinstance(value, torch.Tensor) and value.dim() > 0
     )
     num_blocks = max(counts.most_common(1)[0][0], 1) if counts else 1
-    bound = check_bound_views(plan, registered, num_blocks, stage)
+    bound = check_bound_views(plan, registered, num_blocks, stage, check="validate")
     spec = cache_spec(plan, num_blocks, stage=stage, names=names)
     bound_names = _bound_names(plan, spec, bound)
     parts: dict[str, tuple[torch.Tensor, ...]] = {}
@@ -207,80 +201,6 @@ def layer_parts(layout: LiveLayout, registered: Registered, name: str) -> tuple[
     return _cut_parts(layout.spec, layer, value)
 
 
-def _check_keys(registered: object) -> None:
-    """A mapping keyed by layer names: anything else is refused before a name is compared."""
-    if not isinstance(registered, Mapping):
-        raise Refusal(
-            "invalid_argument",
-            f"registered is a {type(registered).__name__}, not a mapping of layer names to tensors",
-            facts={"type": type(registered).__name__},
-            hint="pass {layer name: tensor or (conv, recurrent)}, as the engine registers them",
-        )
-    bad = next((key for key in registered if not isinstance(key, str)), None)
-    if bad is not None:
-        raise Refusal(
-            "tensor_mismatch",
-            f"registered has a key {bad!r} ({type(bad).__name__}), not a layer name",
-            facts={"key": repr(bad), "type": type(bad).__name__},
-            hint="key the registered tensors by the engine's layer names (strings)",
-        )
-
-
-def _check_names(spec: CacheSpec, registered: Registered) -> None:
-    expected = spec.names
-    missing = tuple(name for name in expected if name not in registered)
-    extra = tuple(sorted(name for name in registered if name not in set(expected)))
-    if missing or extra:
-        raise Refusal(
-            "tensor_mismatch",
-            f"stage {spec.stage}: the registered layers are not the plan's {len(expected)} "
-            f"(missing {list(missing[:4])}{' ...' if len(missing) > 4 else ''}, "
-            f"extra {list(extra[:4])}{' ...' if len(extra) > 4 else ''})",
-            facts={"stage": spec.stage, "missing": missing, "extra": extra},
-            hint="register every attention and KDA layer of the stage once, under its engine name",
-        )
-
-
-def _check_groups(
-    plan: EngineLayout, stage: int, names: LayerNames, groups: Sequence[Sequence[str]]
-) -> None:
-    planned = [g for g in plan.stage(stage).groups if g.layers]
-    given = [tuple(g) for g in groups]
-    for index, group in enumerate(planned):
-        want = tuple(names.name(layer) for layer in group.layers)
-        got = given[index] if index < len(given) else ()
-        if got == want:
-            continue
-        position = next(
-            (j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None
-        )
-        position = min(len(got), len(want)) if position is None else position
-        found = got[position] if position < len(got) else None
-        expected = want[position] if position < len(want) else None
-        raise Refusal(
-            "aliasing",
-            f"stage {stage}: the engine's KV-cache group {index} holds {found} at layer "
-            f"{position} (plane {position}); the plan's group {group.name} holds {expected} there",
-            facts={
-                "stage": stage,
-                "group": group.name,
-                "group_index": index,
-                "position": position,
-                "plane": position,
-                "found": found,
-                "expected": expected,
-            },
-            hint="group the layers as the plan does (vLLM: strided, bucket[i::num_groups])",
-        )
-    if len(given) > len(planned):
-        raise Refusal(
-            "aliasing",
-            f"stage {stage}: the engine has {len(given)} KV-cache groups, the plan {len(planned)}",
-            facts={"stage": stage, "num_groups": len(given), "expected_groups": len(planned)},
-            hint="group the layers as the plan does",
-        )
-
-
 def _num_blocks(plan: EngineLayout, layer: LayerSpec, first: torch.Tensor) -> int:
     """The block (or usable parent) count ``layer``'s first tensor was allocated for."""
     leading = first.shape[0] if first.dim() else 0
@@ -291,163 +211,11 @@ def _num_blocks(plan: EngineLayout, layer: LayerSpec, first: torch.Tensor) -> in
     return max((leading - c0) // c1, 1)
 
 
-def _common_num_blocks(
-    plan: EngineLayout, spec: CacheSpec, parts: dict[str, tuple[torch.Tensor, ...]]
-) -> int:
+def _common_num_blocks(plan: EngineLayout, spec: CacheSpec, parts: Parts) -> int:
     """The block count most layers were allocated for: one layer of another size is then
     refused by name, instead of every other layer being compared with it."""
     counts = Counter(_num_blocks(plan, layer, parts[layer.name][0]) for layer in spec.layers)
     return counts.most_common(1)[0][0]
-
-
-def _parts(layer: LayerSpec, value: object) -> tuple[torch.Tensor, ...]:
-    parts = (value,) if isinstance(value, torch.Tensor) else value
-    if not isinstance(parts, tuple | list) or not all(isinstance(p, torch.Tensor) for p in parts):
-        raise _refuse(
-            "tensor_mismatch",
-            layer,
-            f"registered a {type(value).__name__}, not tensors",
-            "register a tensor, or a KDA layer's (conv_q, conv_k, conv_v, recurrent)",
-            type=type(value).__name__,
-        )
-    dense = next((p for p in parts if p.layout != torch.strided), None)
-    if dense is not None:
-        raise _refuse(
-            "tensor_mismatch",
-            layer,
-            f"registered a {dense.layout} tensor, not a strided view of cache memory",
-            "register strided views cut from the cache's planes",
-            layout=str(dense.layout),
-        )
-    if len(parts) != len(layer.parts):
-        raise _refuse(
-            "tensor_mismatch",
-            layer,
-            f"{len(parts)} tensors registered, the plan cuts {len(layer.parts)} "
-            f"({', '.join(p.part for p in layer.parts)})",
-            f"register ({', '.join(p.part for p in layer.parts)})",
-            num_tensors=len(parts),
-            expected_tensors=len(layer.parts),
-        )
-    return tuple(parts)
-
-
-def _check_part(layer: LayerSpec, part: PartSpec, tensor: torch.Tensor) -> None:
-    dtype = TORCH_DTYPES[part.dtype]
-    if tensor.dtype != dtype:
-        raise _refuse(
-            "tensor_mismatch",
-            layer,
-            f"{part.part} is {tensor.dtype}, the plan's is {dtype}",
-            f"register {part.part} as {dtype}",
-            part=part.part,
-            dtype=str(tensor.dtype),
-            expected_dtype=str(dtype),
-        )
-    for what, got, want in (
-        ("shape", tuple(tensor.shape), part.shape),
-        ("strides", tuple(tensor.stride()), part.strides),
-    ):
-        if got != want:
-            raise _refuse(
-                "tensor_mismatch",
-                layer,
-                f"{part.part} has {what} {got}, the plan's is {want}",
-                f"cut {part.part} from its plane as {list(part.shape)} with strides "
-                f"{list(part.strides)} (elements)",
-                part=part.part,
-                **{what: got, f"expected_{what}": want},
-            )
-
-
-def _storage_range(tensor: torch.Tensor) -> tuple[int, int]:
-    """The address range of the storage ``tensor`` views (relative on ``meta``, as its
-    ``data_ptr``)."""
-    storage = tensor.untyped_storage()
-    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
-
-
-def _implied_bases(
-    spec: CacheSpec, parts: dict[str, tuple[torch.Tensor, ...]]
-) -> list[tuple[LayerSpec, int]]:
-    """Every layer with the base its first part says its plane has (address - offset),
-    attention layers first, so that they win a tie as they always have."""
-    ordered = sorted(spec.layers, key=lambda layer: layer.kind != "attention")
-    return [
-        (layer, parts[layer.name][0].data_ptr() - layer.parts[0].offset_bytes) for layer in ordered
-    ]
-
-
-def _plane_bases(spec: CacheSpec, parts: dict[str, tuple[torch.Tensor, ...]]) -> tuple[int, ...]:
-    """Plane ``j``'s base, where most layers say it is: a corrupted layer cannot move its
-    plane, so the address check names it rather than the layers sharing its plane.
-
-    On one backing (planes consecutive: vLLM 0.33's KV-cache tensor, the parent's arena) every
-    layer votes for the backing's start, ``base - plane x span``, and plane ``j`` starts ``j``
-    spans after the winner: this names even a layer alone on its plane. Otherwise (a tensor per
-    plane) each plane takes the base most of its layers imply; a tie goes to a base at a whole
-    number of plane spans into its storage (a shifted view is not), then to attention layers.
-    """
-    span = spec.plane_span_bytes
-    implied = _implied_bases(spec, parts)
-    starts = Counter(base - spec.plane_starts[layer.plane] for layer, base in implied)
-    start, votes = starts.most_common(1)[0]
-    if not spec.pages_tile_planes or 2 * votes > len(implied):
-        return tuple(start + spec.plane_starts[j] for j in range(spec.num_planes))
-    candidates: dict[int, Counter[int]] = {j: Counter() for j in range(spec.num_planes)}
-    aligned: set[int] = set()
-    for layer, base in implied:
-        candidates[layer.plane][base] += 1
-        origin, _ = _storage_range(parts[layer.name][0])
-        if (base - origin) % span == 0:
-            aligned.add(base)
-    return tuple(
-        max(candidates[j], key=lambda base: (candidates[j][base], base in aligned))
-        for j in range(spec.num_planes)
-    )
-
-
-def _plane_owner(spec: CacheSpec, plane: int) -> LayerSpec:
-    on_plane = [layer for layer in spec.layers if layer.plane == plane]
-    return next((la for la in on_plane if la.kind == "attention"), on_plane[0])
-
-
-def _check_addresses(
-    spec: CacheSpec, parts: dict[str, tuple[torch.Tensor, ...]], bases: tuple[int, ...]
-) -> None:
-    order = sorted(range(spec.num_planes), key=lambda j: bases[j])
-    for left, right in pairwise(order):
-        if bases[left] + spec.plane_spans[left] > bases[right]:
-            raise _refuse(
-                "aliasing",
-                _plane_owner(spec, right),
-                f"plane {right} starts {bases[right] - bases[left]} B after plane {left}, inside "
-                f"its {spec.plane_spans[left]} B",
-                "give every plane its own num_blocks x page bytes",
-                other_plane=left,
-                plane_span_bytes=spec.plane_spans[left],
-            )
-    for layer in spec.layers:
-        for part, tensor in zip(layer.parts, parts[layer.name], strict=True):
-            address = tensor.data_ptr()
-            if address == bases[layer.plane] + part.offset_bytes:
-                continue
-            found = next(
-                (j for j in order if bases[j] <= address < bases[j] + spec.plane_spans[j]), None
-            )
-            offset = 0 if found is None else address - bases[found]
-            on = "no plane" if found is None else f"plane {found}, {offset} B past its start"
-            raise _refuse(
-                "aliasing",
-                layer,
-                f"{part.part} starts on {on}; the plan puts it on plane {layer.plane}, "
-                f"{part.offset_bytes} B past its start",
-                f"cut layer {layer.position} of every group from plane {layer.position}",
-                part=part.part,
-                found_plane=found,
-                offset_bytes=offset,
-                expected_offset_bytes=part.offset_bytes,
-            )
 
 
 def _publishes(plan: EngineLayout, stage: int) -> bool:
@@ -488,21 +256,24 @@ def validate(
     expect_sequence("published", published, str, optional=True)
     for i, group in enumerate(expect_sequence("groups", groups, Sequence, optional=True)):
         expect_sequence(f"groups[{i}]", group, str)
-    _check_keys(registered)
+    check_keys(registered, stage)
     if names is None and isinstance(plan, VllmPlan) and _binds_as_vllm(plan, registered, stage):
         names, registered = _from_vllm_binding(plan, registered, stage)
     names = names or engine_layer_names(plan.model)
     probe = cache_spec(plan, 1, stage=stage, names=names)
-    _check_names(probe, registered)
+    check_names(probe, registered)
     if groups is not None:
-        _check_groups(plan, stage, names, groups)
-    parts = {layer.name: _parts(layer, registered[layer.name]) for layer in probe.layers}
+        check_groups(plan, stage, names, groups)
+    parts = {
+        layer.name: layer_tensors(layer, registered[layer.name], stage) for layer in probe.layers
+    }
     spec = cache_spec(plan, _common_num_blocks(plan, probe, parts), stage=stage, names=names)
     for layer in spec.layers:
         for part, tensor in zip(layer.parts, parts[layer.name], strict=True):
-            _check_part(layer, part, tensor)
-    bases = _plane_bases(spec, parts)
-    _check_addresses(spec, parts, bases)
+            check_part(layer, part, tensor, stage)
+    check_addresses(spec, parts)
+    backing = parts[spec.layers[0].name][0].untyped_storage().data_ptr()
+    bases = tuple(backing + start for start in spec.plane_starts)
     views = {
         layer.name: _tensor_view(parts[layer.name])
         for layer in spec.layers

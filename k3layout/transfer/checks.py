@@ -42,6 +42,16 @@ def _tiling_violations(
     return problems
 
 
+def _written(segment: Segment) -> Iterable[tuple[int, int]]:
+    """The destination spans ``(start, length)`` of ``segment``'s copies into one region:
+    copies that touch end to end on the destination side (the MLA rows of one DCP rank, read
+    from strided source rows) as one span, so a transfer of ``2**32`` tokens is checked
+    without listing its ``2**29`` copies; others one per copy (:meth:`Segment.copies`)."""
+    if segment.num_copies == 1 or segment.dst_stride_bytes == segment.length_bytes:
+        return ((segment.dst_offset_bytes, segment.num_copies * segment.length_bytes),)
+    return [(dst, length) for _, dst, length in segment.copies()]
+
+
 def _segment_violations(
     result: TransferPlan,
     producer: int,
@@ -112,7 +122,7 @@ def transfer_violations(result: TransferPlan) -> list[str]:
             for key in segment.regions:
                 problems += _segment_violations(result, pair.producer, held, segment, key)
                 spans = written[pair.consumer].setdefault(key, [])
-                spans.extend((dst, length) for _, dst, length in segment.copies())
+                spans.extend(_written(segment))
     for consumer in range(result.num_consumers):
         regions = result.consumer_regions(consumer)
         keys = {region.key for region in regions}

@@ -28,7 +28,13 @@ from .._args import expect, expect_args, expect_int, expect_items
 from .._frozen import Frozen, trusted_record
 from .._validation import describe
 from ..cache import CachePart, Paging
-from ..constants import INT64_MAX, MAX_MODULE_LAYERS, MAX_PROMPT_TOKENS, MAX_RANKS
+from ..constants import (
+    INT64_MAX,
+    MAX_LISTED_ITEMS,
+    MAX_MODULE_LAYERS,
+    MAX_PROMPT_TOKENS,
+    MAX_RANKS,
+)
 from ..errors import Refusal
 from ..limits import check_range
 from ..placements import Interleave, Replicate
@@ -173,7 +179,21 @@ class Segment(Frozen):
 
     def copies(self) -> tuple[tuple[int, int, int], ...]:
         """Every copy into one region as ``(src_offset_bytes, dst_offset_bytes,
-        length_bytes)``, offsets inside the region (the same in each of :attr:`regions`)."""
+        length_bytes)``, offsets inside the region (the same in each of :attr:`regions`).
+
+        Refuses (``size_limit``) more copies than
+        :data:`~k3layout.constants.MAX_LISTED_ITEMS` (a DCP 8 transfer of ``2**32`` tokens
+        has ``2**29`` per segment): listed one by one they would exhaust memory; walk them by
+        their strides instead (copy ``i`` reads ``src_offset_bytes + i * src_stride_bytes``)."""
+        if self.num_copies > MAX_LISTED_ITEMS:
+            raise Refusal(
+                "size_limit",
+                f"num_copies={self.num_copies:,} is above the bound {MAX_LISTED_ITEMS:,} of "
+                f"copies listed one by one (segment {self.field} of layers {self.layers[:4]})",
+                facts={"field": "num_copies", "bound": MAX_LISTED_ITEMS},
+                hint="walk the copies by their strides: copy i reads src_offset_bytes + i x "
+                "src_stride_bytes and writes dst_offset_bytes + i x dst_stride_bytes",
+            )
         return tuple(
             (
                 self.src_offset_bytes + i * self.src_stride_bytes,

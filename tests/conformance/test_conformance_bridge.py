@@ -63,10 +63,12 @@ def test_a_corrupted_kv_cache_config_is_refused_naming_the_layer(tmp_path: Path)
     shifted.kv_cache_tensors[3].offset += shifted.kv_cache_tensors[3].block_stride
     with pytest.raises(Refusal) as refused:
         check_kv_cache_config(engine.config, shifted)
-    assert refused.value.facts["layer"] == 3 and refused.value.facts["field"] == "page of block 0"
+    assert refused.value.facts["layer"] == 3 and refused.value.facts["field"] == "offset_bytes"
+    assert refused.value.facts["block"] == 0 and "page of block 0" in str(refused.value)
 
     wrong_page = copy.deepcopy(config)
     wrong_page.kv_cache_tensors[0].block_stride += 64
     with pytest.raises(Refusal) as refused:
         check_kv_cache_config(engine.config, wrong_page)
-    assert refused.value.facts["layer"] == 0 and refused.value.facts["field"] == "page of block 1"
+    assert refused.value.facts["layer"] == 0 and refused.value.facts["field"] == "offset_bytes"
+    assert refused.value.facts["block"] == 1 and "page of block 1" in str(refused.value)

@@ -293,3 +293,35 @@ def test_a_binding_on_another_device_is_read_by_attribute(case: Case, tmp_path: 
     swapped, blamed = swap_kda(engine, caches)
     refused = refusal(engine, {name: OnDevice(view) for name, view in swapped.items()})
     assert (refused.code, refused.facts["layer_name"]) == ("aliasing", blamed)
+
+
+def replaned(engine: Engine, caches: Caches, moved_to: Callable[[int, int], int]) -> Caches:
+    """Every view vLLM bound, its plane ``j`` moved to plane ``moved_to(j, planes)`` of the
+    same backing (its shape, dtype and strides untouched)."""
+    result = plan_from_vllm(engine.workers[0])
+    num_blocks = engine.kv_cache_configs[0].num_blocks
+    span = result.layer_stride_bytes(num_blocks)
+    planes = result.stage(0).num_planes
+    moved = {}
+    for name, view in caches.items():
+        start = view.storage_offset() * view.element_size()
+        j = start // span
+        moved[name] = shifted(view, (moved_to(j, planes) - j) * span)
+    return moved
+
+
+@pytest.mark.parametrize("case", [DSPARK, LINEAR], ids=str)
+def test_planes_bound_in_another_order_are_named_as_an_order(case: Case, tmp_path: Path) -> None:
+    """vLLM's own binding with its planes reversed, or rotated by one: each view keeps its
+    shape, dtype and strides; the refusal names the planes' order (both releases)."""
+    engine = start(case, tmp_path)
+    caches = bind(engine)
+    for moved_to in (lambda j, n: n - 1 - j, lambda j, n: (j + 1) % n):
+        refused = refusal(engine, replaned(engine, caches, moved_to))
+        assert refused.code == "aliasing"
+        assert refused.facts["field"] == "plane_order", refused
+        planes = len(refused.facts["expected"])  # type: ignore[arg-type]
+        assert refused.facts["order"] == tuple(
+            sorted(range(planes), key=lambda j, m=moved_to, n=planes: m(j, n))  # type: ignore[misc]
+        )
+        assert "the planes are published in another order" in str(refused)

@@ -1,12 +1,15 @@
-"""GLM-5.3-Flash on vLLM 0.33.0: k3layout's packed plan against vLLM's own planning, run on
-CPU by ``vllm_glm.plan_glm`` (its config objects, block-size raise, cache specs, packed groups,
-``KVCacheConfig``, scheduler concurrency and the worker's bound views).
+"""GLM-5.3-Flash on vLLM (0.33.0 or 0.34.0, whichever is installed): k3layout's packed plan
+against vLLM's own planning, run on CPU by ``vllm_glm.plan_glm`` (its config objects,
+block-size raise, cache specs, packed groups, ``KVCacheConfig``, scheduler concurrency and the
+worker's bound views).
 
 Every case compares, or both refuse: the sparse backend, the layout, the block, the KDA page
 vLLM pads to, every group (kind and module layers, in vLLM's order), every stage's block
 stride and the blocks a budget buys, every cache layer's byte offset inside a block and its
-page (latent, pooled keys, tail ring, KDA state) as vLLM's own views bind them, the blocks a
-request holds per group and vLLM's max concurrency.
+page (latent, pooled keys, tail ring, KDA state) as vLLM's own views bind them, the distinct
+pages the plan reports (``VllmPlan.pages``: those of vLLM's cache layers, no other), the blocks
+a request holds per group and vLLM's max concurrency. Every ``--attention-backend`` by cache
+dtype: ``test_conformance_glm_backends.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ from glm_variants import VARIANTS, variant_id  # noqa: E402
 from huggingface_hub.errors import StrictDataclassClassValidationError  # noqa: E402
 from vllm_glm import FIXTURE, bound_views, plan_glm  # noqa: E402
 
-from k3layout import Deployment, HybridModel, Refusal, model_from_config, plan  # noqa: E402
+from k3layout import (  # noqa: E402
+    Deployment,
+    HybridModel,
+    Refusal,
+    model_from_config,
+    plan,
+    plan_vllm,
+)
 from k3layout.engines.vllm import (  # noqa: E402
     check_kv_cache_config,
     check_kv_caches,
@@ -157,7 +167,7 @@ def compare(theirs: dict[str, Any], model: HybridModel, deployment: Deployment) 
     refuse, or every group, stride, cache offset and page, blocks and concurrency agree."""
     assert "unsupported" not in theirs, theirs
     try:
-        ours = plan(model, deployment)
+        ours = plan_vllm(model, deployment)
         capacity = ours.capacity(BUDGET, LENGTH)
     except Refusal as refusal:
         assert "refused" in theirs, f"k3layout refused, vLLM planned: {refusal}"
@@ -178,6 +188,11 @@ def compare(theirs: dict[str, Any], model: HybridModel, deployment: Deployment) 
         ({kinds[role] for role in group["roles"]}, sorted(set(group["module_layers"])))
         for group in theirs["groups"]
     ] == [({group.kind}, sorted(group.layers)) for group in ours.groups]
+    # every page vLLM keeps (each cache layer's spec) is one the plan reports, and no other
+    assert {
+        (kinds[layer["role"]], part_of(layer["role"]), layer["page_size_bytes"])
+        for layer in theirs["layers"]
+    } == {(page.kind, page.parts[0], page.page_bytes) for page in ours.pages}
     assert theirs["block_strides"] == [ours.stage_block_bytes(s.index) for s in ours.stages]
     assert theirs["num_blocks"] == capacity.num_blocks == ours.num_blocks(BUDGET)
     assert theirs["blocks_per_request"] == [g.blocks for g in capacity.blocks_per_request]
@@ -211,7 +226,7 @@ def test_auto_is_the_gpus_dtype(gpu: str, auto: str) -> None:
     """vLLM's ``auto`` cache dtype is bf16 on SM90 and fp8 on SM100 for this model: k3layout's
     plan of that dtype is what vLLM plans for ``auto``."""
     theirs = plan_glm(gpu=GPUS[gpu], tp=8, kv_dtype="auto", max_model_len=LENGTH)
-    ours = plan(glm(0), Deployment(engine_version=RELEASE, attn_tp=8, gpu=gpu, kv_dtype=auto))
+    ours = plan_vllm(glm(0), Deployment(engine_version=RELEASE, attn_tp=8, gpu=gpu, kv_dtype=auto))
     assert (theirs["block_size"], theirs["num_blocks"]) == (
         ours.block_tokens,
         ours.num_blocks(BUDGET),
@@ -289,7 +304,7 @@ def test_bridge_plans_vllms_config_and_checks_its_kv_cache_configs(
     )
     engine = theirs["objects"]
     ours = plan_from_vllm(engine["config"], gpu=gpu)
-    expected = plan(
+    expected = plan_vllm(
         glm(mtp),
         Deployment(
             engine_version=RELEASE,
@@ -495,7 +510,7 @@ def test_kda_backend_and_lengths(case: tuple[Any, ...]) -> None:
         prefix_caching=prefix,
         kda_prefill_backend=kda,
     )
-    ours = plan(glm(1 if spec else 0), deployment)
+    ours = plan_vllm(glm(1 if spec else 0), deployment)
     capacity = ours.capacity(BUDGET, length)
     assert (theirs["block_size"], theirs["kda_prefill_backend"]) == (
         ours.block_tokens,

@@ -29,7 +29,7 @@ RELEASE = running()
 
 from vllm_engine import Case, bind, start  # noqa: E402
 
-from k3layout import GPUS, Deployment, Refusal, plan, preset  # noqa: E402
+from k3layout import GPUS, Deployment, Refusal, plan, plan_vllm, preset  # noqa: E402
 from k3layout.engines.vllm import check_kv_cache_config, check_kv_caches  # noqa: E402
 from k3layout.engines.vllm.bridge import deployment_from_vllm  # noqa: E402
 from k3layout.engines.vllm.plugin import check_after_kv_cache_init  # noqa: E402
@@ -96,9 +96,9 @@ def test_the_kda_prefill_kernel_is_the_one_vllm_resolves_on_the_gpu(
 @pytest.mark.parametrize("gpu", NVIDIA)
 def test_the_blocks_per_request_follow_the_gpus_kernel(gpu: str) -> None:
     kernel = vllms_kernel(gpu, "auto")
-    result = plan(
+    result = plan_vllm(
         preset("kimi-k3-dspark"),
-        Deployment(engine_version=RELEASE, engine="vllm", gpu=gpu, attn_tp=8, spec_tokens=2),
+        Deployment(engine_version=RELEASE, gpu=gpu, attn_tp=8, spec_tokens=2),
     )
     blocks = [g.blocks for g in result.capacity(60 << 30, 131_072).blocks_per_request]
     # the numbers: [4, 4, 4, 86] with Triton, [5, 5, 5, 86] with FlashKDA

@@ -18,7 +18,15 @@ import lmcache_vllm as lm  # noqa: E402
 import test_conformance_layout as layout  # noqa: E402
 from vllm_engine import Case, start  # noqa: E402
 
-from k3layout import Deployment, LMCacheOptions, LMCachePlan, Refusal, plan, plan_lmcache  # noqa: E402
+from k3layout import (  # noqa: E402
+    Deployment,
+    LMCacheOptions,
+    LMCachePlan,
+    Refusal,
+    plan,
+    plan_lmcache,
+    plan_vllm,
+)
 
 RELEASE = running()
 
@@ -208,7 +216,7 @@ def test_vllm_parses_the_flags_that_start_the_connector(tmp_path: Path) -> None:
     from k3layout.offload.lmcache import lmcache_flags, lmcache_recommended  # noqa: PLC0415
 
     case = Case(model="kimi-linear", attn_tp=1, max_model_len=4096)  # a 3,840-token block
-    result = plan(layout.planner_model(case, tmp_path), layout.deployment(case))
+    result = plan_vllm(layout.planner_model(case, tmp_path), layout.deployment(case))
     flags = [part for flag in lmcache_flags(lmcache_recommended(result)) for part in flag if part]
     directory = tmp_path / "model"
     directory.mkdir()

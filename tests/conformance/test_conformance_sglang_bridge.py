@@ -38,6 +38,7 @@ from k3layout.engines.sglang import (  # noqa: E402
     deployment_from_sglang,
     plan_from_sglang,
 )
+from k3layout.errors import check_facts_violations  # noqa: E402
 
 DSPARK_DRAFT = FIXTURES / "sglang-dspark-draft"
 K3_MLA = tuple(i for i in range(93) if i % 4 == 3 or i == 92)
@@ -312,6 +313,8 @@ def _refusal(p: SglangPlan, pools: dict[str, Any], stage: int = 0) -> Refusal:
         check_pools(p, pools["req_to_token_pool"], pools["token_to_kv_pool"], stage=stage)
     refusal = caught.value
     assert refusal.code == "plan_mismatch", refusal
+    assert check_facts_violations(refusal.facts) == [], refusal.facts
+    assert refusal.facts["check"] == "check_pools"
     return refusal
 
 
@@ -341,8 +344,8 @@ def test_a_kv_buffer_of_the_wrong_dtype_is_refused_blaming_its_mla_layer(
     _replace_kv_buffer(monkeypatch, pools, index, torch.zeros(good.shape, dtype=torch.bfloat16))
     refusal = _refusal(p, pools)
     assert refusal.facts["layer"] == K3_MLA[index]
-    assert refusal.facts["field"] == f"kv_buffer[{index}] dtype"
-    assert (refusal.facts["planned"], refusal.facts["actual"]) == ("uint8", "bfloat16")
+    assert (refusal.facts["layer_name"], refusal.facts["field"]) == (f"kv_buffer[{index}]", "dtype")
+    assert (refusal.facts["expected"], refusal.facts["actual"]) == ("uint8", "bfloat16")
 
 
 def test_a_kv_buffer_of_the_wrong_shape_is_refused_blaming_its_mla_layer(
@@ -355,7 +358,7 @@ def test_a_kv_buffer_of_the_wrong_shape_is_refused_blaming_its_mla_layer(
     )
     refusal = _refusal(p, pools)
     assert refusal.facts["layer"] == K3_MLA[7] == 31
-    assert refusal.facts["field"] == "kv_buffer[7] shape"
+    assert (refusal.facts["layer_name"], refusal.facts["field"]) == ("kv_buffer[7]", "shape")
 
 
 def test_a_missing_kv_buffer_is_refused_blaming_the_mla_layer_left_without_one(
@@ -365,8 +368,8 @@ def test_a_missing_kv_buffer_is_refused_blaming_the_mla_layer_left_without_one(
     _replace_kv_buffer(monkeypatch, pools, 23, None)
     refusal = _refusal(p, pools)
     assert refusal.facts["layer"] == 92
-    assert refusal.facts["field"] == "kv_buffer count"
-    assert (refusal.facts["planned"], refusal.facts["actual"]) == ("24", "23")
+    assert refusal.facts["field"] == "count"
+    assert (refusal.facts["expected"], refusal.facts["actual"]) == (24, 23)
 
 
 def test_a_non_contiguous_kv_buffer_view_is_refused_blaming_its_mla_layer(
@@ -380,7 +383,7 @@ def test_a_non_contiguous_kv_buffer_view_is_refused_blaming_its_mla_layer(
     _replace_kv_buffer(monkeypatch, pools, 2, view)
     refusal = _refusal(p, pools)
     assert refusal.facts["layer"] == K3_MLA[2] == 11
-    assert refusal.facts["field"] == "kv_buffer[2] strides"
+    assert (refusal.facts["layer_name"], refusal.facts["field"]) == ("kv_buffer[2]", "strides")
 
 
 def test_a_conv_state_of_the_wrong_slot_count_is_refused_blaming_the_stages_first_kda_layer(
@@ -392,8 +395,8 @@ def test_a_conv_state_of_the_wrong_slot_count_is_refused_blaming_the_stages_firs
     _replace_state(monkeypatch, pools, conv=[torch.zeros(shape, dtype=good.dtype)])
     refusal = _refusal(p, pools)
     assert refusal.facts["layer"] == 0
-    assert refusal.facts["field"] == "conv[0] shape"
-    assert refusal.facts["actual"] == str(shape)
+    assert (refusal.facts["layer_name"], refusal.facts["field"]) == ("conv[0]", "shape")
+    assert refusal.facts["actual"] == shape
 
 
 def test_a_temporal_state_of_the_wrong_dtype_is_refused_blaming_the_stages_first_kda_layer(
@@ -403,8 +406,8 @@ def test_a_temporal_state_of_the_wrong_dtype_is_refused_blaming_the_stages_first
     _replace_state(monkeypatch, pools, temporal=pools["temporal"].to(torch.bfloat16))
     refusal = _refusal(p, pools)
     assert refusal.facts["layer"] == 0
-    assert refusal.facts["field"] == "temporal dtype"
-    assert (refusal.facts["planned"], refusal.facts["actual"]) == ("float32", "bfloat16")
+    assert (refusal.facts["layer_name"], refusal.facts["field"]) == ("temporal", "dtype")
+    assert (refusal.facts["expected"], refusal.facts["actual"]) == ("float32", "bfloat16")
 
 
 def test_a_non_contiguous_temporal_state_view_is_refused(
@@ -416,7 +419,41 @@ def test_a_non_contiguous_temporal_state_view_is_refused(
     _replace_state(monkeypatch, pools, temporal=view)
     refusal = _refusal(p, pools)
     assert refusal.facts["layer"] == 0
-    assert refusal.facts["field"] == "temporal strides"
+    assert (refusal.facts["layer_name"], refusal.facts["field"]) == ("temporal", "strides")
+
+
+def test_one_kv_buffer_bound_to_two_mla_layers_is_refused_as_an_overlap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SGLang's own pools with kv_buffer[0] passed for the second MLA layer too: its shape,
+    dtype and strides are right; two layers would write the same KV."""
+    p, pools = _k3_tp8()
+    _replace_kv_buffer(monkeypatch, pools, 1, pools["kv_buffer"][0])
+    refusal = _refusal(p, pools)
+    assert (refusal.facts["field"], refusal.facts["layer"], refusal.facts["other_layer"]) == (
+        "overlap",
+        K3_MLA[1],
+        "kv_buffer[0]",
+    )
+    assert refusal.facts["actual"] == pools["kv_buffer"][0].untyped_storage().nbytes()
+
+
+def test_pool_tensors_sharing_one_storage_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The conv and recurrent states cut from one storage: the recurrent state does not start
+    where an allocation starts, and a conv state laid over the recurrent one overlaps it."""
+    p, pools = _k3_tp8()
+    conv, temporal = pools["conv"][0], pools["temporal"]
+    whole = torch.zeros(conv.numel() * 2 + temporal.numel() * 4, dtype=torch.uint8)
+    cut_conv = whole[: conv.numel() * 2].view(torch.bfloat16).view(conv.shape)
+    cut_temporal = whole[conv.numel() * 2 :].view(torch.float32).view(temporal.shape)
+    _replace_state(monkeypatch, pools, conv=[cut_conv], temporal=cut_temporal)
+    refusal = _refusal(p, pools)
+    assert (refusal.facts["layer_name"], refusal.facts["field"]) == ("temporal", "offset_bytes")
+    assert refusal.facts["actual"] == conv.numel() * 2
+    over_conv = whole.view(torch.float32)[: temporal.numel()].view(temporal.shape)
+    _replace_state(monkeypatch, pools, conv=[cut_conv], temporal=over_conv)
+    refusal = _refusal(p, pools)
+    assert (refusal.facts["field"], refusal.facts["other_layer"]) == ("overlap", "conv[0]")
 
 
 def test_pools_allocated_for_another_attention_tp_are_refused() -> None:
@@ -424,10 +461,10 @@ def test_pools_allocated_for_another_attention_tp_are_refused() -> None:
     replicated (the kv_buffers agree), the KDA state is not: its conv channels double."""
     refusal = _refusal(bridged(tp=8), allocated(tp=4))
     assert refusal.facts["layer"] == 0
-    assert refusal.facts["field"] == "conv[0] shape"
-    assert (refusal.facts["planned"], refusal.facts["actual"]) == (
-        f"(69, {SLOTS + 1}, 3, 4608)",
-        f"(69, {SLOTS + 1}, 3, 9216)",
+    assert (refusal.facts["layer_name"], refusal.facts["field"]) == ("conv[0]", "shape")
+    assert (refusal.facts["expected"], refusal.facts["actual"]) == (
+        (69, SLOTS + 1, 3, 4608),
+        (69, SLOTS + 1, 3, 9216),
     )
 
 

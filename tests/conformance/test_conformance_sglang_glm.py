@@ -26,7 +26,12 @@ from glm_variants import VARIANTS, variant_id  # noqa: E402
 from sglang_glm import GLM_CONFIG, glm_config, plan_glm  # noqa: E402
 
 from k3layout import Deployment, HybridModel, Refusal, model_from_config, plan  # noqa: E402
-from k3layout.engines.sglang import SglangPlan, check_pools, plan_from_sglang  # noqa: E402
+from k3layout.engines.sglang import (  # noqa: E402
+    SglangPlan,
+    check_pools,
+    plan_from_sglang,
+    plan_sglang,
+)
 
 BUDGET = 40 << 30
 GPUS = ("h200", "b200")
@@ -125,7 +130,7 @@ def compare(
     gpu, tp, dp, pp = deployment.gpu, deployment.attn_tp, deployment.attn_dp, deployment.pp
     dtype, spec = deployment.kv_dtype, deployment.spec_tokens
     try:
-        ours: SglangPlan = plan(model, deployment)
+        ours = plan_sglang(model, deployment)
     except Refusal as refusal:
         theirs = plan_glm(
             gpu,
@@ -292,7 +297,7 @@ def test_bridge_plans_sglangs_objects_and_checks_its_pools(
     deployment = Deployment(
         engine="sglang", gpu=gpu, attn_tp=tp, pp=pp, kv_dtype=dtype, spec_tokens=spec
     )
-    ours: SglangPlan = plan(glm(), deployment)
+    ours = plan_sglang(glm(), deployment)
     flags = launched(ours)
     theirs = plan_glm(
         gpu,
@@ -344,7 +349,7 @@ def test_memory_flags_as_sglang_reads_them(case: tuple[Any, ...]) -> None:
         max_mamba_cache_size=slots,
         max_total_tokens=total,
     )
-    ours: SglangPlan = plan(glm(mtp), deployment)
+    ours = plan_sglang(glm(mtp), deployment)
     capacity = ours.capacity(gib << 30)
     flags = launched(ours)
     server: dict[str, Any] = {

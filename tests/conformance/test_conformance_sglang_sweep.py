@@ -19,7 +19,7 @@ require_sglang()
 
 from sglang_engine import MODEL_FILES, sglang_case  # noqa: E402
 
-from k3layout import Deployment, Refusal, load_config, plan  # noqa: E402
+from k3layout import Deployment, Refusal, load_config, plan_sglang  # noqa: E402
 
 GIB = 1 << 30
 MODELS = {name: load_config(path) for name, path in MODEL_FILES.items()}
@@ -112,7 +112,7 @@ def planners_answer(launch: dict[str, Any]) -> tuple[Any, ...]:
             max_running_requests=launch["requests"],
             prefix_caching=not launch["radix_off"],
         )
-        result = plan(MODELS[launch["model"]], deployment)
+        result = plan_sglang(MODELS[launch["model"]], deployment)
         capacity = result.capacity(launch["budget_bytes"], launch["context"])
     except Refusal:
         return ("refused",)

@@ -907,7 +907,8 @@ def plan_glm(  # noqa: PLR0917 - the flags in the order the conformance tests pa
     ``VLLM_KV_CACHE_LAYOUT``; ``pp_partition`` ``VLLM_PP_LAYER_PARTITION``;
     ``flashinfer_sm90_nope_mla`` whether the GPU box's FlashInfer has SM90 NoPE MLA;
     ``objects``: also return vLLM's own objects under ``"objects"`` (the engine's
-    ``VllmConfig``, each stage's ``KVCacheConfig`` and worker config), for the bridges.
+    ``VllmConfig``, each stage's ``KVCacheConfig``, worker config and layer specs), for the
+    bridges.
 
     Returns ``{"refused": "<ExceptionType>: <message>", "refused_at": step}`` where vLLM
     refuses, ``{"unsupported": why}`` where this harness cannot emulate the case, else the plan:
@@ -1088,7 +1089,12 @@ def _plan(
     cache = workers[-1].cache_config
     (mla_backend, kda_backend), *others = sorted(backends)
     assert not others, backends
-    engine_objects = {"config": config, "kv_cache_configs": kv_cache_configs, "workers": workers}
+    engine_objects = {
+        "config": config,
+        "kv_cache_configs": kv_cache_configs,
+        "workers": workers,
+        "specs": specs,  # each stage's worker's get_kv_cache_spec, the draft's marked
+    }
     return {
         "backend": mla_backend,
         "kda_prefill_backend": kda_backend,

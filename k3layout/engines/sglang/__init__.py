@@ -6,7 +6,9 @@
   :mod:`.engine`; :mod:`.capacity`: ``max_total_num_tokens``, ``max_mamba_cache_size`` and
   ``max_running_requests`` of a budget;
 - :mod:`.bridge`: plan from SGLang's own ``ServerArgs`` and model config, check the pools it
-  allocated (no SGLang import).
+  allocated (no SGLang import);
+- :mod:`.pool_args`: the arguments SGLang's pools are built with, from a plan (SGLang imported
+  when called).
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ if TYPE_CHECKING:
         model_from_sglang,
         plan_from_sglang,
     )
+    from .pool_args import pool_arguments
 
 _LAZY: dict[str, str] = {
     "check_pools": "bridge",
     "deployment_from_sglang": "bridge",
     "model_from_sglang": "bridge",
     "plan_from_sglang": "bridge",
+    "pool_arguments": "pool_args",
 }
 
 __all__ = [
@@ -45,6 +49,7 @@ __all__ = [
     "model_from_sglang",
     "plan_from_sglang",
     "plan_sglang",
+    "pool_arguments",
 ]
 
 

@@ -7,27 +7,25 @@ them with SGLang's own code on CPU).
 - :func:`plan_from_sglang`: the model (the HF config SGLang loaded) and the deployment
   (parallelism, cache dtype, speculative decoding, radix cache, the memory flags) a
   ``ServerArgs`` describes, planned for the GPU the engine runs on.
-- :func:`check_pools`: the tensors of the ``HybridReqToTokenPool``'s ``MambaPool`` and of the
-  ``MLATokenToKVPool`` (inside SGLang's ``HybridLinearKVPool``) one rank allocated, against
-  the plan: which layers each pool serves, and every tensor's dtype, shape and strides. The
-  refusal (``plan_mismatch``) names the tensor, the planned and actual values and the layer.
+- :func:`check_pools` (:mod:`.checks`): the pools one rank allocated, against the plan,
+  memory included.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..._args import engine_attribute, expect, expect_int, running_version
+from ..._args import engine_attribute, expect, running_version
 from ...deployment import Deployment
 from ...errors import Fact, Refusal
 from ...gpus import DEFAULT_GPU
 from ...model import GQALayer, HybridModel, config_of, model_from_config
 from ...model.architecture import Architecture
 from ...model.hf_weights import dspark_draft_of
+from .checks import check_pools
 from .engine import plan_sglang
 from .layout import SglangPlan
-from .pools import PoolTensor, pool_tensors
 from .rules import DEFAULT_TRACK_INTERVAL
 
 __all__ = ["check_pools", "deployment_from_sglang", "model_from_sglang", "plan_from_sglang"]
@@ -205,21 +203,6 @@ def plan_from_sglang(
     return plan_sglang(model, deployment_from_sglang(server_args, gpu))
 
 
-def _mismatch(what: str, planned: Any, actual: Any, layer: int | None = None) -> Refusal:
-    where = "" if layer is None else f" (layer {layer})"
-    return Refusal(
-        "plan_mismatch",
-        f"SGLang's {what}{where} differs from the plan: planned {planned}, SGLang has {actual}",
-        facts={
-            "field": what,
-            "planned": str(planned),
-            "actual": str(actual),
-            "layer": layer,
-        },
-        hint="plan from the engine's own ServerArgs and GPU (plan_from_sglang), or fix the pool",
-    )
-
-
 def _count(field: str, value: object) -> int:
     """``value`` as a count, or refused (``invalid_argument``) naming SGLang's ``field``."""
     if type(value) is not int or value < 0:
@@ -234,107 +217,3 @@ def _ints(field: str, values: object) -> tuple[int, ...]:
     if found is None or not all(type(v) is int for v in found):
         raise _refuse(field, f"{values!r} is not a sequence of ints", "pass SGLang's own pool")
     return found
-
-
-def _dtype_name(tensor: Any) -> str:
-    return str(_get(tensor, "dtype", "")).removeprefix("torch.")
-
-
-def _shape(tensor: Any) -> tuple[int, ...]:
-    return _ints("shape", _get(tensor, "shape", ()))
-
-
-def _strides(tensor: Any) -> tuple[int, ...]:
-    stride = getattr(tensor, "stride", None)
-    return _ints("stride()", stride()) if callable(stride) else ()
-
-
-def _check_tensor(planned: PoolTensor, tensor: Any, layer: int | None) -> None:
-    if not hasattr(tensor, "shape") or not hasattr(tensor, "dtype"):
-        raise _mismatch(planned.name, "a tensor", type(tensor).__name__, layer)
-    for what, want, got in (
-        ("dtype", planned.dtype, _dtype_name(tensor)),
-        ("shape", planned.shape, _shape(tensor)),
-        ("strides", planned.strides, _strides(tensor)),
-    ):
-        if want != got:
-            raise _mismatch(f"{planned.name} {what}", want, got, layer)
-
-
-def _attention_ids(pool: Any) -> tuple[int, ...] | None:
-    """The MLA layers a token pool serves, in buffer order: SGLang's
-    ``full_attention_layer_id_mapping`` (layer id -> buffer index), else a plain list."""
-    mapping = _get(pool, "full_attention_layer_id_mapping")
-    if isinstance(mapping, Mapping):
-        order = sorted(mapping.items(), key=lambda kv: kv[1] if type(kv[1]) is int else -1)
-        return _ints("full_attention_layer_id_mapping", (layer for layer, _ in order))
-    return _layer_ids(pool, "full_attention_layer_ids")
-
-
-def _layer_ids(pool: Any, name: str) -> tuple[int, ...] | None:
-    ids = _get(pool, name)
-    return None if ids is None else _ints(name, ids)
-
-
-def _check_layers(what: str, planned: tuple[int, ...], actual: tuple[int, ...] | None) -> None:
-    if actual is None or actual == planned:
-        return
-    differ = [p for p, a in zip(planned, actual, strict=False) if p != a]
-    if differ:
-        wrong = differ[0]
-    else:  # one is a prefix of the other: the first layer only one of them has
-        wrong = planned[len(actual)] if len(planned) > len(actual) else actual[len(planned)]
-    raise _mismatch(what, planned, actual, wrong)
-
-
-def check_pools(
-    plan: SglangPlan, req_to_token_pool: Any, token_to_kv_pool: Any, stage: int = 0
-) -> SglangPlan:
-    """Check one rank's pools against ``plan`` (of pipeline stage ``stage``): the
-    ``MLATokenToKVPool`` (``token_to_kv_pool`` or its ``full_kv_pool``) must serve the stage's
-    MLA layers with one ``kv_buffer`` each, the ``MambaPool`` (``req_to_token_pool.
-    mamba_pool``) its KDA layers with ``conv[0]`` and ``temporal``, each tensor of the planned
-    dtype, shape (for the pools' own sizes) and strides. Returns the plan; refuses
-    (``plan_mismatch``) at the first difference, naming the tensor and the layer."""
-    expect("plan", plan, SglangPlan)
-    expect_int("stage", stage)
-    plan.stage(stage)  # refuses a stage the plan does not have
-    kv_pool = _get(token_to_kv_pool, "full_kv_pool") or token_to_kv_pool
-    kv_buffer = _get(kv_pool, "kv_buffer")
-    if not isinstance(kv_buffer, Sequence):
-        raise _refuse("kv_buffer", "the token pool has no kv_buffer list", "pass SGLang's pool")
-    num_tokens = expect_int("token_to_kv_pool.size", _get(kv_pool, "size", 0))
-    mamba = _get(req_to_token_pool, "mamba_pool")
-    num_slots = _count("mamba_pool.size", _get(mamba, "size", 1)) if mamba is not None else 1
-    planned = pool_tensors(plan, max(num_tokens, 1), num_slots, stage)
-    attention = [t for t in planned if t.name.startswith("kv_buffer")]
-    mla_layers = tuple(t.layers[0] for t in attention)
-    _check_layers("full_attention_layer_ids", mla_layers, _attention_ids(token_to_kv_pool))
-    if len(kv_buffer) != len(attention):
-        wrong = mla_layers[len(kv_buffer)] if len(kv_buffer) < len(attention) else None
-        raise _mismatch("kv_buffer count", len(attention), len(kv_buffer), wrong)
-    for want, tensor in zip(attention, kv_buffer, strict=True):
-        _check_tensor(want, tensor, want.layers[0])
-    keys = [t for t in planned if t.name.startswith("index_k")]
-    if keys:  # a pooled indexer's keys: the DSA pool's IndexKeyCache, one tensor per layer
-        buffers = _get(_get(kv_pool, "index_key_cache"), "buffer")
-        if not isinstance(buffers, Sequence) or len(buffers) != len(keys):
-            count = len(buffers) if isinstance(buffers, Sequence) else None
-            raise _mismatch("index_key_cache.buffer count", len(keys), count, keys[0].layers[0])
-        for want, tensor in zip(keys, buffers, strict=True):
-            _check_tensor(want, tensor, want.layers[0])
-    states = [t for t in planned if t.name.startswith(("conv", "temporal"))]
-    if not states:
-        return plan
-    if mamba is None:
-        raise _mismatch("mamba_pool", "a state pool", None, states[0].layers[0])
-    _check_layers("mamba_layer_ids", states[0].layers, _layer_ids(mamba, "mamba_layer_ids"))
-    cache = _get(mamba, "mamba_cache")
-    conv = _get(cache, "conv")
-    tensors = {
-        "conv[0]": conv[0] if isinstance(conv, Sequence) and conv else conv,
-        "temporal": _get(cache, "temporal"),
-    }
-    for want in states:
-        _check_tensor(want, tensors[want.name], want.layers[0])
-    return plan

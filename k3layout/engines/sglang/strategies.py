@@ -1,15 +1,29 @@
-"""SGLang's own deployment settings for :func:`k3layout.testing.deployments` (imports
-hypothesis: only the testing module loads it)."""
+"""SGLang's own deployment settings for :func:`k3layout.testing.deployments`: the values a
+sweep draws each of them from, and the synthetic models it draws for SGLang. Which
+combinations plan is the planner's verdict (:mod:`k3layout._deployment_space` plans each
+candidate), so nothing here restates a rule of :mod:`.rules` or :mod:`.layout`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Final
 
-from hypothesis import strategies as st
-
-from ...gpus import GPUS
 from ...model import HybridModel
-from .rules import DSA_INDEX_HEAD_DIMS, MULTIMODAL_MODEL_TYPES, SERVED_GPUS
+from .rules import DEFAULT_TRACK_INTERVAL, DSA_INDEX_HEAD_DIMS, MAMBA_FULL_MEMORY_RATIO, SERVED_GPUS
+
+MEMORY_RATIOS: Final = (None, MAMBA_FULL_MEMORY_RATIO / 2, MAMBA_FULL_MEMORY_RATIO, 2.0)
+"""``--mamba-full-memory-ratio`` values drawn: unset, SGLang's default, half and above 1."""
+
+RUNNING_REQUESTS: Final = (None, 1, 64, 512)
+"""``--max-running-requests`` values drawn."""
+
+STATE_SLOTS: Final = (None, 64, 1024)
+"""``--max-mamba-cache-size`` values drawn."""
+
+TOTAL_TOKENS: Final = (None, 1 << 16, 1 << 20)
+"""``--max-total-tokens`` values drawn."""
+
+TRACK_INTERVALS: Final = (None, DEFAULT_TRACK_INTERVAL // 4, DEFAULT_TRACK_INTERVAL, 1024)
+"""``--mamba-track-interval`` values drawn (SGLang takes a multiple of its page)."""
 
 
 def serves(model: HybridModel) -> bool:
@@ -21,36 +35,19 @@ def serves(model: HybridModel) -> bool:
     )
 
 
-def settings(
-    draw: st.DrawFn,
-    model: HybridModel,
-    fields: dict[str, Any],
-    layouts: tuple[str, ...],
-    plannable: bool,
-) -> dict[str, Any]:
-    """A GPU SGLang was read on and SGLang's own flags; none of vLLM's settings (SGLang picks
-    its page from the GPU, keeps the conv state time-major and deals DCP tokens one at a time)
-    and no ReplaySSM records.
-    Plannable draws keep what SGLang serves: K3's DCP only on Blackwell, a draft only as
-    SGLang's dense K/V draft and without PP."""
-    gpus = SERVED_GPUS
-    if plannable and fields["dcp"] > 1 and model.model_type in MULTIMODAL_MODEL_TYPES:
-        gpus = tuple(g for g in SERVED_GPUS if GPUS[g].capability[0] >= 10)
-    drawn: dict[str, Any] = {
-        "gpu": draw(st.sampled_from(gpus)),
-        "conv_layout": "SD",
-        "replayssm": False,
-        "block_tokens": None,
-        "dcp_interleave": 1,  # SGLang deals DCP tokens one at a time
-        "prefix_caching": draw(st.booleans()),
-        "mamba_full_memory_ratio": draw(st.one_of(st.none(), st.sampled_from((0.5, 0.9, 2.0)))),
-        "max_running_requests": draw(st.one_of(st.none(), st.integers(1, 512))),
+def domains(model: HybridModel, layouts: tuple[str, ...]) -> dict[str, tuple[object, ...]]:
+    """The values SGLang's own flags are drawn from, and the GPUs it was read on."""
+    return {
+        "gpu": SERVED_GPUS,
+        "mamba_full_memory_ratio": MEMORY_RATIOS,
+        "max_running_requests": RUNNING_REQUESTS,
+        "max_mamba_cache_size": STATE_SLOTS,
+        "max_total_tokens": TOTAL_TOKENS,
+        "mamba_track_interval": TRACK_INTERVALS,
     }
-    if plannable and model.indexer is not None:
-        drawn["dcp"] = 1  # DSA: a pooled key would span DCP ranks
-    if plannable and model.draft_layers and fields["spec_tokens"]:
-        if model.drafter != "mtp" and any(layer.kind == "mla" for layer in model.draft_layers):
-            drawn["spec_tokens"] = 0  # SGLang builds no MLA draft; none is built at 0
-        else:
-            drawn["pp"] = 1
-    return drawn
+
+
+def model_shapes(layouts: tuple[str, ...]) -> tuple[dict[str, object], ...]:
+    """The keyword arguments of :func:`k3layout.testing.hybrid_models` whose models SGLang
+    plans: any K3-family hybrid, and indexed ones whose key width its DSA pool takes."""
+    return ({"indexed": False}, {"indexed": True, "index_head_dims": DSA_INDEX_HEAD_DIMS})

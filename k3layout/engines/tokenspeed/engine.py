@@ -7,14 +7,36 @@ from ...deployment import Deployment
 from ...layouts.pipeline import plan_with
 from ...layouts.seams import EngineRules, register_engine
 from ...model import HybridModel
-from ...registry import EngineFacts
+from ...registry import EngineFacts, LayerNaming
 from .budget import TOKENSPEED_BUDGET
 from .invariants import parent_violations
 from .launch import LAUNCH
 from .layout import ParentPlan, group_tokenspeed, pack_tokenspeed
-from .releases import TOKENSPEED_VERSIONS
+from .releases import MAIN, PR1152, TOKENSPEED_VERSIONS
 from .rules import KV_CACHE_DTYPES, check_tokenspeed
 from .weights import tokenspeed_weights
+
+LAYER_NAMING = (
+    LayerNaming(
+        model_types=(),
+        attention="layer.{layer}",
+        kda="layer.{layer}",
+        draft="layer.{layer}",
+        source=(
+            f"tokenspeed {MAIN.commit[:8]} ({MAIN.name}) and {PR1152.commit[:8]} "
+            f"(#1152's head): python/tokenspeed/runtime/layers/attention/kv_cache/recipes/"
+            "kimi_k3.py, KimiK3Recipe.fields_for_layer (fields layer.{id}.latent_kv, "
+            "layer.{id}.conv_state, layer.{id}.recurrent_state), and recipes/setup.py, "
+            "CacheSetup (a draft's layer i is global layer num_target_layers + i); recorded "
+            "in tests/fixtures/tokenspeed-*/bind.json"
+        ),
+    ),
+)
+"""The names tokenspeed's cache plan gives each layer: ``layer.{id}``, the prefix of its
+fields' ids (``layer.3.latent_kv``, ``layer.0.conv_state``), by global layer id, a draft's
+layers continuing the target's (K3 + DSpark: ``layer.93`` .. ``layer.97``). Every recipe of
+both revisions names fields so; the pools find a layer's tensors by it (``_bind_layer_planes``
+in ``kv_cache/base.py``)."""
 
 TOKENSPEED = register_engine(
     EngineRules(
@@ -30,6 +52,7 @@ TOKENSPEED = register_engine(
             launch=LAUNCH,
             listing_order=1,
             versions=TOKENSPEED_VERSIONS,  # #1152's head, then main: releases.REVISIONS
+            layer_naming=LAYER_NAMING,
         ),
         plan_type=ParentPlan,
         check=check_tokenspeed,

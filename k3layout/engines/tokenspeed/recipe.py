@@ -210,7 +210,36 @@ def pack(
                 hint=f"{revision.title}'s recipe pins its packing ({revision.packing_formula}): "
                 "another attention TP or cache dtype, or engine=vllm, plans",
             )
+    _check_planes(held, num_planes, revision)
     return arena
+
+
+def _check_planes(held: list[Group], num_planes: int, revision: TokenspeedRevision) -> None:
+    """Refuse (``layout_unsupported``) a layout of more planes than attention layers: the
+    recipe's ``check_layout`` (``recipes/kimi_k3.py``, both revisions) wants one plane per MLA
+    layer plus one per draft layer, the state riding inside them; a state group longer than
+    that would get planes of its own."""
+    attention = sum(len(g.layers) for g in held if g.kind == "attention")
+    if num_planes == attention:
+        return
+    longest = max(held, key=lambda g: len(g.layers))
+    raise Refusal(
+        "layout_unsupported",
+        f"group {longest.name}: {len(longest.layers)} layers need {num_planes} planes, and "
+        f"the recipe lays out one per attention layer ({attention}: MLA and draft) "
+        f"({revision.title}: Kimi-K3 LCM requires one target plane per MLA layer "
+        f"plus the draft planes, got {num_planes})",
+        facts={
+            "engine": "tokenspeed",
+            "revision": revision.title,
+            "group": longest.name,
+            "num_planes": num_planes,
+            "expected_planes": attention,
+        },
+        hint=f"tokenspeed's recipe serves models whose {STATE_GROUPS} KDA state groups are no "
+        "longer than their MLA layers plus draft layers; engine=vllm or engine=sglang plans "
+        "this model",
+    )
 
 
 def _check_exact_stride(

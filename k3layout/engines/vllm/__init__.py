@@ -8,7 +8,9 @@
 - :mod:`.pd`: its prefill-to-decode rules, as its NIXL connector applies them (the TP rule,
   :data:`PD_RULE`, for :func:`~k3layout.plan_transfer`; :func:`nixl_refusal` for the rest);
 - :mod:`.bridge`: plan from vLLM's own ``VllmConfig`` and check its ``KVCacheConfig`` and the
-  bound caches (no vLLM import); :mod:`.plugin`: the startup check (``K3LAYOUT_CHECK=1``).
+  bound caches (no vLLM import); :mod:`.plugin`: the startup check (``K3LAYOUT_CHECK=1``);
+- :mod:`.kv_config`: vLLM's own ``KVCacheConfig`` and layer specs built from a plan (vLLM
+  imported when called).
 
 Importing the package registers the engine and loads only its planner; the bridge, the bound
 views and the plugin load on first use (PEP 562).
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
         plan_from_vllm,
     )
     from .capacity import GroupBlocks, VllmCapacity
+    from .kv_config import kv_cache_config, kv_cache_specs
     from .pd import PD_RULE, check_nixl, nixl_refusal
     from .plugin import register
 
@@ -48,6 +51,8 @@ _LAZY: dict[str, str] = {
     "plan_from_vllm": "bridge",
     "GroupBlocks": "capacity",
     "VllmCapacity": "capacity",
+    "kv_cache_config": "kv_config",
+    "kv_cache_specs": "kv_config",
     "register": "plugin",
     "PD_RULE": "pd",
     "check_nixl": "pd",
@@ -68,6 +73,8 @@ __all__ = [
     "check_kv_caches",
     "check_nixl",
     "deployment_from_vllm",
+    "kv_cache_config",
+    "kv_cache_specs",
     "layer_of",
     "model_from_vllm",
     "nixl_refusal",

@@ -25,7 +25,7 @@ from typing import Any
 from ..._args import engine_attribute, expect, expect_int, running_version
 from ...deployment import Deployment
 from ...dtypes import KV_CACHE_DTYPES
-from ...errors import Refusal
+from ...errors import Fact, Refusal, check_refusal
 from ...gpus import DEFAULT_GPU, GPU_NAMES, GPUS, GpuName
 from ...model import HybridModel, config_of, model_from_config
 from .caches import check_bound_caches
@@ -291,17 +291,30 @@ def check_kv_cache_config(
             (i for i, (a, e) in enumerate(zip(actual, expected, strict=False)) if a != e),
             min(len(actual), len(expected)),
         )
+        planned = [group for group in result.stage(stage).groups if group.layers]
         raise _mismatch(
             f"group {first} layers",
-            expected[first] if first < len(expected) else None,
-            actual[first] if first < len(actual) else None,
+            expected[first] if first < len(expected) else (),
+            actual[first] if first < len(actual) else (),
+            result,
+            stage,
+            field="groups",
+            group=planned[first].name if first < len(planned) else None,
         )
     planned_size = result.blocks_bytes(num_blocks, stage)
     for tensor in _records(kv_cache_config, "kv_cache_tensors"):
         names = list(_records(tensor, "layers"))
         size = _count(tensor, "size")
         if size != planned_size:
-            raise _mismatch("backing bytes", planned_size, size, layer=layer_of(names[0]))
+            raise _mismatch(
+                "backing bytes",
+                planned_size,
+                size,
+                result,
+                stage,
+                field="size_bytes",
+                name=names[0],
+            )
         for position, name in enumerate(names):
             layer = layer_of(name)
             part = cache_part(result, name)
@@ -317,7 +330,17 @@ def check_kv_cache_config(
                     + block * _count(tensor, "block_stride")
                 )
                 if got != want:
-                    raise _mismatch(f"page of block {block}", want, got, layer=layer)
+                    raise _mismatch(
+                        f"page of block {block}",
+                        want,
+                        got,
+                        result,
+                        stage,
+                        field="offset_bytes",
+                        name=name,
+                        part=part,
+                        block=block,
+                    )
     return result
 
 
@@ -366,13 +389,43 @@ def _records(record: Any, name: str) -> list[Any]:
     return list(value)
 
 
-def _mismatch(what: str, planned: Any, actual: Any, layer: int | None = None) -> Refusal:
+def _mismatch(
+    what: str,
+    planned: Fact,
+    actual: Fact,
+    result: VllmPlan,
+    stage: int,
+    *,
+    field: str,
+    name: str | None = None,
+    group: str | None = None,
+    part: str | None = None,
+    block: int | None = None,
+) -> Refusal:
+    """``check_kv_cache_config``'s refusal, in the checks' facts schema: the layer vLLM's
+    ``name`` binds (its group, position and plane in the plan) or the group."""
+    layer = None if name is None else layer_of(name)
+    position = None
+    if layer is not None:
+        found, position = result.group_of(layer, stage)
+        group = found.name
     where = "" if layer is None else f" (module layer {layer})"
-    return Refusal(
+    return check_refusal(
         "plan_mismatch",
         f"vLLM's KV cache config differs from the plan at {what}{where}: planned "
         f"{planned}, vLLM {actual}",
-        facts={"field": what, "planned": str(planned), "actual": str(actual), "layer": layer},
+        check="check_kv_cache_config",
+        field=field,
+        stage=stage,
+        expected=planned,
+        actual=actual,
+        layer=layer,
+        layer_name=name,
+        group=group,
+        position=position,
+        plane=position,
+        part=part,
+        block=block,
         hint="the engine and the planner disagree: check the vLLM version and flags the plan "
         "follows (k3layout.engines.vllm.releases)",
     )

@@ -18,8 +18,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..._args import expect_int
-from ...errors import Fact, Refusal
+from ...errors import CheckName, Refusal, check_refusal
 from .bound import BoundView, vllm_bound_views
+from .bound_facts import Reading, refuse_bound, where_bound
+from .bound_order import check_order
 from .layout import VllmPlan
 
 
@@ -47,138 +49,152 @@ def check_bound_views(
     num_blocks: int,
     stage: int = 0,
     state_parts: StateParts | None = None,
+    *,
+    check: CheckName = "check_kv_caches",
 ) -> tuple[BoundView, ...]:
-    """Check tensors bound as vLLM 0.33 binds them (``kv_caches``: vLLM's layer name ->
-    tensor) against ``result``'s :func:`~k3layout.layouts.vllm_bound_views` for
-    ``num_blocks`` blocks: the names, then every layer's dtype, shape, strides, that it views
-    the one backing, the address of its pages of blocks 0, 1 and N-1 relative to the
-    backing, and (``state_parts``, the engine's own cut) where the KDA parts sit in the page.
-    Returns the views; refuses the first difference, naming the layer."""
+    """Check tensors bound as vLLM binds them (``kv_caches``: vLLM's layer name -> tensor)
+    against ``result``'s :func:`~k3layout.layouts.vllm_bound_views` for ``num_blocks``
+    blocks: the names, then every layer's dtype, shape, strides, that it views the one
+    backing, where its page of block 0 starts relative to the backing (planes or layers in
+    another order named as such), its pages of blocks 1 and N-1, and (``state_parts``, the
+    engine's own cut) where the KDA parts sit in the page. Returns the views; refuses the
+    first difference, naming the layer, with the checks' facts schema (``check``: the check
+    the caller runs)."""
     if not isinstance(kv_caches, Mapping):
-        raise Refusal(
+        raise check_refusal(
             "invalid_argument",
             f"kv_caches is a {type(kv_caches).__name__}, not a mapping of layer names to tensors",
-            facts={"kv_caches": type(kv_caches).__name__},
+            check=check,
+            field="type",
+            stage=stage,
+            expected="Mapping",
+            actual=type(kv_caches).__name__,
             hint="pass the dict vLLM binds (GPUModelRunner.kv_caches by layer name)",
         )
     bound = vllm_bound_views(result, num_blocks, stage)
     views = {view.name: view for view in bound}
-    _check_names(views, kv_caches, stage)
-    storages = {name: _storage_of(name, kv_caches[name]) for name in views}
+    _check_names(views, kv_caches, stage, check)
+    storages = {
+        name: _storage_of(view, kv_caches[name], where_bound(result, view, stage, check))
+        for name, view in views.items()
+    }
     backing, _ = Counter(storages.values()).most_common(1)[0]
     parts = state_parts or {}
+    reads = {}
     for name, view in views.items():
-        tensor = kv_caches[name]
-        where = _where(result, view, stage)
-        read = _read(tensor, where)
-        _check_tensor(result, view, read, stage, where=where)
+        where = where_bound(result, view, stage, check)
+        reads[name] = _read(kv_caches[name], where)
+        _check_tensor(result, view, reads[name], stage, where=where)
         if storages[name] != backing:
-            raise _refuse(
+            raise refuse_bound(
                 "aliasing",
                 where,
-                "is not a view of the rank's one backing (another storage)",
+                "is not a view of the rank's one backing (another storage: "
+                f"{len(set(storages.values()))} storages bound)",
                 "bind every layer to a view of the one KV-cache backing",
+                field="storage",
+                expected=1,
+                actual=len(set(storages.values())),
             )
-        _check_pages(result, view, read, num_blocks, stage, where=where)
+    check_order(result, views, reads, num_blocks, stage=stage, check=check)
+    for name, view in views.items():
+        where = where_bound(result, view, stage, check)
+        _check_pages(result, view, reads[name], num_blocks, stage, where=where)
         if name in parts:
             _check_state_parts(result, view.module_layer, parts[name], where)
     needed = result.blocks_bytes(num_blocks, stage)
     size = _storage_bytes(kv_caches[next(iter(views))])
     if size is not None and size < needed:
-        raise Refusal(
+        raise check_refusal(
             "tensor_mismatch",
             f"stage {stage}: the backing holds {size:,} B, the plan's {num_blocks:,} blocks "
             f"need {needed:,} B",
-            facts={"stage": stage, "backing_bytes": size, "expected_bytes": needed},
+            check=check,
+            field="size_bytes",
+            stage=stage,
+            expected=needed,
+            actual=size,
             hint="allocate num_blocks x the stage's block bytes",
         )
     return bound
 
 
-def _where(result: VllmPlan, view: BoundView, stage: int) -> dict[str, Fact]:
-    group, position = result.group_of(view.module_layer, stage)
-    return {
-        "kind": "KDA" if view.kind == "kda" else "attention",
-        "layer_name": view.name,
-        "layer": view.module_layer,
-        "group": group.name,
-        "position": position,
-        "plane": position,
-    }
-
-
-def _refuse(code: Any, where: dict[str, Fact], message: str, hint: str, **facts: Fact) -> Refusal:
-    return Refusal(
-        code,
-        f"{where['kind']} layer {where['layer_name']} (module layer {where['layer']}, group "
-        f"{where['group']}, plane {where['plane']}): {message}",
-        facts={**where, **facts},
-        hint=hint,
-    )
-
-
-def _check_names(views: Mapping[str, BoundView], kv_caches: Mapping[Any, Any], stage: int) -> None:
+def _check_names(
+    views: Mapping[str, BoundView], kv_caches: Mapping[Any, Any], stage: int, check: CheckName
+) -> None:
     """Refuse a non-string key, a missing layer or an extra one."""
     bad = [key for key in kv_caches if not isinstance(key, str)]
     if bad:
-        raise Refusal(
+        raise check_refusal(
             "tensor_mismatch",
             f"kv_caches has a key {bad[0]!r} ({type(bad[0]).__name__}), not a layer name",
-            facts={"key": repr(bad[0])},
+            check=check,
+            field="names",
+            stage=stage,
+            expected="str",
+            actual=type(bad[0]).__name__,
+            layer_name=repr(bad[0]),
             hint="key kv_caches by the layer names vLLM registers",
         )
     missing = tuple(name for name in views if name not in kv_caches)
     extra = tuple(sorted(name for name in kv_caches if name not in views))
     if missing or extra:
-        raise Refusal(
+        first = views[missing[0]] if missing else None
+        raise check_refusal(
             "tensor_mismatch",
             f"stage {stage}: the bound layers are not the plan's {len(views)} (missing "
             f"{list(missing[:3])}{' ...' if len(missing) > 3 else ''}, extra "
             f"{list(extra[:3])}{' ...' if len(extra) > 3 else ''})",
-            facts={"stage": stage, "missing": missing, "extra": extra},
+            check=check,
+            field="names",
+            stage=stage,
+            expected=tuple(views),
+            actual=tuple(name for name in kv_caches if isinstance(name, str)),
+            layer=None if first is None else first.module_layer,
+            layer_name=missing[0] if missing else extra[0],
+            missing=missing,
+            extra=extra,
             hint="bind every attention and KDA layer of the stage once, under vLLM's name "
             f"(e.g. {next(iter(views))!r})",
         )
 
 
-Reading = tuple[str, tuple[int, ...], tuple[int, ...], int, int]
-"""A bound tensor as :func:`_read` reads it: dtype, shape, strides, storage offset, element
-size."""
-
-
 def _check_tensor(
-    result: VllmPlan, view: BoundView, read: Reading, stage: int, *, where: dict[str, Fact]
+    result: VllmPlan, view: BoundView, read: Reading, stage: int, *, where: dict[str, Any]
 ) -> None:
     want_dtype = f"torch.{view.dtype}"
     dtype, got_shape, got_strides, _, _ = read
     if dtype != want_dtype:
-        raise _refuse(
+        raise refuse_bound(
             "tensor_mismatch",
             where,
             f"bound as {dtype}, the plan's view is {want_dtype}",
             f"bind it as {want_dtype}",
-            dtype=dtype,
-            expected_dtype=want_dtype,
+            field="dtype",
+            expected=want_dtype,
+            actual=dtype,
         )
     if got_shape != view.shape:
-        raise _refuse(
+        raise refuse_bound(
             "tensor_mismatch",
             where,
             f"has shape {got_shape}, the plan's is {view.shape} (page {result.page_bytes:,} B)",
             "bind the plan's view: a wrong size means another page or block count",
-            shape=got_shape,
-            expected_shape=view.shape,
+            field="shape",
+            expected=view.shape,
+            actual=got_shape,
         )
     for axis, (got, want) in enumerate(zip(got_strides, view.strides, strict=True)):
         if view.shape[axis] > 1 and got != want:  # an axis of one: its stride means nothing
-            raise _refuse(
+            raise refuse_bound(
                 "tensor_mismatch",
                 where,
                 f"has strides {got_strides}, the plan's are {view.strides}"
                 + _layout_note(result, axis, got * view.elem_bytes, stage),
                 f"bind the plan's view ({result.kv_cache_layout})",
-                strides=got_strides,
-                axis=axis,
+                field="strides",
+                expected=view.strides,
+                actual=got_strides,
             )
 
 
@@ -201,7 +217,7 @@ def _check_pages(
     num_blocks: int,
     stage: int,
     *,
-    where: dict[str, Fact],
+    where: dict[str, Any],
 ) -> None:
     """Blocks 0, 1 and N-1 start where the plan puts the layer's page (relative to the
     backing): layer ``j`` of every group on plane ``j``."""
@@ -214,16 +230,17 @@ def _check_pages(
         got = start + block * step
         if got != want:
             plane, at_block = _plane_and_block(result, got, num_blocks, stage)
-            raise _refuse(
+            raise refuse_bound(
                 "aliasing",
                 where,
                 f"its page of block {block} starts at byte {got:,} of the backing (plane "
                 f"{plane}, block {at_block}); the plan puts it at byte {want:,} (plane "
                 f"{where['plane']}, block {block})",
                 f"bind layer {where['position']} of every group to plane {where['position']}",
+                field="offset_bytes",
+                expected=want,
+                actual=got,
                 block=block,
-                offset_bytes=got,
-                expected_offset_bytes=want,
                 found_plane=plane,
             )
 
@@ -269,7 +286,7 @@ def _check_state_parts(
     result: VllmPlan,
     layer: int,
     parts: tuple[tuple[tuple[int, ...], int], ...],
-    where: dict[str, Fact],
+    where: dict[str, Any],
 ) -> None:
     """The layer's conv and recurrent states, cut back to back from the page start by the
     shapes and dtypes of its group's spec, sit where the plan's part ranges say."""
@@ -288,7 +305,7 @@ def _check_state_parts(
             planned_part.size_bytes,
             want_shape,
         ):
-            raise _refuse(
+            raise refuse_bound(
                 "tensor_mismatch",
                 where,
                 f"its {planned_part.part} state is {shape} ({size:,} B) at byte {offset:,} of "
@@ -296,40 +313,43 @@ def _check_state_parts(
                 f"byte {planned_part.offset_bytes:,}",
                 "the engine's KDA state shapes and the plan's disagree: check the conv "
                 "layout (VLLM_SSM_CONV_STATE_LAYOUT) and the speculative tokens",
+                field="parts",
+                expected=(planned_part.offset_bytes, planned_part.size_bytes, *want_shape),
+                actual=(offset, size, *shape),
                 part=planned_part.part,
-                offset_bytes=offset,
-                expected_offset_bytes=planned_part.offset_bytes,
             )
         offset += size
     if len(parts) != len(planned):
-        raise _refuse(
+        raise refuse_bound(
             "tensor_mismatch",
             where,
             f"its spec cuts {len(parts)} state parts, the plan {len(planned)} "
             f"({', '.join(p.part for p in planned)})",
             "check the vLLM version the plan follows",
+            field="count",
+            expected=len(planned),
+            actual=len(parts),
         )
 
 
-def _storage_of(name: str, tensor: Any) -> int:
+def _storage_of(view: BoundView, tensor: Any, where: dict[str, Any]) -> int:
     """The address of the storage ``tensor`` views (0 on ``meta``: one storage there)."""
     storage = getattr(tensor, "untyped_storage", None)
-    if not callable(storage) or not callable(getattr(tensor, "stride", None)):
-        raise Refusal(
-            "tensor_mismatch",
-            f"kv_caches[{name!r}] is a {type(tensor).__name__}, not a tensor",
-            facts={"layer_name": name, "type": type(tensor).__name__},
-            hint="bind a tensor view of the KV-cache backing to every layer",
-        )
+    readable = callable(storage) and callable(getattr(tensor, "stride", None))
     try:
-        return int(storage().data_ptr())
+        if readable:
+            return int(storage().data_ptr())  # type: ignore[misc]
     except (AttributeError, TypeError, ValueError, RuntimeError):
-        raise Refusal(
-            "tensor_mismatch",
-            f"kv_caches[{name!r}] has no readable storage",
-            facts={"layer_name": name, "type": type(tensor).__name__},
-            hint="bind a tensor view of the KV-cache backing to every layer",
-        ) from None
+        pass
+    raise refuse_bound(
+        "tensor_mismatch",
+        where,
+        f"is a {type(tensor).__name__}, not a tensor with a readable storage",
+        "bind a tensor view of the KV-cache backing to every layer",
+        field="type",
+        expected="Tensor",
+        actual=type(tensor).__name__,
+    )
 
 
 def _storage_bytes(tensor: Any) -> int | None:
@@ -337,7 +357,7 @@ def _storage_bytes(tensor: Any) -> int | None:
     return int(nbytes()) if callable(nbytes) else None
 
 
-def _read(tensor: Any, where: dict[str, Fact]) -> Reading:
+def _read(tensor: Any, where: dict[str, Any]) -> Reading:
     """A bound tensor's dtype, shape, strides, storage offset and element size, read by
     attribute (a torch tensor on any device); anything else is refused naming the layer."""
     try:
@@ -349,9 +369,12 @@ def _read(tensor: Any, where: dict[str, Fact]) -> Reading:
             int(tensor.element_size()),
         )
     except (AttributeError, TypeError, ValueError, RuntimeError):
-        raise _refuse(
+        raise refuse_bound(
             "tensor_mismatch",
             where,
             f"is a {type(tensor).__name__} without a tensor's dtype, shape, strides and offset",
             "bind a tensor view of the KV-cache backing to every layer",
+            field="type",
+            expected="Tensor",
+            actual=type(tensor).__name__,
         ) from None

@@ -63,7 +63,7 @@ from .packed import (
 )
 from .releases import RELEASES, release_of
 from .replay import aligned_state_bytes, check_replayssm, state_alignment
-from .report import VllmReport
+from .report import VllmPage, VllmReport
 from .rules import (
     ATTENTION_BACKENDS,
     VLLM_VERSION,
@@ -72,6 +72,7 @@ from .rules import (
     backend_of,
     check_backend_runs,
     check_block_supported,
+    check_dense_backend,
     check_kv_dtype,
     check_layout_serves,
     check_pipeline,
@@ -184,6 +185,31 @@ class VllmPlan(SelfChecked, LayoutBase):
             found = group_runs(self.sizes, group, self.block_tokens, self.page_bytes)
             self.packed_runs[key] = found
         return found
+
+    @cached_property
+    def pages(self) -> tuple[VllmPage, ...]:
+        """Every distinct page vLLM keeps, by group kind in group order: each layer's cache
+        in a block, as its ``KVCacheConfig`` spec's ``page_size_bytes`` says. Shared planes
+        keep one size (the attention page, the KDA page padded to it); the packed layout one
+        per cache tensor of a group (:func:`.packed.group_runs`: the pooled keys, the latent
+        rows, the padded KDA page, the tail ring).
+
+        >>> from k3layout import Deployment, plan, preset
+        >>> glm = plan(preset("glm-5.3-flash"), Deployment(attn_tp=8, kv_dtype="fp8_ds_mla"))
+        >>> [(p.kind, p.parts[0], p.page_bytes) for p in glm.pages][1:3]
+        [('attention', 'index', 12672), ('attention', 'latent', 1007616)]
+        """
+        found: dict[tuple[str, tuple[str, ...], int], None] = {}
+        for group in self.groups:
+            if self.packed:
+                for run in self.runs(group):
+                    found[(group.kind, run.parts, run.page)] = None
+            else:
+                found[(group.kind, self.group_spec(group).part_names, self.page_bytes)] = None
+        return tuple(
+            trusted(VllmPage, kind=kind, parts=parts, page_bytes=page)
+            for kind, parts, page in found
+        )
 
     @property
     def kda_page_padding_bytes(self) -> int:
@@ -396,6 +422,12 @@ class VllmPlan(SelfChecked, LayoutBase):
             ),
             ("KDA page padding bytes", f"{self.kda_page_padding_bytes:,}"),
             (
+                "pages vLLM keeps (group kind, parts)",
+                "; ".join(
+                    f"{p.kind} {'+'.join(p.parts)} {p.page_bytes:,}" for p in self.pages
+                ),
+            ),
+            (
                 "spans: attention / KDA tokens",
                 f"{self.attention_span_tokens:,} / {self.kda_span_tokens:,}",
             ),
@@ -468,6 +500,7 @@ class VllmPlan(SelfChecked, LayoutBase):
             "attention_backend": self.attention_backend,
             "kernel_block_tokens": self.kernel_block_tokens,
             "kv_cache_layout": self.kv_cache_layout,
+            "pages": self.pages,
         }, "block_bytes"
 
 
@@ -524,11 +557,12 @@ def block_tokens_for(
 def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
     """What vLLM refuses before it plans: pipeline stages of a model it cannot load on a later
     stage (:func:`.rules.check_pipeline`), an extensible-KV-cache switch the release refuses
-    (:func:`.budget.extensible`), MTP on a model it builds none for, a cache dtype its dense
-    MLA backends do not take, a requested block the attention backend's kernels do not take
-    (its selector refuses it before the block is raised), an MTP depth its modules cannot be
-    reused for. Returns the model vLLM builds: without speculative tokens there is no
-    drafter, so no draft layers."""
+    (:func:`.budget.extensible`), MTP on a model it builds none for, a sparse MLA backend named
+    for MLA layers without an indexer, a cache dtype its dense MLA backends do not take (an
+    indexed model: the sparse backends' rules, :func:`.sparse.check_indexed`), a requested
+    block the attention backend's kernels do not take (its selector refuses it before the
+    block is raised), an MTP depth its modules cannot be reused for. Returns the model vLLM
+    builds: without speculative tokens there is no drafter, so no draft layers."""
     refuse_settings(deployment, SGLANG_SETTINGS, "SGLang")
     refuse_settings(deployment, TOKENSPEED_SETTINGS, "tokenspeed")
     check_pipeline(model, deployment)
@@ -541,6 +575,7 @@ def check_vllm(model: HybridModel, deployment: Deployment) -> HybridModel:
         return built_model(model, deployment)
     backend = backend_of(deployment)
     if model.mla_layers:
+        check_dense_backend(backend, model)
         check_kv_dtype(deployment.kv_dtype, backend)
         check_backend_runs(backend, deployment.gpu, deployment.kv_dtype)
     if deployment.block_tokens is not None:

@@ -49,6 +49,10 @@ class VllmRelease:
       (``MambaSpec.state_alignment``) under FlashInfer's ReplaySSM (``--use-replayssm`` with
       ``--mamba-backend flashinfer``), which the hybrid block raise rounds every state to
       (1: none; 0.33 has no alignment).
+    - ``kda_spec_alignment``: the ``state_alignment`` and ``block_stride_alignment`` a KDA
+      layer's own ``MambaSpec`` carries (``None``: the release's spec has no state alignment
+      and leaves the block's unset; 0.34's ``MambaBase`` gives both its ``state_alignment``,
+      1 for every KDA layer, FlashInfer's ReplaySSM aligning Mamba2 layers only).
     """
 
     version: str
@@ -64,6 +68,7 @@ class VllmRelease:
     )
     replayssm_refused: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     flashinfer_state_alignment: int = 1
+    kda_spec_alignment: int | None = None
 
 
 V0_33: Final = VllmRelease(
@@ -141,6 +146,7 @@ V0_34: Final = VllmRelease(
         }
     ),
     flashinfer_state_alignment=16,
+    kda_spec_alignment=1,
 )
 
 RELEASES: Final[Mapping[str, VllmRelease]] = MappingProxyType(

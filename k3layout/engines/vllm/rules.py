@@ -7,7 +7,10 @@ field of its record in :mod:`.releases`, passed in here (a default block, a refu
 
 - **Attention backends** take kernel blocks of fixed token counts (``FLASHMLA`` 64,
   ``CUTLASS_MLA`` 128, ``FLASHINFER_MLA`` 32 or 64) or any multiple of 16 (``TRITON_MLA``).
-  A manager block is split into the largest kernel block that divides it.
+  A manager block is split into the largest kernel block that divides it. The dense ones
+  serve an MLA layer without an indexer, the sparse ones (:mod:`.sparse`) an indexed one;
+  either kind named for the other's layers is refused, as vLLM's selector refuses it
+  (``sparse not supported`` / ``non-sparse not supported``).
 - **Block alignment** (the platform's ``update_block_size_for_backend``): without a requested
   block the backend's preferred one; then, for a hybrid model, the smallest multiple of
   ``A = max(smallest kernel block, block, 128)`` whose attention page holds one state, rounded
@@ -31,9 +34,11 @@ from ...gpus import DEFAULT_GPU, GPUS, GpuName
 from ...model import HybridModel
 from ...settings import (
     ATTENTION_BACKENDS,
+    DENSE_ATTENTION_BACKENDS,
     KDA_PREFILL_BACKENDS,
     KV_CACHE_LAYOUTS,
     MAMBA_CACHE_MODES,
+    SPARSE_ATTENTION_BACKENDS,
     AttentionBackend,
     KdaPrefillBackend,
     KvCacheLayout,
@@ -78,6 +83,10 @@ KERNEL_BLOCK_TOKENS: Final[dict[AttentionBackend, tuple[int, ...]]] = {
     "FLASHINFER_MLA": (32, 64),
     "TRITON_MLA": (),  # any multiple of KERNEL_MULTIPLE_OF
     "FLASH_ATTN_MLA": (),
+    # the sparse backends' MultipleOf (a block is a whole number of them; .sparse)
+    "FLASHINFER_MLA_SPARSE_SM90": (64,),
+    "FLASHMLA_SPARSE": (64,),
+    "FLASHINFER_MLA_SPARSE": (32,),
 }
 """The kernel block sizes each backend takes; empty: any multiple of
 :data:`KERNEL_MULTIPLE_OF`."""
@@ -108,8 +117,13 @@ BACKEND_SM_MAJORS: Final[dict[AttentionBackend, tuple[int, ...] | None]] = {
     "FLASHINFER_MLA": (10,),
     "FLASH_ATTN_MLA": (9,),
     "TRITON_MLA": None,  # any GPU, ROCm included
+    # for a NoPE head of 512, the one k3layout plans sparse backends for (.sparse)
+    "FLASHINFER_MLA_SPARSE_SM90": (9,),
+    "FLASHMLA_SPARSE": (9,),
+    "FLASHINFER_MLA_SPARSE": (10,),
 }
-"""The CUDA capability majors each MLA backend runs on (``supports_compute_capability``)."""
+"""The CUDA capability majors each MLA backend runs on (``supports_compute_capability``; a
+sparse backend: where it takes a head of 512)."""
 
 
 def runs_on(backend: AttentionBackend, gpu: GpuName) -> bool:
@@ -140,6 +154,22 @@ def check_backend_runs(backend: AttentionBackend, gpu: GpuName, kv_dtype: str) -
             f"{VLLM_RELEASES_TEXT})",
             facts={"attention_backend": backend, "kv_dtype": kv_dtype, "field": "kv_dtype"},
             hint="use kv_dtype='bf16', or FLASHMLA for an fp8 cache",
+        )
+
+
+def check_dense_backend(backend: AttentionBackend, model: HybridModel) -> None:
+    """Refuse (``kernel_unsupported``) a sparse MLA backend named for a model whose MLA layers
+    have no indexer: vLLM's selector says the backend is not valid for the configuration
+    (``non-sparse not supported``)."""
+    if backend in SPARSE_ATTENTION_BACKENDS:
+        raise Refusal(
+            "kernel_unsupported",
+            f"attention_backend={backend!r} is a sparse MLA backend and {model.name}'s MLA "
+            f"layers have no indexer: {VLLM_RELEASES_TEXT}'s selector refuses it "
+            "('non-sparse not supported')",
+            facts={"attention_backend": backend, "field": "attention_backend"},
+            hint="leave attention_backend unset (vLLM's own pick for the GPU), or name a dense "
+            f"one ({', '.join(DENSE_ATTENTION_BACKENDS)})",
         )
 
 
@@ -535,9 +565,11 @@ def recommended_max_num_batched_tokens(prompt_tokens: Sequence[int], block: int)
 __all__ = [
     "ATTENTION_BACKENDS",
     "DEFAULT_MAX_MODEL_LEN",
+    "DENSE_ATTENTION_BACKENDS",
     "KDA_PREFILL_BACKENDS",
     "KV_CACHE_LAYOUTS",
     "MAMBA_CACHE_MODES",
+    "SPARSE_ATTENTION_BACKENDS",
     "VLLM_VERSION",
     "AttentionBackend",
     "KdaPrefillBackend",
@@ -547,6 +579,7 @@ __all__ = [
     "backend_of",
     "check_backend_runs",
     "check_block_supported",
+    "check_dense_backend",
     "check_kv_dtype",
     "check_layout_serves",
     "check_mtp_depth",

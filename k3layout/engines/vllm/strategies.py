@@ -1,88 +1,64 @@
-"""vLLM's own deployment settings for :func:`k3layout.testing.deployments` (imports
-hypothesis: only the testing module loads it)."""
+"""vLLM's own deployment settings for :func:`k3layout.testing.deployments`: the values a sweep
+draws each of them from, and the synthetic models it draws for vLLM. Which combinations plan
+is the planner's verdict (:mod:`k3layout._deployment_space` plans each candidate), so nothing
+here restates a rule of :mod:`.rules`, :mod:`.sparse` or :mod:`.replay`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Final, get_args
 
-from hypothesis import strategies as st
-
-from ...gpus import GPU_NAMES, GPUS
+from ...deployment import Deployment
+from ...dtypes import KV_CACHE_DTYPES
 from ...model import HybridModel
-from .rules import (
+from ...settings import (
     ATTENTION_BACKENDS,
-    default_attention_backend,
-    runs_on,
-    smallest_kernel_block,
-    supports_block,
+    KDA_PREFILL_BACKENDS,
+    MAMBA_CACHE_MODES,
+    SPECULATIVE_METHODS,
 )
+from .rules import DENSE_MLA_KV_DTYPES
+from .sparse import resolved_kv_cache_layout
 
-SPARSE_GPUS = tuple(
-    g for g in GPU_NAMES if GPUS[g].vendor == "nvidia" and GPUS[g].capability[0] in (9, 10)
-)
-"""The GPUs vLLM's sparse MLA backends run on (SM90, SM100)."""
+REQUESTED_BLOCKS: Final = (None, 16, 64, 128, 256, 512, 2048)
+"""``--block-size`` values drawn: unset, the releases' defaults and kernel blocks, and larger
+powers of two (raised blocks of a hybrid are multiples of 128, so every interleave drawn
+divides them)."""
+
+DCP_INTERLEAVES: Final = (1, 2, 4, 8, 16)
+"""``--dcp-kv-cache-interleave-size`` values drawn."""
+
+MAMBA_BACKENDS: Final = get_args(Deployment.model_fields["mamba_backend"].annotation)
+"""``--mamba-backend``'s values, as :class:`~k3layout.Deployment` takes them."""
 
 
-def settings(
-    draw: st.DrawFn,
-    model: HybridModel,
-    fields: dict[str, Any],
-    layouts: tuple[str, ...],
-    plannable: bool,
-) -> dict[str, Any]:
-    """A GPU, an attention backend that runs on it (or vLLM's own pick), a KV-cache layout it
-    serves (``BLHNC`` only on the one backend whose kernel takes a whole block) and the drawn
-    block raised onto its kernel blocks; FlashAttention MLA with a bf16 cache."""
-    if model.indexer is not None:
-        return _indexed_settings(draw, fields, layouts, plannable)
-    gpu = draw(st.sampled_from(GPU_NAMES))
-    kv_dtype = fields["kv_dtype"]
-    chosen = draw(st.sampled_from((None, *ATTENTION_BACKENDS)))
-    if chosen is not None:
-        gpu = draw(st.sampled_from([g for g in GPU_NAMES if runs_on(chosen, g)]))
-        if chosen == "FLASH_ATTN_MLA":
-            kv_dtype = "bf16"
-    backend = chosen or default_attention_backend(gpu, kv_dtype)
-    layout = "LBNHC"
-    if backend == "TRITON_MLA":
-        layout = draw(st.sampled_from(layouts))
-    block = fields.get("block_tokens")
-    if block is not None and not supports_block(backend, block):
-        kernel = smallest_kernel_block(backend)
-        block = kernel * -(-block // kernel)
+def domains(model: HybridModel, layouts: tuple[str, ...]) -> dict[str, tuple[object, ...]]:
+    """The values each vLLM setting is drawn from: the cache dtypes (FlashMLA's packed row for
+    an indexed model's sparse backends), every attention backend (dense and sparse),
+    the KV-cache layouts of ``layouts`` (unset too where what vLLM resolves without one is
+    among them: ``BLHNC`` for an indexed model), requested blocks, DCP interleaves, KDA
+    prefill kernels, cache modes, speculative methods, its own ReplaySSM and Mamba backend,
+    and the extensible KV cache switch."""
+    resolved = resolved_kv_cache_layout(Deployment(), model)
+    unset: tuple[object, ...] = (None,) if resolved in layouts else ()
+    # an indexed layer's sparse backends take FlashMLA's packed row too
+    dtypes = KV_CACHE_DTYPES if model.indexer is not None else DENSE_MLA_KV_DTYPES
     return {
-        "gpu": gpu,
-        "kv_dtype": kv_dtype,
-        "attention_backend": chosen,
-        "kv_cache_layout": layout,
-        "block_tokens": block,
+        "kv_dtype": dtypes,
+        "attention_backend": (None, *ATTENTION_BACKENDS),
+        "kv_cache_layout": (*unset, *layouts),
+        "block_tokens": REQUESTED_BLOCKS,
+        "dcp_interleave": DCP_INTERLEAVES,
+        "kda_prefill_backend": KDA_PREFILL_BACKENDS,
+        "mamba_cache_mode": (None, *MAMBA_CACHE_MODES),
+        "speculative_method": (None, *SPECULATIVE_METHODS),
+        "use_replayssm": (False, True),
+        "mamba_backend": MAMBA_BACKENDS,
+        "extensible_kv_cache": (None, True, False),
     }
 
 
-def _indexed_settings(
-    draw: st.DrawFn, fields: dict[str, Any], layouts: tuple[str, ...], plannable: bool
-) -> dict[str, Any]:
-    """An indexed hybrid (GLM-5.3-Flash): vLLM's own sparse backend, the BLHNC layout it
-    resolves (or asks for), a block on the sparse kernel's pages; plannable draws keep a GPU
-    and cache dtype with a sparse backend (SM90: DCP with bf16 or fp8_ds_mla; SM100: fp8 or
-    bf16) and no ReplaySSM records."""
-    gpu = draw(st.sampled_from(SPARSE_GPUS))
-    kv_dtype = fields["kv_dtype"]
-    sm100 = GPUS[gpu].capability[0] == 10
-    if plannable and (
-        (sm100 and kv_dtype == "fp8_ds_mla")
-        or (not sm100 and fields["dcp"] > 1 and kv_dtype == "fp8")
-    ):
-        kv_dtype = "bf16"
-    block = fields.get("block_tokens")
-    kernel = 32 if sm100 else 64
-    if block is not None:
-        block = kernel * -(-block // kernel)
-    return {
-        "gpu": gpu,
-        "kv_dtype": kv_dtype,
-        "attention_backend": None,
-        "kv_cache_layout": draw(st.sampled_from((None, "BLHNC"))) if "BLHNC" in layouts else None,
-        "block_tokens": block,
-        "replayssm": False if plannable else fields["replayssm"],
-    }
+def model_shapes(layouts: tuple[str, ...]) -> tuple[dict[str, object], ...]:
+    """The keyword arguments of :func:`k3layout.testing.hybrid_models` whose models vLLM
+    plans: any K3-family hybrid, and the indexed (GLM-5.3-Flash) family (in ``BLHNC``: its
+    tail ring takes no other layout)."""
+    return ({"indexed": False}, {"indexed": True})
